@@ -1,0 +1,59 @@
+"""The one error hierarchy of autotune.
+
+Every error autotune raises derives from :class:`AutotuneError` and carries a message that says what
+went wrong *and* what to do next. The CLI turns these into a single line and an exit code; nothing
+else in the package prints tracebacks for them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutotuneError",
+    "UsageError",
+    "SpaceError",
+    "HardwareError",
+    "BackendError",
+    "StudyError",
+]
+
+
+class AutotuneError(Exception):
+    """Root of every error autotune raises on purpose.
+
+    Attributes:
+        exit_code: the process exit code the CLI uses for this error.
+    """
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        """The message and the hint as one line."""
+        msg = self.message.rstrip(". ")
+        return f"{msg}. {self.hint}" if self.hint else f"{msg}."
+
+
+class UsageError(AutotuneError):
+    """Bad input from the user: a flag, a file, a name. Exit code 2."""
+
+    exit_code = 2
+
+
+class SpaceError(UsageError):
+    """A search-space file that cannot be used (bad YAML, unknown knob, wrong type)."""
+
+
+class HardwareError(UsageError):
+    """The GPUs asked for cannot be had (no driver, too few GPUs, unknown GPU type)."""
+
+
+class BackendError(UsageError):
+    """A backend that cannot run here (framework missing, unsupported flag for its version)."""
+
+
+class StudyError(AutotuneError):
+    """A study that cannot go on (storage unusable, GPUs never freed)."""

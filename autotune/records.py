@@ -1,0 +1,230 @@
+"""Typed records that cross module boundaries and land on disk.
+
+Only ``params``, ``derived``, ``fixed`` and ``values``/``metrics`` are plain dicts: they are the
+framework's own vocabulary. Everything else is typed. Records are pydantic models so they serialize to
+the JSON files of a study directory (``launch.json``, ``result.json``, ``study.json``) and back.
+"""
+
+from __future__ import annotations
+
+import shlex
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "TrialStatus",
+    "StepMetrics",
+    "GpuInfo",
+    "HostInfo",
+    "Hardware",
+    "TrialSpec",
+    "LaunchPlan",
+    "SteadyEstimate",
+    "TrialResult",
+    "INFEASIBLE_STATUSES",
+]
+
+
+class TrialStatus(str, Enum):
+    """How a trial ended. Decided from evidence by :mod:`autotune.outcome`."""
+
+    COMPLETE = "COMPLETE"
+    UNHEALTHY = "UNHEALTHY"  # ran, but does not learn (health gate)
+    OOM = "OOM"  # CUDA out of memory on any rank
+    VLLM_INIT = "VLLM_INIT"  # vLLM refused to start (memory budget / KV cache)
+    HOST_OOM = "HOST_OOM"  # killed by SIGKILL, not by us
+    HANG = "HANG"  # watchdog: no step for too long
+    TIMEOUT = "TIMEOUT"  # trial wall budget ran out while still making steps
+    INVALID = "INVALID"  # the framework rejected the arguments at start-up
+    CRASH = "CRASH"  # any other non-zero exit
+    PRUNED = "PRUNED"  # never launched (pre-screen) or stopped early as clearly slower
+    INTERRUPTED = "INTERRUPTED"  # the user stopped the study; says nothing about the configuration
+    RUNNING = "RUNNING"
+
+    @property
+    def is_failure(self) -> bool:
+        """A status that says the configuration itself does not work."""
+        return self in INFEASIBLE_STATUSES
+
+
+INFEASIBLE_STATUSES = frozenset(
+    {
+        TrialStatus.UNHEALTHY,
+        TrialStatus.OOM,
+        TrialStatus.VLLM_INIT,
+        TrialStatus.HOST_OOM,
+        TrialStatus.HANG,
+        TrialStatus.TIMEOUT,
+        TrialStatus.INVALID,
+        TrialStatus.CRASH,
+    }
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StepMetrics(_Frozen):
+    """One optimizer step as the framework reported it.
+
+    Attributes:
+        step: global step number (1-based, as frameworks log it).
+        t_mono_s: ``time.monotonic()`` when the step was recorded. CLOCK_MONOTONIC is system-wide on
+            Linux, so it lines up with the probes' timeline even when written by another process.
+        t_wall_s: ``time.time()`` at the same moment.
+        duration_s: the framework's own step duration when it reports one, else None.
+        samples: completions processed in this step (the global batch), when known.
+        tokens: completion tokens processed in this step, when known.
+        values: every numeric metric of the record (loss, grad_norm, kl, reward_std, ...).
+    """
+
+    step: int
+    t_mono_s: float
+    t_wall_s: float
+    duration_s: float | None = None
+    samples: int | None = None
+    tokens: float | None = None
+    values: dict[str, float] = Field(default_factory=dict)
+
+
+class GpuInfo(_Frozen):
+    """One GPU, detected through NVML or declared by the user."""
+
+    index: int
+    name: str
+    memory_total_bytes: int
+    uuid: str | None = None
+    compute_capability: str | None = None
+    declared: bool = False  # True when the user declared it (--gpu-type/--gpu-memory-gib)
+
+
+class HostInfo(_Frozen):
+    """The host the trials run on."""
+
+    hostname: str
+    cpu_cores_logical: int
+    cpu_cores_physical: int | None
+    ram_total_bytes: int
+    platform: str
+
+
+class Hardware(_Frozen):
+    """What a study runs on: selected GPUs (empty on a CPU-only run) and the host."""
+
+    gpus: tuple[GpuInfo, ...] = ()
+    host: HostInfo
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    nvml_note: str | None = None  # why NVML is unavailable, when it is
+
+    @property
+    def cpu_only(self) -> bool:
+        return not self.gpus
+
+    @property
+    def visible(self) -> bool:
+        """True when the GPUs can be sampled here (not merely declared)."""
+        return bool(self.gpus) and not any(g.declared for g in self.gpus)
+
+
+class TrialSpec(_Frozen):
+    """One assignment of knobs, before it is rendered for a framework.
+
+    Attributes:
+        number: the Optuna trial number.
+        params: active knobs only (knobs whose condition does not hold are absent).
+        derived: values autotune computes to keep training semantics fixed
+            (``world_size``, ``gradient_accumulation_steps``).
+        is_baseline: trial 0, the framework defaults (or the user's own flags).
+    """
+
+    number: int
+    params: dict[str, Any]
+    derived: dict[str, Any] = Field(default_factory=dict)
+    is_baseline: bool = False
+
+
+class LaunchPlan(_Frozen):
+    """What the runner starts: an argv (never a shell string), extra environment and a directory.
+
+    Attributes:
+        argv: the command; argv[0] is an executable path or name on PATH.
+        env: only the variables autotune sets on top of the inherited environment.
+        cwd: working directory of the trial.
+        metrics_paths: files the backend's parser tails for step records.
+        world_size: processes the trial starts (for attribution and reporting).
+        unset_env: variables removed from the inherited environment.
+    """
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str
+    metrics_paths: tuple[str, ...] = ()
+    world_size: int = 1
+    unset_env: tuple[str, ...] = ()
+
+    def to_shell(self) -> str:
+        """A ``command.sh`` body that re-runs the trial by hand (quoted, never executed by us)."""
+        lines = ["#!/usr/bin/env bash", "# Re-runs this trial by hand. Written by autotune.", "set -euo pipefail"]
+        lines.append(f"cd {shlex.quote(self.cwd)}")
+        for key in self.unset_env:
+            lines.append(f"unset {key}")
+        for key, value in sorted(self.env.items()):
+            lines.append(f"export {key}={shlex.quote(value)}")
+        lines.append(" \\\n  ".join(shlex.quote(a) for a in self.argv))
+        return "\n".join(lines) + "\n"
+
+
+class SteadyEstimate(_Frozen):
+    """Step time at steady state and the throughput it implies.
+
+    Attributes:
+        step_time_s: mean duration of the steady steps.
+        rel_ci95: half-width of the 95 % interval of the mean, relative to the mean.
+        steady_steps: number of steps used for the estimate.
+        warmup_steps: steps dropped as warm-up.
+        throughput: completions per second (global batch / step time).
+        tokens_per_s: completion tokens per second, when tokens are known.
+    """
+
+    step_time_s: float
+    rel_ci95: float
+    steady_steps: int
+    warmup_steps: int
+    throughput: float
+    tokens_per_s: float | None = None
+
+
+class TrialResult(BaseModel):
+    """Everything known about one finished (or never launched) trial. Written as ``result.json``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    number: int
+    params: dict[str, Any]
+    derived: dict[str, Any] = Field(default_factory=dict)
+    is_baseline: bool = False
+    status: TrialStatus
+    reason: str
+    evidence: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    steps: int = 0
+    steady: SteadyEstimate | None = None
+    health: list[str] = Field(default_factory=list)
+    peak_mem_bytes: list[int | None] = Field(default_factory=list)  # NVML, per selected GPU
+    framework_peak_mem_bytes: int | None = None  # e.g. ms-swift memory(GiB): rank 0 torch reserve
+    host_peak_rss_bytes: int | None = None
+    timeline_summary: dict[str, Any] | None = None
+    estimate: dict[str, Any] | None = None  # predicted memory breakdown (bytes per component)
+    started_wall_s: float | None = None
+    duration_s: float = 0.0
+    startup_s: float | None = None  # launch to first step record
+    gpu_seconds: float = 0.0  # duration × GPUs held (× 1 on CPU-only runs)
+
+    @property
+    def throughput(self) -> float | None:
+        return self.steady.throughput if self.steady else None

@@ -1,0 +1,465 @@
+"""Search spaces: a YAML file of knobs → typed, validated, conditional distributions.
+
+A space file looks like this::
+
+    backend: trl
+    knobs:
+      per_device_train_batch_size:
+        type: int
+        choices: [1, 2, 4, 8, 16]
+        default: 8
+        memory: increasing        # more of it needs more GPU memory (OOM inference)
+      offload_optimizer:
+        type: bool
+        default: false
+        when: {zero_stage: [2, 3]}   # only exists under these values of an earlier knob
+        memory: decreasing
+      vllm_gpu_memory_utilization:
+        type: float
+        low: 0.3
+        high: 0.9
+        step: 0.05
+        default: 0.3
+        applies: gpu              # dropped, with a notice, where no GPU is present
+
+A knob whose ``when`` does not hold is *inactive*: it is absent from a trial's params, so conditional
+knobs do not multiply the space. Knobs are ordered; a condition may only name earlier knobs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import yaml
+
+from autotune.errors import SpaceError
+
+__all__ = ["Knob", "SearchSpace", "load_space", "canonical_key", "Suggester"]
+
+KnobType = Literal["int", "float", "bool", "str"]
+_TYPES: tuple[str, ...] = ("int", "float", "bool", "str")
+_KNOB_FIELDS = {"type", "choices", "low", "high", "step", "log", "default", "when", "applies", "memory", "help"}
+_GRID_LIMIT = 64  # values a continuous knob may expand to for grid search / dedupe
+
+
+class Suggester(Protocol):
+    """The part of ``optuna.trial.Trial`` a space needs (so tests can pass a fake)."""
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int: ...
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable setting, named as the framework names it.
+
+    Attributes:
+        name: the framework's name for it.
+        type: value type: int, float, bool or str.
+        choices: discrete values (``None`` allowed as "not set"); exclusive with low/high.
+        low, high, step, log: a numeric range.
+        default: the framework's default (used by the baseline and where the knob is dropped).
+        when: the knob exists only when each named earlier knob has one of the listed values.
+        applies: "any", "gpu" (dropped without GPUs) or "cpu" (dropped with GPUs).
+        memory: "increasing" if a larger value needs more GPU memory, "decreasing" if less.
+        help: one line for the report.
+    """
+
+    name: str
+    type: KnobType
+    default: Any
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    applies: Literal["any", "gpu", "cpu"] = "any"
+    memory: Literal["increasing", "decreasing"] | None = None
+    help: str = ""
+
+    @property
+    def is_range(self) -> bool:
+        return self.choices is None
+
+    def values(self) -> tuple[Any, ...]:
+        """Every value the knob can take (a range is expanded by its step)."""
+        if self.choices is not None:
+            return self.choices
+        assert self.low is not None and self.high is not None  # guaranteed by the loader
+        if self.type == "int":
+            step = int(self.step or 1)
+            vals = tuple(range(int(self.low), int(self.high) + 1, step))
+        else:
+            step = self.step or (self.high - self.low) / 8
+            n = int(math.floor((self.high - self.low) / step + 1e-9)) + 1
+            vals = tuple(round(self.low + i * step, 10) for i in range(n))
+        if len(vals) > _GRID_LIMIT:
+            idx = sorted({round(i * (len(vals) - 1) / (_GRID_LIMIT - 1)) for i in range(_GRID_LIMIT)})
+            vals = tuple(vals[i] for i in idx)
+        return vals
+
+    def contains(self, value: Any) -> bool:
+        """True when ``value`` is one this knob can take."""
+        if self.choices is not None:
+            return any(_same(value, c) for c in self.choices)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        assert self.low is not None and self.high is not None
+        return self.low - 1e-9 <= value <= self.high + 1e-9
+
+    def active(self, params: Mapping[str, Any]) -> bool:
+        """Whether this knob exists given the values of earlier knobs."""
+        for other, allowed in self.when.items():
+            if other not in params or not any(_same(params[other], a) for a in allowed):
+                return False
+        return True
+
+    def suggest(self, trial: Suggester) -> Any:
+        """Ask the search algorithm for a value."""
+        if self.choices is not None:
+            return trial.suggest_categorical(self.name, list(self.choices))
+        assert self.low is not None and self.high is not None
+        if self.type == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+        return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)
+
+    def memory_rank(self, value: Any) -> float | None:
+        """A number that grows with the GPU memory ``value`` needs, or None if not ordered."""
+        if self.memory is None or value is None:
+            return None
+        if isinstance(value, bool):
+            rank = float(value)
+        elif isinstance(value, (int, float)):
+            rank = float(value)
+        else:
+            return None
+        return rank if self.memory == "increasing" else -rank
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def canonical_key(params: Mapping[str, Any]) -> str:
+    """A stable text key for a configuration: equal configurations give equal keys."""
+
+    def norm(v: Any) -> Any:
+        if isinstance(v, float) and not isinstance(v, bool):
+            return round(v, 9) if not v.is_integer() else int(v) if abs(v) < 2**53 else v
+        return v
+
+    return json.dumps({k: norm(v) for k, v in sorted(params.items())}, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """An ordered set of knobs and the notices of what was dropped.
+
+    Attributes:
+        backend: the backend the file was written for.
+        knobs: knobs in file order.
+        dropped: knob name → why it was dropped on this machine (its default then holds).
+        source: where the space came from (for reports).
+    """
+
+    backend: str
+    knobs: tuple[Knob, ...]
+    dropped: Mapping[str, str] = field(default_factory=dict)
+    dropped_defaults: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {k.name: k for k in self.knobs})
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name  # type: ignore[attr-defined]
+
+    def __getitem__(self, name: str) -> Knob:
+        return self._by_name[name]  # type: ignore[attr-defined]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.knobs)
+
+    def _context(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        ctx = dict(self.dropped_defaults)
+        ctx.update(params)
+        return ctx
+
+    def active(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` restricted to active knobs, in knob order; missing active knobs take defaults."""
+        out: dict[str, Any] = {}
+        for knob in self.knobs:
+            if knob.active(self._context(out)):
+                out[knob.name] = params.get(knob.name, knob.default)
+        return out
+
+    def defaults(self) -> dict[str, Any]:
+        """The framework defaults of every active knob."""
+        return self.active({})
+
+    def suggest(self, trial: Suggester) -> dict[str, Any]:
+        """Ask for a value of every active knob, in order (conditional knobs only when active)."""
+        out: dict[str, Any] = {}
+        for knob in self.knobs:
+            if knob.active(self._context(out)):
+                out[knob.name] = knob.suggest(trial)
+        return out
+
+    def validate_params(self, params: Mapping[str, Any]) -> None:
+        """Raise :class:`SpaceError` when ``params`` names an unknown knob or an impossible value."""
+        for name, value in params.items():
+            if name not in self:
+                raise SpaceError(f"unknown knob {name!r}", hint=f"Known knobs: {', '.join(self.names)}")
+            if not self[name].contains(value):
+                raise SpaceError(
+                    f"value {value!r} is outside knob {name!r}",
+                    hint=f"Allowed: {_describe_values(self[name])}",
+                )
+
+    def grid(self) -> Iterator[dict[str, Any]]:
+        """Every distinct configuration (inactive knobs do not multiply), in a stable order."""
+        seen: set[str] = set()
+
+        def rec(i: int, acc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            if i == len(self.knobs):
+                key = canonical_key(acc)
+                if key not in seen:
+                    seen.add(key)
+                    yield dict(acc)
+                return
+            knob = self.knobs[i]
+            if knob.active(self._context(acc)):
+                for v in knob.values():
+                    acc[knob.name] = v
+                    yield from rec(i + 1, acc)
+                del acc[knob.name]
+            else:
+                yield from rec(i + 1, acc)
+
+        yield from rec(0, {})
+
+    def size(self) -> int:
+        return sum(1 for _ in self.grid())
+
+    def restrict(self, *, gpu_present: bool) -> SearchSpace:
+        """Drop knobs that cannot apply on this machine; their defaults then hold."""
+        keep: list[Knob] = []
+        dropped = dict(self.dropped)
+        dropped_defaults = dict(self.dropped_defaults)
+        for knob in self.knobs:
+            if knob.applies == "gpu" and not gpu_present:
+                dropped[knob.name] = "needs a GPU and none is present"
+            elif knob.applies == "cpu" and gpu_present:
+                dropped[knob.name] = "only tuned on CPU runs; on GPUs the world size is the GPU count"
+            else:
+                keep.append(knob)
+                continue
+            dropped_defaults[knob.name] = knob.default
+        return replace(self, knobs=tuple(keep), dropped=dropped, dropped_defaults=dropped_defaults)
+
+    def narrow(self, filters: Mapping[str, Iterable[Any]]) -> SearchSpace:
+        """Keep only the listed values of some knobs (``plan --knob``, a fixed choice)."""
+        knobs = []
+        for knob in self.knobs:
+            if knob.name in filters:
+                wanted = tuple(filters[knob.name])
+                for v in wanted:
+                    if not knob.contains(v):
+                        raise SpaceError(
+                            f"value {v!r} is outside knob {knob.name!r}",
+                            hint=f"Allowed: {_describe_values(knob)}",
+                        )
+                default = knob.default if any(_same(knob.default, w) for w in wanted) else wanted[0]
+                knob = replace(knob, choices=wanted, low=None, high=None, step=None, default=default)
+            knobs.append(knob)
+        unknown = set(filters) - set(self.names)
+        if unknown:
+            raise SpaceError(f"unknown knob {sorted(unknown)[0]!r}", hint=f"Known knobs: {', '.join(self.names)}")
+        return replace(self, knobs=tuple(knobs))
+
+    def describe(self) -> list[dict[str, Any]]:
+        """A JSON-friendly description (for study.json and reports)."""
+        return [
+            {
+                "name": k.name,
+                "type": k.type,
+                "values": list(k.values()),
+                "default": k.default,
+                "when": {a: list(b) for a, b in k.when.items()},
+                "applies": k.applies,
+                "memory": k.memory,
+                "help": k.help,
+            }
+            for k in self.knobs
+        ]
+
+
+def _describe_values(knob: Knob) -> str:
+    if knob.choices is not None:
+        return ", ".join(repr(c) for c in knob.choices)
+    return f"{knob.type} from {knob.low} to {knob.high}"
+
+
+def _coerce(value: Any, typ: str, where: str) -> Any:
+    if value is None:
+        return None
+    if typ == "bool":
+        if isinstance(value, bool):
+            return value
+    elif typ == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ == "str":
+        if isinstance(value, str):
+            return value
+    raise SpaceError(f"{where}: {value!r} is not a {typ}", hint="Fix the value's type in the space file")
+
+
+def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> Knob:
+    here = f"{where}: knob {name!r}"
+    if not isinstance(spec, dict):
+        raise SpaceError(f"{here} must be a mapping", hint="Give it type, choices or low/high, and default")
+    extra = set(spec) - _KNOB_FIELDS
+    if extra:
+        raise SpaceError(f"{here} has unknown field {sorted(extra)[0]!r}", hint=f"Fields: {', '.join(sorted(_KNOB_FIELDS))}")
+    typ = spec.get("type")
+    if typ not in _TYPES:
+        raise SpaceError(f"{here} has type {typ!r}", hint=f"Use one of: {', '.join(_TYPES)}")
+    choices = spec.get("choices")
+    low, high = spec.get("low"), spec.get("high")
+    if typ == "bool" and choices is None and low is None:
+        choices = [False, True]
+    if choices is not None:
+        if low is not None or high is not None:
+            raise SpaceError(f"{here} has both choices and low/high", hint="Keep one of them")
+        if not isinstance(choices, list) or not choices:
+            raise SpaceError(f"{here}: choices must be a non-empty list", hint="Write choices: [a, b, c]")
+        choices_t: tuple[Any, ...] | None = tuple(_coerce(c, typ, f"{here} choice") for c in choices)
+    else:
+        if typ not in ("int", "float") or low is None or high is None:
+            raise SpaceError(f"{here} needs choices, or low and high", hint="Write choices: [...] or low:/high:")
+        low = _coerce(low, typ, f"{here} low")
+        high = _coerce(high, typ, f"{here} high")
+        if low > high:
+            raise SpaceError(f"{here}: low {low} is above high {high}", hint="Swap them")
+        choices_t = None
+    step = spec.get("step")
+    if step is not None:
+        step = _coerce(step, typ if typ in ("int", "float") else "float", f"{here} step")
+        if step <= 0:
+            raise SpaceError(f"{here}: step must be positive", hint="Use a step above 0")
+    log = spec.get("log", False)
+    if not isinstance(log, bool):
+        raise SpaceError(f"{here}: log must be true or false", hint="Write log: true")
+    if "default" not in spec:
+        raise SpaceError(f"{here} has no default", hint="Give the framework's default as default:")
+    default = _coerce(spec["default"], typ, f"{here} default")
+    when_raw = spec.get("when") or {}
+    if not isinstance(when_raw, dict):
+        raise SpaceError(f"{here}: when must map earlier knobs to lists of values", hint="Write when: {knob: [v1, v2]}")
+    when: dict[str, tuple[Any, ...]] = {}
+    for other, allowed in when_raw.items():
+        if other not in earlier:
+            raise SpaceError(
+                f"{here}: condition names {other!r}, which is not an earlier knob",
+                hint="Define the knob it depends on above it",
+            )
+        allowed_l = allowed if isinstance(allowed, list) else [allowed]
+        when[other] = tuple(_coerce(a, earlier[other].type, f"{here} when {other}") for a in allowed_l)
+    applies = spec.get("applies", "any")
+    if applies not in ("any", "gpu", "cpu"):
+        raise SpaceError(f"{here}: applies is {applies!r}", hint="Use any, gpu or cpu")
+    memory = spec.get("memory")
+    if memory not in (None, "increasing", "decreasing"):
+        raise SpaceError(f"{here}: memory is {memory!r}", hint="Use increasing or decreasing")
+    knob = Knob(
+        name=name,
+        type=typ,
+        default=default,
+        choices=choices_t,
+        low=low if choices_t is None else None,
+        high=high if choices_t is None else None,
+        step=step,
+        log=log,
+        when=when,
+        applies=applies,
+        memory=memory,
+        help=str(spec.get("help", "")),
+    )
+    if default is not None and not knob.contains(default):
+        raise SpaceError(f"{here}: default {default!r} is not one of its values", hint=f"Allowed: {_describe_values(knob)}")
+    return knob
+
+
+def load_space(
+    source: Path | Traversable | str,
+    *,
+    backend: str | None = None,
+    known_knobs: frozenset[str] | None = None,
+) -> SearchSpace:
+    """Load and validate a space file.
+
+    Args:
+        source: a path (or packaged resource) of a YAML file.
+        backend: the backend in use; a file written for another backend is refused.
+        known_knobs: knob names the backend can render; None accepts any.
+
+    Raises:
+        SpaceError: anything wrong with the file, as one line naming the problem and the fix.
+    """
+    where = str(source)
+    try:
+        text = source.read_text(encoding="utf-8") if not isinstance(source, str) else Path(source).read_text("utf-8")
+    except FileNotFoundError:
+        raise SpaceError(f"search-space file {where} does not exist", hint="Check the --space path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpaceError(f"cannot read search-space file {where}: {exc}", hint="Check the --space path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SpaceError(f"search-space file {where} is not valid YAML{at}", hint="Fix the YAML syntax") from None
+    if not isinstance(data, dict) or not isinstance(data.get("knobs"), dict) or not data["knobs"]:
+        raise SpaceError(f"search-space file {where} has no 'knobs' mapping", hint="Start it with knobs: {name: {...}}")
+    file_backend = data.get("backend")
+    if backend is not None and file_backend not in (None, backend):
+        raise SpaceError(
+            f"search-space file {where} is written for backend {file_backend!r}, not {backend!r}",
+            hint=f"Use --backend {file_backend} or a space for {backend}",
+        )
+    knobs: dict[str, Knob] = {}
+    for name, spec in data["knobs"].items():
+        if not isinstance(name, str):
+            raise SpaceError(f"{where}: knob name {name!r} is not text", hint="Name knobs as the framework does")
+        if known_knobs is not None and name not in known_knobs:
+            raise SpaceError(
+                f"{where}: unknown knob {name!r} for backend {backend}",
+                hint=f"Known knobs: {', '.join(sorted(known_knobs))}",
+            )
+        knobs[name] = _parse_knob(name, spec, knobs, where)
+    return SearchSpace(backend=str(file_backend or backend or ""), knobs=tuple(knobs.values()), source=where)
+
+
+def product_size(knobs: Iterable[Knob]) -> int:
+    """Size of the full product, ignoring conditions (for comparison with :meth:`SearchSpace.size`)."""
+    return math.prod(len(k.values()) for k in knobs)
+
