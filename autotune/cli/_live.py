@@ -1,0 +1,135 @@
+"""The live view of a study: a table of trials and an overall progress bar with an ETA (rich)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from autotune.records import TrialResult, TrialStatus
+
+__all__ = ["RichView", "short_params"]
+
+_STYLE = {TrialStatus.COMPLETE: "green", TrialStatus.RUNNING: "cyan", TrialStatus.PRUNED: "dim", TrialStatus.INTERRUPTED: "yellow"}
+
+
+def short_params(params: Mapping[str, Any], limit: int = 6) -> str:
+    """Key knobs as ``name=value`` pairs, shortened for a table cell."""
+    abbrev = {
+        "per_device_train_batch_size": "bs",
+        "gradient_checkpointing": "gc",
+        "dataloader_num_workers": "workers",
+        "num_processes": "procs",
+        "vllm_gpu_memory_utilization": "vllm_util",
+        "vllm_tensor_parallel_size": "tp",
+        "offload_optimizer": "off_opt",
+        "offload_param": "off_param",
+        "offload_model": "off_model",
+        "move_model_batches": "mmb",
+    }
+    parts = []
+    for k, v in list(params.items())[:limit]:
+        if isinstance(v, bool):
+            v = "on" if v else "off"
+        elif isinstance(v, float):
+            v = f"{v:g}"
+        parts.append(f"{abbrev.get(k, k)}={v}")
+    if len(params) > limit:
+        parts.append("…")
+    return " ".join(parts)
+
+
+class RichView:
+    """Renders the study live on a terminal; prints one line per trial elsewhere (CI logs)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.live: Live | None = None
+        self.progress = Progress(
+            TextColumn("trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task("trials", total=1)
+        self.started = time.monotonic()
+
+    # StudyView protocol ---------------------------------------------------------------------
+    def study_started(self, cfg: Any, done: int, budget: int) -> None:
+        self.progress.update(self.task, total=max(budget, done), completed=done)
+        if self.console.is_terminal:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self.live.start()
+
+    def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None:
+        self.rows[number] = {"params": dict(params), "status": TrialStatus.RUNNING, "tp": None, "mem": None, "step": 0, "baseline": is_baseline}
+        if self.live is None:
+            tag = " (baseline)" if is_baseline else ""
+            self.console.print(f"trial {number}{tag}: {short_params(params, 12)}", markup=False, highlight=False)
+        self._refresh()
+
+    def trial_step(self, number: int, step: int, throughput: float | None) -> None:
+        row = self.rows.get(number)
+        if row is not None:
+            row["step"] = step
+            row["tp"] = throughput
+            self._refresh()
+
+    def trial_finished(self, result: TrialResult) -> None:
+        peak = max((p for p in result.peak_mem_bytes if p is not None), default=None)
+        if peak is None:
+            peak = result.host_peak_rss_bytes
+        self.rows[result.number] = {
+            "params": result.params,
+            "status": result.status,
+            "tp": result.throughput,
+            "mem": peak,
+            "step": result.steps,
+            "baseline": result.is_baseline,
+            "reason": result.reason,
+        }
+        if result.steps > 0 or result.status is not TrialStatus.PRUNED:
+            self.progress.advance(self.task)
+        if self.live is None:
+            tp = f"{result.throughput:.3g} completions/s" if result.throughput else "—"
+            self.console.print(
+                f"trial {result.number}: {result.status.value} {tp} ({result.steps} steps, {result.duration_s:.1f}s): {result.reason}",
+                markup=False,
+                highlight=False,
+            )
+        self._refresh()
+
+    def notice(self, text: str) -> None:
+        self.console.print(f"note: {text}", markup=False, highlight=False, style="yellow")
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.stop()
+            self.live = None
+
+    # rendering -------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+
+    def _render(self) -> Group:
+        table = Table("#", "knobs", "status", "steps", "completions/s", "peak mem", expand=False)
+        for n in sorted(self.rows)[-20:]:
+            row = self.rows[n]
+            status: TrialStatus = row["status"]
+            tp = f"{row['tp']:.3g}" if row["tp"] else "—"
+            mem = f"{row['mem'] / 2**30:.2f} GiB" if row["mem"] else "—"
+            label = f"{n}*" if row["baseline"] else str(n)
+            table.add_row(label, Text(short_params(row["params"])), Text(status.value, style=_STYLE.get(status, "red")), str(row["step"]), tp, mem)
+        return Group(table, self.progress)

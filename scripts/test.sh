@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything the tests need from scratch and runs them.
+#   .venv        autotune + TRL + DeepSpeed (CPU) + dev tools
+#   .venv-swift  autotune + ms-swift (it pins its own trl/transformers, so it gets its own environment)
+# Chromium (Debian) renders report.html in the report tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PIP_DISABLE_PIP_VERSION_CHECK=1 DS_BUILD_OPS=0
+
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "note: chromium could not be installed; the browser test will be skipped"
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e '.[trl,deepspeed,dev]'
+
+[ -x .venv-swift/bin/python ] || "$PY" -m venv .venv-swift
+.venv-swift/bin/pip install -q torch==2.13.0
+.venv-swift/bin/pip install -q -e '.[swift,dev]'
+
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export AUTOTUNE_CACHE_DIR=${AUTOTUNE_CACHE_DIR:-$PWD/.cache/autotune}
+export AUTOTUNE_SWIFT_PYTHON=$PWD/.venv-swift/bin/python
+
+.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests
+.venv/bin/python -m pytest -q -m "not swift" tests
