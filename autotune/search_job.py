@@ -243,7 +243,7 @@ def _run(req, console, backend, info, hardware, space, fixed_args, passthrough, 
         stop_event=stop_event,
         beta=float(beta) if beta is not None else _default_beta(req.backend),
     )
-    memory_gate = _memory_gate(hardware, model, req, fixed_args)
+    memory_gate = _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough)
     view = RichView(console)
     study = Study(
         cfg,
@@ -284,12 +284,35 @@ def _default_beta(backend: str) -> float | None:
     return {"trl": 0.0, "swift": 0.04}.get(backend)
 
 
-def _memory_gate(hardware, model, req, fixed_args):  # noqa: ANN001, ANN202
-    if not hardware.gpus or not model.facts:
+def _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough):  # noqa: ANN001, ANN202
+    """The estimator-backed pre-screen, when the GPUs and the model's facts are known."""
+    if not hardware.gpus or not model.facts or req.backend == "command":
         return None
+    from autotune.backends import TrialContext
     from autotune.memory_gate import EstimatorGate
+    from autotune.studydir import StudyDir
 
-    return EstimatorGate.build(hardware, model, req.backend, req.global_batch, req.num_generations, req.max_completion_length, fixed_args)
+    ctx = TrialContext(
+        study_dir=out,
+        trial_dir=out / "trials",
+        model=model,
+        gpus=hardware.gpus,
+        global_batch=req.global_batch,
+        num_generations=req.num_generations,
+        max_steps=req.max_steps,
+        max_completion_length=req.max_completion_length,
+        fixed=dict(fixed_args),
+        passthrough=passthrough,
+    )
+    job = {
+        **fixed_args,
+        "global_batch": req.global_batch,
+        "num_generations": req.num_generations,
+        "max_completion_length": req.max_completion_length,
+    }
+    sd = StudyDir(out)
+    calibration = sd.read_settings().get("calibration") if sd.exists() else None
+    return EstimatorGate.build(hardware, model, req.backend, job, lambda p: backend.derive(p, ctx), calibration)
 
 
 def _hygiene(hardware, out):  # noqa: ANN001, ANN202

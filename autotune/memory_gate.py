@@ -1,0 +1,110 @@
+"""The study's memory gate: the estimator, calibrated by measurements, as a pre-screen and a ranking.
+
+It prunes only what is predicted to exceed GPU memory by more than a conservative margin, ranks the rest
+by predicted throughput (ordering only), and learns from every completed or OOM trial: the NVML peak
+against the prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.backends import ModelRef
+from autotune.records import Hardware, TrialResult, TrialStatus
+
+__all__ = ["EstimatorGate"]
+
+
+class EstimatorGate:
+    """Implements the study's ``MemoryGate`` protocol with :mod:`autotune.estimate`.
+
+    Args:
+        backend: backend name (its knob vocabulary).
+        model: architecture facts (``autotune.estimate.ModelSpec``).
+        gpu: the GPU's facts (``autotune.estimate.GpuSpec``).
+        n_gpus: GPUs per trial.
+        job: fixed job facts (global batch, num_generations, lengths, beta, LoRA, ...).
+        derive: the backend's derivation (world size, gradient accumulation) for a knob assignment.
+        margin: prune only above ``capacity × (1 + margin)``.
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        model: Any,
+        gpu: Any,
+        n_gpus: int,
+        job: Mapping[str, Any],
+        derive: Callable[[dict[str, Any]], dict[str, Any]],
+        *,
+        margin: float = 0.15,
+    ) -> None:
+        from autotune.estimate import Calibration
+
+        self.backend = backend
+        self.model = model
+        self.gpu = gpu
+        self.n_gpus = n_gpus
+        self.job = dict(job)
+        self.derive = derive
+        self.margin = margin
+        self.calibration = Calibration()
+        self._seen: set[int] = set()
+
+    @classmethod
+    def build(
+        cls,
+        hardware: Hardware,
+        model: ModelRef,
+        backend: str,
+        job: Mapping[str, Any],
+        derive: Callable[[dict[str, Any]], dict[str, Any]],
+        calibration: Mapping[str, Any] | None = None,
+    ) -> EstimatorGate | None:
+        """A gate for this study, or None when the model's facts or the GPUs are unknown."""
+        from autotune.estimate import Calibration, model_from_facts, resolve_gpu
+
+        if not hardware.gpus or not model.facts:
+            return None
+        spec = model_from_facts(dict(model.facts))
+        gpu = resolve_gpu(hardware.gpus[0].name, hardware.gpus[0].memory_total_bytes)
+        if spec is None or gpu is None:
+            return None
+        gate = cls(backend, spec, gpu, len(hardware.gpus), job, derive)
+        if calibration:
+            gate.calibration = Calibration.from_dict(dict(calibration))
+        return gate
+
+    def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+        from autotune.estimate import estimate_memory, job_shape
+
+        derived = derived if derived is not None else self.derive(dict(params))
+        shape = job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)
+        return shape, self.calibration.adjust(estimate_memory(shape, self.gpu))
+
+    def check(self, params: Mapping[str, Any], derived: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+        from autotune.estimate import should_prune
+
+        _, est = self._estimate(params, derived)
+        breakdown = est.to_dict()
+        if should_prune(est, margin=self.margin):
+            return f"predicted not to fit: {est.reason()}", breakdown
+        return None, breakdown
+
+    def rank(self, params: Mapping[str, Any]) -> float | None:
+        from autotune.estimate import estimate_step_time
+
+        shape, _ = self._estimate(params)
+        return float(estimate_step_time(shape, self.gpu).throughput)
+
+    def observe(self, result: TrialResult) -> None:
+        if result.number in self._seen or result.status not in (TrialStatus.COMPLETE, TrialStatus.OOM, TrialStatus.UNHEALTHY):
+            return
+        self._seen.add(result.number)
+        _, est = self._estimate(result.params, result.derived or None)
+        measured = max((p for p in result.peak_mem_bytes if p is not None), default=None)
+        self.calibration.observe(est, measured, result.status is TrialStatus.OOM)
+
+    def state(self) -> dict[str, Any]:
+        return self.calibration.to_dict()
