@@ -104,7 +104,7 @@ class EstimatorGate:
         self._seen.add(result.number)
         _, est = self._estimate(result.params, result.derived or None)
         measured = max((p for p in result.peak_mem_bytes if p is not None), default=None)
-        self.calibration.observe(est, measured, result.status is TrialStatus.OOM)
+        self.calibration.observe(est, measured, result.status is TrialStatus.OOM, trial=result.number)
 
     def state(self) -> dict[str, Any]:
         return self.calibration.to_dict()

@@ -335,7 +335,7 @@ def _finish(console: Console, cfg: Any, outcome: Any, out: Path) -> None:
         from reports import render_study
 
         paths = render_study(out)
-        console.print(f"report: {paths.html}  {paths.md}", markup=False)
+        console.print(f"report: {paths.html}  {paths.markdown}", markup=False)
     except ImportError as exc:  # pragma: no cover - reports ship with autotune
         console.print(f"note: report not rendered ({exc})", markup=False, style="yellow")
     total = sum(r.duration_s for r in outcome.results)

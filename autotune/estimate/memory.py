@@ -1,0 +1,581 @@
+"""Per-GPU memory of one GRPO trial, by component and by phase.
+
+A GRPO step passes through phases that hold different things on the GPU:
+
+- ``startup``: colocated vLLM starts while the trainer already holds its weights; vLLM refuses to start
+  unless free memory ≥ ``gpu_memory_utilization × total``.
+- ``train``: model states + reference model + activations + logits, beside a sleeping (or awake) vLLM.
+- ``rollout``: vLLM's whole budget beside what the trainer keeps (ms-swift ``offload_model`` /
+  ``offload_optimizer`` move weights / optimizer states to the CPU for this phase).
+- ``sync``: weights pushed into vLLM; under ZeRO-3 they are gathered (all at once, per parameter, or in
+  ``move_model_batches`` groups, by framework).
+
+The peak is the largest phase. Model states follow DeepSpeed's own estimators
+(``estimate_zero2_model_states_mem_needs`` and ``estimate_zero3_model_states_mem_needs``); the rest are
+the approximations documented next to each constant. Numbers are bytes per GPU unless named ``host``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autotune.estimate.catalog import GIB, GpuSpec, ModelSpec
+from autotune.estimate.shape import JobShape
+
+__all__ = [
+    "COMPONENTS",
+    "MemoryEstimate",
+    "ModelStates",
+    "estimate_memory",
+    "lora_params",
+    "model_states",
+    "should_prune",
+]
+
+#: Stable component names, in the order reports list them.
+COMPONENTS: tuple[str, ...] = (
+    "policy_weights",
+    "gradients",
+    "optimizer_states",
+    "reference_model",
+    "activations",
+    "logits",
+    "vllm_reserved",
+    "zero3_gather",
+    "cuda_context",
+    "nccl_buffers",
+)
+
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # CUDA context + cuBLAS/cuDNN workspaces of one process
+NCCL_BYTES = int(0.25 * GIB)  # NCCL communicator buffers when world size > 1
+# ZeRO-1/2 reduce and allgather buckets, elements: ms-swift's presets set 2e8; autotune's TRL
+# ds_config leaves DeepSpeed's default of 5e8.
+DS_BUCKET_ELEMENTS = {"swift": int(2e8), "trl": int(5e8)}
+VLLM_OVERHEAD_BYTES = int(0.5 * GIB)  # CUDA graphs + non-torch memory of one vLLM worker
+VLLM_TP_EXTRA_BYTES = int(0.25 * GIB)  # custom all-reduce / NCCL buffers of vLLM at TP > 1
+LOGITS_BYTES_PER_ELEMENT = 6  # bf16 logits + a bf16 temperature-scaled copy (or fp32 upcast) + bf16 gradient
+HOST_RANK_BYTES = 3 * GIB  # resident set of one training rank (torch, CUDA libraries, tokenizer)
+HOST_WORKER_BYTES = int(0.5 * GIB)  # one data-loader worker process
+DS_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Policy model states per GPU, and host memory they need (whole node)."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    host_bytes: int
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+
+def lora_params(model: ModelSpec, rank: int) -> int:
+    """Trainable LoRA parameters on every linear layer of the decoder (``target_modules all-linear``)."""
+    if rank <= 0:
+        return 0
+    h, q, kv, i = (
+        model.hidden,
+        model.heads * model.head_dim,
+        model.kv_heads * model.head_dim,
+        model.intermediate,
+    )
+    per_layer = rank * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h))
+    return model.layers * per_layer
+
+
+def model_states(
+    *,
+    params: int,
+    largest_layer_params: int,
+    n_gpus: int,
+    zero_stage: int,
+    deepspeed: bool,
+    offload_optimizer: bool,
+    offload_param: bool,
+    trainable_params: int | None = None,
+) -> ModelStates:
+    """Policy weights, gradients and optimizer states per GPU (mixed-precision Adam).
+
+    Full fine-tuning under DeepSpeed matches DeepSpeed's estimators exactly: ZeRO-2 ``2P + 18P/N``
+    (optimizer offload: ``2P``); ZeRO-3 ``4·largest_layer + 18P/N`` (optimizer offload:
+    ``4·largest_layer + 2P/N``; parameter offload too: ``4·largest_layer``). ZeRO-0 is ZeRO-2 on one
+    GPU; ZeRO-1 partitions only the fp32 work. Without DeepSpeed the torch optimizer runs on the bf16
+    weights: 2 + 2 + 4 bytes per parameter. With LoRA (``trainable_params`` given) the base is frozen
+    bf16 (partitioned under ZeRO-3) and only the adapter carries gradients and optimizer states.
+
+    Args:
+        params: total parameters P.
+        largest_layer_params: the largest single module (ZeRO-3 working set).
+        n_gpus: GPUs the states are partitioned over (N).
+        zero_stage: 0–3.
+        deepspeed: False for plain DDP with a torch optimizer.
+        offload_optimizer: DeepSpeed ``offload_optimizer.device = cpu``.
+        offload_param: DeepSpeed ``offload_param.device = cpu`` (ZeRO-3 only).
+        trainable_params: adapter parameters for LoRA; None for full fine-tuning.
+    """
+    p, n, ll = params, max(1, n_gpus), largest_layer_params
+    stage = zero_stage if deepspeed else 0
+    offload_param = offload_param and stage == 3
+    offload_optimizer = offload_optimizer and stage >= 2
+    if trainable_params is not None:
+        return _lora_states(p, n, ll, stage, deepspeed, offload_optimizer, offload_param, trainable_params)
+    if not deepspeed:
+        return ModelStates(2 * p, 2 * p, 4 * p, 0)
+    if stage == 3:
+        if offload_optimizer and offload_param:
+            host = p * 18 * DS_BUFFER_FACTOR
+            return ModelStates(4 * ll, 0, 0, int(host))
+        if offload_optimizer:
+            return ModelStates(4 * ll + int(2 * p / n), 0, 0, int(p * 16 * DS_BUFFER_FACTOR))
+        weights = 4 * ll if offload_param else 4 * ll + int(2 * p / n)
+        grads = int(18 * p / n) - int(2 * p / n) - int(12 * p / n)
+        host = int(p * 2 * DS_BUFFER_FACTOR) if offload_param else 0
+        return ModelStates(weights, grads, int(12 * p / n), host)
+    if offload_optimizer:  # ZeRO-2 offload
+        return ModelStates(2 * p, 0, 0, int(p * max(4 * n, 16) * DS_BUFFER_FACTOR))
+    if stage == 2:
+        return ModelStates(2 * p, int(18 * p / n) - int(12 * p / n), int(12 * p / n), 0)
+    if stage == 1:
+        return ModelStates(2 * p, 2 * p + int(4 * p / n), int(12 * p / n), 0)
+    return ModelStates(2 * p, 6 * p, 12 * p, 0)  # ZeRO-0: DeepSpeed's bf16 optimizer, unpartitioned
+
+
+def _lora_states(
+    p: int, n: int, ll: int, stage: int, deepspeed: bool, off_opt: bool, off_param: bool, a: int
+) -> ModelStates:
+    # Frozen base in bf16; adapter in fp32 (PEFT upcasts) with fp32 grads and Adam moments: 16 B each.
+    if stage == 3:
+        base = 4 * ll + (0 if off_param else int(2 * p / n))
+        host = int(2 * p) if off_param else 0
+    else:
+        base, host = 2 * p, 0
+    shard = n if deepspeed and stage >= 1 else 1
+    weights = base + 4 * a
+    grads = 4 * a if not (deepspeed and stage >= 2) else int(4 * a / n)
+    opt = 0 if off_opt else int(8 * a / shard)
+    if off_opt:
+        host += int(12 * a * DS_BUFFER_FACTOR)
+    return ModelStates(weights, grads, opt, host)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted memory of one trial.
+
+    Attributes:
+        components_bytes: per-GPU bytes of each component at the peak phase (names in
+            :data:`COMPONENTS`); they sum to ``peak_bytes``.
+        peak_bytes: per-GPU peak over the phases.
+        peak_phase: the phase of the peak (``train``, ``rollout``, ``sync``).
+        phases: per-GPU components of every phase.
+        capacity_bytes: memory of one GPU (0 on a CPU-only trial).
+        host_bytes: host RAM the node needs (offloaded states, sleeping vLLM weights, the ranks).
+        kv_tokens: tokens the vLLM KV cache holds per instance (0 without colocated vLLM).
+        kv_bytes: bytes left for the KV cache per GPU (negative: vLLM finds no memory for it).
+        rollout_concurrency: sequences one vLLM instance decodes at once.
+        vllm_startup_ok: vLLM's start-up free-memory check passes (True without colocated vLLM).
+        vllm_startup_deficit_bytes: how much free memory the start-up check lacks.
+        kv_ok: the KV cache holds at least one sequence of ``max_model_len``.
+        kv_deficit_bytes: how much KV memory is missing for one sequence.
+        on_gpu: False for a CPU-only trial (nothing is judged there).
+        calibration_factor: factor applied to the modelled part by a :class:`Calibration` (1 = raw).
+        notes: short explanations (what was assumed).
+    """
+
+    components_bytes: dict[str, int]
+    peak_bytes: int
+    peak_phase: str
+    phases: dict[str, dict[str, int]]
+    capacity_bytes: int
+    host_bytes: int
+    kv_tokens: int
+    kv_bytes: int
+    rollout_concurrency: int
+    vllm_startup_ok: bool
+    vllm_startup_deficit_bytes: int
+    kv_ok: bool
+    kv_deficit_bytes: int
+    on_gpu: bool = True
+    calibration_factor: float = 1.0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def phases_bytes(self) -> dict[str, int]:
+        """Per-GPU total of every phase."""
+        return {name: sum(comps.values()) for name, comps in self.phases.items()}
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Capacity minus peak (negative when it does not fit)."""
+        return self.capacity_bytes - self.peak_bytes
+
+    @property
+    def vllm_ok(self) -> bool:
+        return self.vllm_startup_ok and self.kv_ok
+
+    def fits(self, margin: float = 0.0) -> bool:
+        """True when the peak leaves ``margin × capacity`` free and vLLM can start with a KV cache.
+
+        A CPU-only trial always fits (nothing is predicted for it).
+        """
+        if not self.on_gpu:
+            return True
+        return self.vllm_ok and self.peak_bytes <= self.capacity_bytes * (1.0 - margin)
+
+    def overflow(self) -> tuple[str, int] | None:
+        """The component to blame and by how many bytes the estimate overflows, or None when it fits.
+
+        Of the failures that apply, the largest is reported: a failed vLLM start-up check blames
+        ``vllm_reserved`` by the missing free memory; a KV cache too small for one sequence blames
+        ``vllm_reserved`` by the missing KV bytes; a peak over capacity blames the largest component of
+        the peak phase, by ``peak − capacity``.
+        """
+        if not self.on_gpu:
+            return None
+        failures: list[tuple[str, int]] = []
+        if not self.vllm_startup_ok:
+            failures.append(("vllm_reserved", self.vllm_startup_deficit_bytes))
+        if not self.kv_ok:
+            failures.append(("vllm_reserved", self.kv_deficit_bytes))
+        over = self.peak_bytes - self.capacity_bytes
+        if over > 0:
+            failures.append((max(self.components_bytes.items(), key=lambda kv: kv[1])[0], over))
+        return max(failures, key=lambda f: f[1]) if failures else None
+
+    def reason(self) -> str:
+        """One line: what is needed against what there is, and the components, largest first."""
+        if not self.on_gpu:
+            return "CPU-only trial: no GPU memory is predicted"
+        parts = ", ".join(
+            f"{name} {_gib(b)}"
+            for name, b in sorted(self.components_bytes.items(), key=lambda kv: -kv[1])
+            if b > 0
+        )
+        head = f"needs {_gib(self.peak_bytes)} of {_gib(self.capacity_bytes)} per GPU ({self.peak_phase})"
+        if not self.vllm_startup_ok:
+            head = (
+                f"vLLM start-up check fails: {_gib(self.vllm_startup_deficit_bytes)} less free memory than "
+                f"gpu_memory_utilization reserves; {head}"
+            )
+        elif not self.kv_ok:
+            head = f"vLLM KV cache lacks {_gib(self.kv_deficit_bytes)} for one max_model_len sequence; {head}"
+        return f"{head}: {parts}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (``TrialResult.estimate``)."""
+        over = self.overflow()
+        return {
+            "components_bytes": dict(self.components_bytes),
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "phases_bytes": self.phases_bytes,
+            "phases": {k: dict(v) for k, v in self.phases.items()},
+            "capacity_bytes": self.capacity_bytes,
+            "host_bytes": self.host_bytes,
+            "kv_tokens": self.kv_tokens,
+            "kv_bytes": self.kv_bytes,
+            "rollout_concurrency": self.rollout_concurrency,
+            "vllm_startup_ok": self.vllm_startup_ok,
+            "vllm_startup_deficit_bytes": self.vllm_startup_deficit_bytes,
+            "kv_ok": self.kv_ok,
+            "kv_deficit_bytes": self.kv_deficit_bytes,
+            "on_gpu": self.on_gpu,
+            "calibration_factor": self.calibration_factor,
+            "fits": self.fits(),
+            "overflow": {"component": over[0], "bytes": over[1]} if over else None,
+            "reason": self.reason(),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryEstimate:
+        """Inverse of :meth:`to_dict` (derived keys are ignored)."""
+        return cls(
+            components_bytes={k: int(v) for k, v in data["components_bytes"].items()},
+            peak_bytes=int(data["peak_bytes"]),
+            peak_phase=str(data.get("peak_phase", "train")),
+            phases={k: {c: int(b) for c, b in v.items()} for k, v in data.get("phases", {}).items()}
+            or {
+                str(data.get("peak_phase", "train")): {k: int(v) for k, v in data["components_bytes"].items()}
+            },
+            capacity_bytes=int(data["capacity_bytes"]),
+            host_bytes=int(data.get("host_bytes", 0)),
+            kv_tokens=int(data.get("kv_tokens", 0)),
+            kv_bytes=int(data.get("kv_bytes", 0)),
+            rollout_concurrency=int(data.get("rollout_concurrency", 0)),
+            vllm_startup_ok=bool(data.get("vllm_startup_ok", True)),
+            vllm_startup_deficit_bytes=int(data.get("vllm_startup_deficit_bytes", 0)),
+            kv_ok=bool(data.get("kv_ok", True)),
+            kv_deficit_bytes=int(data.get("kv_deficit_bytes", 0)),
+            on_gpu=bool(data.get("on_gpu", True)),
+            calibration_factor=float(data.get("calibration_factor", 1.0)),
+            notes=tuple(data.get("notes", ())),
+        )
+
+    def scaled(self, factor: float) -> MemoryEstimate:
+        """The estimate with every modelled component times ``factor`` (relative to the raw estimate).
+
+        ``vllm_reserved`` is exact (utilization × total) and the vLLM checks do not depend on the
+        trainer's activations, so both are kept as they are. The peak phase may change.
+        """
+        if factor == self.calibration_factor:
+            return self
+        rel = factor / self.calibration_factor
+        phases = {
+            name: {k: (v if k == "vllm_reserved" else int(round(v * rel))) for k, v in comps.items()}
+            for name, comps in self.phases.items()
+        }
+        peak_phase = max(phases, key=lambda k: sum(phases[k].values()))
+        return replace(
+            self,
+            components_bytes=dict(phases[peak_phase]),
+            peak_bytes=sum(phases[peak_phase].values()),
+            peak_phase=peak_phase,
+            phases=phases,
+            calibration_factor=factor,
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def should_prune(est: MemoryEstimate, margin: float = 0.15) -> bool:
+    """True only when the estimate fails by more than ``margin``: the peak exceeds capacity by more than
+    ``margin × capacity``, or vLLM's start-up (free memory, or KV for one sequence) lacks more than
+    ``margin × capacity``. A CPU-only estimate is never pruned.
+    """
+    if not est.on_gpu or est.capacity_bytes <= 0:
+        return False
+    slack = margin * est.capacity_bytes
+    if est.vllm_startup_deficit_bytes > slack or est.kv_deficit_bytes > slack:
+        return True
+    return est.peak_bytes > est.capacity_bytes + slack
+
+
+# ------------------------------------------------------------------------------------- the estimate
+
+
+def _activation_bytes_per_token_layer(m: ModelSpec) -> int:
+    """bf16 activations one decoder layer keeps for backward, per token (no checkpointing).
+
+    Counted for an HF Llama/Qwen layer with SDPA attention: two RMSNorms (fp32 input, fp32 normalised,
+    bf16 output ≈ 10·h bytes each), q/k/v/rope/repeat_kv/attention output (≈ 12·h + 8·kv bytes), and
+    the SwiGLU MLP (gate, up, act, product ≈ 8·I bytes).
+    """
+    kv = m.kv_heads * m.head_dim
+    return 32 * m.hidden + 8 * kv + 8 * m.intermediate
+
+
+def _train_activations(s: JobShape) -> int:
+    m = s.model
+    tokens = s.per_device_batch * s.seq_len
+    full_layer = tokens * _activation_bytes_per_token_layer(m)
+    if s.gradient_checkpointing:
+        # layer inputs kept (2·h bytes per token per layer) + one layer recomputed in full
+        return m.layers * tokens * 2 * m.hidden + full_layer
+    return m.layers * full_layer
+
+
+def _logits(s: JobShape) -> int:
+    # Frameworks compute logits only for completion tokens (logits_to_keep).
+    return s.per_device_batch * s.max_completion_length * s.model.vocab * LOGITS_BYTES_PER_ELEMENT
+
+
+def _kv_bytes_per_token_gpu(m: ModelSpec, tp: int) -> int:
+    kv_heads_gpu = max(1, math.ceil(m.kv_heads / tp))
+    return 2 * m.layers * kv_heads_gpu * m.head_dim * 2
+
+
+def _vllm_batched_tokens(s: JobShape, capacity_bytes: int) -> int:
+    if s.vllm_max_num_batched_tokens:
+        return s.vllm_max_num_batched_tokens
+    # vLLM's default for the offline LLM class: 16384 on large-memory GPUs, else 8192.
+    return 16384 if capacity_bytes >= 70 * GIB else 8192
+
+
+def _vllm_activation_peak(s: JobShape, capacity_bytes: int) -> int:
+    """vLLM's profiled forward peak: MLP intermediates of a full batch of tokens + sampler logits."""
+    m, tp = s.model, s.vllm_tp
+    tokens = _vllm_batched_tokens(s, capacity_bytes)
+    per_token = (6 * m.intermediate + 8 * m.hidden) // tp
+    sampler = min(s.vllm_max_num_seqs, 1024) * m.vocab * 4 * 2
+    return tokens * per_token + sampler
+
+
+def _sync_gather(s: JobShape) -> int:
+    """Extra bytes gathered to push ZeRO-3 weights into vLLM (0 outside ZeRO-3 or without vLLM)."""
+    m = s.model
+    if not s.colocate or s.zero_stage != 3 or not s.deepspeed:
+        return 0
+    if s.backend != "swift":
+        # TRL gathers one parameter at a time for full fine-tuning, the whole model for PEFT.
+        return 2 * m.params if s.lora else 2 * m.largest_layer_params
+    if s.move_model_batches is None:
+        return 2 * m.params
+    embeds = m.vocab * m.hidden * (1 if m.tie_embeddings else 2) + m.hidden
+    per_layer = (m.params - m.vision_params - embeds) / m.layers
+    layers_per_batch = math.ceil(m.layers / s.move_model_batches)
+    return int(2 * max(layers_per_batch * per_layer, embeds, m.vision_params))
+
+
+def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
+    """Predict per-GPU memory by component and phase, host memory, KV capacity and vLLM's checks.
+
+    Args:
+        shape: the trial, from :func:`autotune.estimate.shape.job_shape`.
+        gpu: the GPU; None (or ``shape.n_gpus == 0``) for a CPU-only trial, which is never judged.
+    """
+    s, m = shape, shape.model
+    capacity = gpu.memory_bytes if gpu is not None and s.on_gpu else 0
+    notes: list[str] = []
+    trainable = lora_params(m, s.lora_rank) if s.lora else None
+    states = model_states(
+        params=m.params,
+        largest_layer_params=m.largest_layer_params,
+        n_gpus=s.world_size,
+        zero_stage=s.zero_stage,
+        deepspeed=s.deepspeed,
+        offload_optimizer=s.ds_offload_optimizer,
+        offload_param=s.ds_offload_param,
+        trainable_params=trainable,
+    )
+    n = max(1, s.world_size)
+    zero3 = s.deepspeed and s.zero_stage == 3
+
+    # Reference model: bf16 weights, partitioned (or offloaded) like the policy under ZeRO-3.
+    if s.has_reference:
+        reference = 0 if (zero3 and s.ds_offload_param) else int(2 * m.params / n) if zero3 else 2 * m.params
+    else:
+        reference = 0
+
+    activations = _train_activations(s)
+    logits = _logits(s)
+    context = CUDA_CONTEXT_BYTES
+    nccl = 0
+    if s.world_size > 1:
+        nccl += NCCL_BYTES
+        if s.deepspeed and s.zero_stage in (1, 2):
+            bucket = DS_BUCKET_ELEMENTS.get(s.backend, DS_BUCKET_ELEMENTS["trl"])
+            nccl += 2 * bucket * 2  # reduce (ipg) + allgather buckets, bf16
+
+    # --- vLLM
+    budget = weights_tp = kv_bytes = kv_tokens = concurrency = 0
+    startup_ok, startup_deficit, kv_ok, kv_deficit = True, 0, True, 0
+    asleep = 0
+    if s.colocate and capacity > 0:
+        tp = s.vllm_tp
+        budget = int(s.vllm_util * capacity)
+        weights_tp = int(2 * m.params / tp)
+        overhead = VLLM_OVERHEAD_BYTES + (VLLM_TP_EXTRA_BYTES if tp > 1 else 0)
+        act_peak = _vllm_activation_peak(s, capacity)
+        kv_bytes = budget - weights_tp - act_peak - overhead
+        per_token = _kv_bytes_per_token_gpu(m, tp)
+        kv_tokens = max(0, kv_bytes // per_token)
+        need_kv = s.vllm_max_model_len * per_token
+        kv_ok = kv_bytes >= need_kv
+        kv_deficit = max(0, need_kv - kv_bytes)
+        seqs_per_instance = max(1, math.ceil(s.global_batch / max(1, n // tp)))
+        concurrency = int(min(s.vllm_max_num_seqs, kv_tokens // max(1, s.seq_len), seqs_per_instance))
+        asleep = overhead if s.sleep_level > 0 else budget
+        # Start-up: what the trainer already holds when vLLM starts. ms-swift loads policy and
+        # reference onto the GPU first (and offloads the policy first under offload_model). TRL starts
+        # vLLM before the reference model moves to the GPU, and before DeepSpeed (ZeRO-1/2) places the
+        # policy; ZeRO-3 partitions both at load (zero.Init).
+        if zero3:
+            held_policy = 0 if s.ds_offload_param else int(2 * m.params / n)
+        elif s.backend == "swift":
+            held_policy = 0 if s.rollout_offload_model else 2 * m.params
+        else:
+            held_policy = 0 if s.deepspeed else 2 * m.params
+        held_reference = reference if (s.backend == "swift" or zero3) else 0
+        held = context + held_policy + held_reference
+        free = capacity - held
+        startup_ok = free >= budget
+        startup_deficit = max(0, budget - free)
+        if s.sleep_level == 1:
+            notes.append("sleep level 1 keeps vLLM weights in host RAM between rollouts")
+    elif s.use_vllm and s.vllm_mode == "server":
+        notes.append("vLLM server runs on other GPUs: not counted here")
+
+    # --- phases
+    base = {
+        "policy_weights": states.weights_bytes,
+        "gradients": states.gradients_bytes,
+        "optimizer_states": states.optimizer_bytes,
+        "reference_model": reference,
+        "activations": 0,
+        "logits": 0,
+        "vllm_reserved": 0,
+        "zero3_gather": 0,
+        "cuda_context": context,
+        "nccl_buffers": nccl,
+    }
+    phases: dict[str, dict[str, int]] = {}
+    phases["train"] = {**base, "activations": activations, "logits": logits, "vllm_reserved": asleep}
+    if s.colocate and capacity > 0:
+        rollout = {**base, "gradients": 0, "vllm_reserved": budget}
+        if s.rollout_offload_model:
+            rollout["policy_weights"] = 0
+        if s.rollout_offload_optimizer:
+            rollout["optimizer_states"] = 0
+        phases["rollout"] = rollout
+        vllm_at_sync = budget if s.sleep_level == 0 else weights_tp + VLLM_OVERHEAD_BYTES
+        phases["sync"] = {
+            **base,
+            "gradients": 0,
+            "vllm_reserved": vllm_at_sync,
+            "zero3_gather": _sync_gather(s),
+        }
+    elif s.on_gpu and not s.use_vllm:
+        # model.generate in the trainer: HF KV cache for the local generation batch; ZeRO-3 gathers
+        # the whole model for generation (ds3_gather_for_generation, the default).
+        gen_batch = s.per_device_batch * s.grad_accum
+        kv = gen_batch * s.seq_len * _kv_bytes_per_token_gpu(m, 1)
+        gen_logits = gen_batch * m.vocab * 4 * 2
+        phases["rollout"] = {
+            **base,
+            "gradients": 0,
+            "activations": kv + gen_logits,
+            "zero3_gather": 2 * m.params if zero3 else 0,
+        }
+    totals = {name: sum(c.values()) for name, c in phases.items()}
+    peak_phase = max(totals, key=lambda k: totals[k])
+    components = phases[peak_phase]
+
+    # --- host memory (whole node)
+    host = states.host_bytes + n * (HOST_RANK_BYTES + s.dataloader_num_workers * HOST_WORKER_BYTES)
+    if s.has_reference and zero3 and s.ds_offload_param:
+        host += 2 * m.params
+    if s.colocate and s.sleep_level == 1:
+        host += n * weights_tp
+    if s.rollout_offload_model and not (zero3 and s.ds_offload_param):
+        host += int(2 * m.params) if zero3 else n * states.weights_bytes
+    if s.rollout_offload_optimizer and not s.ds_offload_optimizer:
+        host += n * states.optimizer_bytes
+
+    if not s.on_gpu or gpu is None:
+        notes.append("CPU-only trial: GPU memory is not judged")
+    return MemoryEstimate(
+        components_bytes=dict(components),
+        peak_bytes=int(totals[peak_phase]),
+        peak_phase=peak_phase,
+        phases=phases,
+        capacity_bytes=int(capacity),
+        host_bytes=int(host),
+        kv_tokens=int(kv_tokens),
+        kv_bytes=int(kv_bytes),
+        rollout_concurrency=int(concurrency),
+        vllm_startup_ok=startup_ok,
+        vllm_startup_deficit_bytes=int(startup_deficit),
+        kv_ok=kv_ok,
+        kv_deficit_bytes=int(kv_deficit),
+        on_gpu=bool(s.on_gpu and gpu is not None),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,244 @@
+"""Every candidate of a search space judged by the estimates, without a GPU (``autotune plan``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.estimate.catalog import GpuSpec, ModelSpec
+from autotune.estimate.memory import MemoryEstimate, estimate_memory, should_prune
+from autotune.estimate.shape import BACKEND_DEFAULTS, JobShape, job_shape
+from autotune.estimate.timing import TimeEstimate, estimate_step_time
+from autotune.space import SearchSpace
+
+__all__ = ["Candidate", "PlanResult", "candidate_rules", "plan_space"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration and what the estimates say about it."""
+
+    params: dict[str, Any]
+    derived: dict[str, Any]
+    shape: JobShape
+    memory: MemoryEstimate
+    time: TimeEstimate
+    relative_speed: float | None
+    pruned: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "params": dict(self.params),
+            "derived": dict(self.derived),
+            "fits": self.fits,
+            "pruned": self.pruned,
+            "relative_speed": self.relative_speed,
+            "memory": self.memory.to_dict(),
+            "time": self.time.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """Candidates, fitting ones first and fastest first, then the ones that do not fit, closest first."""
+
+    backend: str
+    model: ModelSpec
+    gpu: GpuSpec
+    n_gpus: int
+    fixed: dict[str, Any]
+    margin: float
+    candidates: tuple[Candidate, ...]
+    invalid: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def n_fit(self) -> int:
+        return sum(1 for c in self.candidates if c.fits)
+
+    @property
+    def n_pruned(self) -> int:
+        return sum(1 for c in self.candidates if c.pruned)
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        shown = self.candidates if top is None else self.candidates[:top]
+        return {
+            "backend": self.backend,
+            "model": {"name": self.model.name, "params": self.model.params, "hub_id": self.model.hub_id},
+            "gpu": {"name": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "known": self.gpu.known},
+            "n_gpus": self.n_gpus,
+            "fixed": dict(self.fixed),
+            "margin": self.margin,
+            "counts": {
+                "candidates": len(self.candidates),
+                "fit": self.n_fit,
+                "do_not_fit": len(self.candidates) - self.n_fit,
+                "pruned": self.n_pruned,
+                "invalid": sum(self.invalid.values()),
+            },
+            "invalid": dict(self.invalid),
+            "notes": list(self.notes),
+            "candidates": [c.to_dict() for c in shown],
+        }
+
+
+def candidate_rules(
+    backend: str, params: Mapping[str, Any], fixed: Mapping[str, Any], model: ModelSpec, n_gpus: int
+) -> str | None:
+    """The first framework start-up rule ``params`` break (a stable rule name), or None when valid.
+
+    The rules shared by TRL and ms-swift (frameworks.md): the global batch splits into micro-batches
+    of every rank; the generation batch is a multiple of num_generations; vLLM's tensor-parallel size
+    divides the world size (colocate) and the model's attention heads; ms-swift needs ``vllm_mode``.
+    """
+    world = max(1, n_gpus)
+    global_batch = int(fixed.get("global_batch", 64))
+    pdbs = _pdbs(backend, params, fixed)
+    if pdbs <= 0 or global_batch % (pdbs * world) != 0:
+        return "global_batch_divisible"
+    if global_batch % int(fixed.get("num_generations", 8)) != 0:
+        return "generation_batch_num_generations"
+    if params.get("use_vllm"):
+        tp = int(params.get("vllm_tensor_parallel_size", 1) or 1)
+        mode = params.get("vllm_mode", fixed.get("vllm_mode", "colocate" if backend != "swift" else None))
+        if backend == "swift" and mode is None:
+            return "vllm_mode_required"
+        if mode != "server" and world % tp != 0:
+            return "vllm_tp_divides_world"
+        if model.heads % tp != 0:
+            return "vllm_tp_divides_heads"
+    return None
+
+
+def _pdbs(backend: str, params: Mapping[str, Any], fixed: Mapping[str, Any]) -> int:
+    default = BACKEND_DEFAULTS.get(backend, BACKEND_DEFAULTS["trl"])["per_device_train_batch_size"]
+    return int(params.get("per_device_train_batch_size", fixed.get("per_device_train_batch_size", default)))
+
+
+def _derived(
+    backend: str, params: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+) -> dict[str, Any]:
+    world = max(1, n_gpus)
+    pdbs = max(1, _pdbs(backend, params, fixed))
+    return {
+        "world_size": world,
+        "gradient_accumulation_steps": max(1, int(fixed.get("global_batch", 64)) // (pdbs * world)),
+    }
+
+
+def _grid(space: SearchSpace) -> list[dict[str, Any]]:
+    """Every distinct configuration, in :meth:`SearchSpace.grid` order.
+
+    The same walk as ``SearchSpace.grid``, cheaper: plans enumerate tens of thousands of
+    configurations. Values are made unique per knob up front, so the walk yields no duplicates.
+    """
+    knobs = space.knobs
+    values: list[list[Any]] = []
+    for knob in knobs:
+        unique: list[Any] = []
+        for v in knob.values():
+            if not any(type(u) is type(v) and u == v for u in unique):
+                unique.append(v)
+        values.append(unique)
+    ctx: dict[str, Any] = dict(space.dropped_defaults)  # earlier knobs' values, for conditions
+    acc: dict[str, Any] = {}
+    out: list[dict[str, Any]] = []
+
+    def rec(i: int) -> None:
+        if i == len(knobs):
+            out.append(dict(acc))
+            return
+        knob = knobs[i]
+        if knob.active(ctx):
+            saved = ctx.get(knob.name, _MISSING)
+            for v in values[i]:
+                acc[knob.name] = ctx[knob.name] = v
+                rec(i + 1)
+            del acc[knob.name]
+            if saved is _MISSING:
+                del ctx[knob.name]
+            else:
+                ctx[knob.name] = saved
+        else:
+            rec(i + 1)
+
+    rec(0)
+    return out
+
+
+_MISSING = object()
+
+
+def plan_space(
+    space: SearchSpace,
+    *,
+    backend: str,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    n_gpus: int,
+    fixed: Mapping[str, Any],
+    margin: float = 0.15,
+) -> PlanResult:
+    """Judge every valid configuration of ``space`` on ``n_gpus`` × ``gpu``.
+
+    Args:
+        space: the (restricted, narrowed) search space.
+        backend: ``trl`` or ``swift``.
+        model: architecture facts.
+        gpu: GPU facts.
+        n_gpus: GPUs per trial.
+        fixed: job facts (``global_batch``, ``num_generations``, ``max_prompt_length``,
+            ``max_completion_length``, ``beta``, LoRA, ``vllm_max_model_len``), framework names.
+        margin: the pruning margin reported per candidate.
+    """
+    rows: list[tuple[dict[str, Any], dict[str, Any], JobShape, MemoryEstimate, TimeEstimate]] = []
+    invalid: Counter[str] = Counter()
+    for params in _grid(space):
+        rule = candidate_rules(backend, params, fixed, model, n_gpus)
+        if rule is not None:
+            invalid[rule] += 1
+            continue
+        derived = _derived(backend, params, fixed, n_gpus)
+        shape = job_shape(backend, params, derived, fixed, model, n_gpus)
+        mem = estimate_memory(shape, gpu)
+        rows.append((params, derived, shape, mem, estimate_step_time(shape, gpu, mem)))
+    best = max((t.throughput for _, _, _, m, t in rows if m.fits()), default=None)
+    cands = [
+        Candidate(
+            params=p,
+            derived=d,
+            shape=s,
+            memory=m,
+            time=t,
+            relative_speed=(t.throughput / best) if best else None,
+            pruned=should_prune(m, margin),
+        )
+        for p, d, s, m, t in rows
+    ]
+
+    def key(c: Candidate) -> tuple[int, float, int]:
+        if c.fits:
+            # equal predicted speed (3 significant digits): more headroom first
+            return (0, -float(f"{c.time.throughput:.3g}"), c.memory.peak_bytes)
+        over = c.memory.overflow()
+        return (1, (over[1] if over else 0) / max(1, c.memory.capacity_bytes), c.memory.peak_bytes)
+
+    cands.sort(key=key)
+    notes = tuple(f"knob {k} dropped: {why}" for k, why in space.dropped.items())
+    return PlanResult(
+        backend=backend,
+        model=model,
+        gpu=gpu,
+        n_gpus=n_gpus,
+        fixed=dict(fixed),
+        margin=margin,
+        candidates=tuple(cands),
+        invalid=dict(invalid),
+        notes=notes,
+    )

@@ -1,0 +1,482 @@
+"""How a trial ended, decided from evidence; and whether a trial that ran actually learns.
+
+Evidence is, in this order of weight: what we did to the process (our watchdog, our early stop, the
+user's interrupt), the framework's own failure text on any rank, the exit code and signal, and the
+last traceback. The word "error" alone never decides anything.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal as signal_mod
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.backends._base import FailurePattern
+from autotune.records import StepMetrics, TrialStatus
+
+if TYPE_CHECKING:
+    from autotune.runner import RunRecord
+
+__all__ = [
+    "COMMON_PATTERNS",
+    "Verdict",
+    "classify",
+    "health_check",
+    "last_error_line",
+    "match_patterns",
+    "strip_rank_prefix",
+]
+
+_MAX_REASON_CHARS = 300
+
+COMMON_PATTERNS: tuple[FailurePattern, ...] = (
+    # PyTorch's CUDA allocator: torch.OutOfMemoryError (2.x), torch.cuda.OutOfMemoryError (1.13-2.0),
+    # RuntimeError: CUDA out of memory (older) all carry this phrase.
+    FailurePattern("OOM", r"CUDA out of memory", "CUDA out of memory"),
+    FailurePattern("OOM", r"CUDA error: out of memory", "CUDA out of memory (CUDA runtime error)"),
+    FailurePattern("OOM", r"HIP out of memory", "GPU out of memory (HIP)"),
+    FailurePattern("OOM", r"CUBLAS_STATUS_ALLOC_FAILED", "GPU out of memory (cuBLAS could not allocate)"),
+    FailurePattern(
+        "VLLM_INIT",
+        r"Free memory on device .*on startup is less than desired GPU memory utilization",
+        "vLLM could not start: free GPU memory is below the requested gpu_memory_utilization",
+    ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"No available memory for the cache blocks",
+        "vLLM could not start: no memory left for KV cache blocks",
+    ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"KV cache is needed, which is larger than the available KV cache memory",
+        "vLLM could not start: the KV cache cannot hold one sequence of max_model_len",
+    ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"is larger than the maximum number of tokens that can be stored in KV cache",
+        "vLLM could not start: the KV cache cannot hold one sequence of max_model_len",
+    ),
+    FailurePattern("HOST_OOM", r"exitcode\s*:\s*-9\b", "a rank was killed by SIGKILL (host out of memory?)"),
+    FailurePattern(
+        "HOST_OOM",
+        r"Signal 9 \(SIGKILL\) received by PID",
+        "a rank was killed by SIGKILL (host out of memory?)",
+    ),
+    FailurePattern("HOST_OOM", r"DefaultCPUAllocator: can't allocate memory", "host RAM allocation failed"),
+    FailurePattern(
+        "HANG",
+        r"ProcessGroup\w*'s watchdog got stuck for \d+ seconds",
+        "the collective-communication watchdog saw no progress (distributed hang)",
+    ),
+    FailurePattern(
+        "HANG",
+        r"Watchdog caught collective operation timeout",
+        "a collective operation timed out (distributed hang)",
+    ),
+    FailurePattern(
+        "INVALID",
+        r": error: (?:unrecognized arguments|argument |the following arguments are required|invalid choice)",
+        "the framework rejected its arguments",
+    ),
+    FailurePattern(
+        "INVALID",
+        r"Some specified arguments are not used by the HfArgumentParser",
+        "the framework rejected its arguments",
+    ),
+    FailurePattern(
+        "INVALID",
+        r"^Error: (?:No such option|Invalid value for|Missing option|Got unexpected extra argument)",
+        "the framework rejected its arguments",
+    ),
+)
+
+# "[rank1]: ", "[rank1]:[E1111 17:01:37] ", "(EngineCore pid=253) ", "(RayWorker pid=9, ip=...) "
+_PREFIX = re.compile(r"^(?:\[rank\d+\]:\s?|\[default\d+\]:\s?|\(\w+ pid=\d+(?:, ip=[^)]*)?\)\s*)+")
+_RANK = re.compile(r"\[(?:rank|default)(\d+)\]:")
+_EXC_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Failure|Interrupt|Exit))\b(?::\s*(.*))?$"
+)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
+_FATAL = re.compile(r"^Fatal Python error: (.+)$")
+_TORCHRUN_SIGNAL = re.compile(r"exitcode\s*:\s*-(\d+)\b")
+_CONFIG_FRAME = re.compile(r"config|arg|param|option|setting|__post_init__|parse", re.IGNORECASE)
+_WRAPPER_EXC = ("ChildFailedError",)
+_SHELL_SIGNAL_BASE = 128
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one trial.
+
+    Attributes:
+        status: how the trial ended.
+        reason: one line saying why, with the numbers.
+        evidence: the output line (or watchdog fact) the decision rests on, when there is one.
+    """
+
+    status: TrialStatus
+    reason: str
+    evidence: str | None = None
+
+
+def strip_rank_prefix(line: str) -> str:
+    """``[rank1]: ValueError: x`` → ``ValueError: x`` (torchrun, vLLM worker and Ray prefixes)."""
+    return _PREFIX.sub("", line).rstrip()
+
+
+def match_patterns(
+    lines: Iterable[str], patterns: Sequence[FailurePattern]
+) -> dict[str, tuple[FailurePattern, str]]:
+    """The first line matching each status's patterns: status name → (pattern, line)."""
+    compiled = [(p, re.compile(p.regex)) for p in patterns]
+    found: dict[str, tuple[FailurePattern, str]] = {}
+    for raw in lines:
+        line = strip_rank_prefix(raw)
+        for pattern, rx in compiled:
+            if pattern.status not in found and (rx.search(line) or rx.search(raw)):
+                found[pattern.status] = (pattern, raw.strip())
+    return found
+
+
+def last_error_line(lines: Sequence[str]) -> str | None:
+    """The final ``SomethingError: ...`` line (a wrapper such as ChildFailedError only if alone)."""
+    best: str | None = None
+    wrapper: str | None = None
+    for raw in lines:
+        line = strip_rank_prefix(raw)
+        m = _EXC_LINE.match(line) or _FATAL.match(line)
+        if not m:
+            continue
+        if line.startswith("Fatal Python error") or m.group(1) not in _WRAPPER_EXC:
+            best = line
+        else:
+            wrapper = line
+    return best or wrapper
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal_mod.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
+
+
+def _rank_of(line: str) -> str:
+    m = _RANK.search(line)
+    return f" on rank {m.group(1)}" if m else ""
+
+
+def _oom_detail(line: str) -> str:
+    m = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", line)
+    gpu = re.search(
+        r"GPU (\d+) has a total capacity of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B) is free", line
+    )
+    parts = []
+    if m:
+        parts.append(f"tried to allocate {m.group(1)}")
+    if gpu:
+        parts.append(f"GPU {gpu.group(1)} had {gpu.group(3)} free of {gpu.group(2)}")
+    return f": {', '.join(parts)}" if parts else ""
+
+
+def _config_traceback(lines: Sequence[str]) -> str | None:
+    """The final exception line when the last traceback is an argument/config rejection, else None.
+
+    A rejection is a ``ValueError``/``TypeError`` (or argparse's ``ArgumentError``/``ArgumentTypeError``)
+    whose traceback passes through a frame whose file or function names configuration or argument
+    handling (``config``, ``arg``, ``param``, ``option``, ``setting``, ``parse``, ``__post_init__``):
+    e.g. TRL's ``GRPOConfig.__post_init__`` in ``grpo_config.py``, ms-swift's ``rlhf_args.py``. A
+    ``TypeError: ... got an unexpected keyword argument`` counts without frames (a config class called
+    with a name it does not have).
+    """
+    clean = [strip_rank_prefix(x) for x in lines]
+    start = max(
+        (i for i, x in enumerate(clean) if x.startswith("Traceback (most recent call last)")), default=None
+    )
+    if start is None:
+        return None
+    frames: list[tuple[str, str]] = []
+    for line in clean[start + 1 :]:
+        fm = _FRAME.match(line)
+        if fm:
+            frames.append((fm.group(1).rsplit("/", 1)[-1], fm.group(2)))
+            continue
+        em = _EXC_LINE.match(line)
+        if em:
+            name = em.group(1)
+            if name in ("ValueError", "TypeError", "ArgumentError", "ArgumentTypeError"):
+                if "unexpected keyword argument" in line:
+                    return line
+                if any(_CONFIG_FRAME.search(f) or _CONFIG_FRAME.search(fn) for f, fn in frames):
+                    return line
+            break
+    return None
+
+
+def classify(
+    record: RunRecord,
+    *,
+    patterns: Sequence[FailurePattern] = (),
+    health: Sequence[str] = (),
+) -> Verdict:
+    """Decide a trial's status from the evidence in ``record``.
+
+    Rules, first that applies wins:
+
+    1. Interrupted by the user (``stopped_by == "interrupt"``) → INTERRUPTED.
+    2. The trial was making progress when *we* stopped it: ``early_stop`` → COMPLETE, ``pruned`` →
+       PRUNED. A clean exit (code 0) with at least one step → COMPLETE. A COMPLETE trial with health
+       problems (``health``, from :func:`health_check`) becomes UNHEALTHY.
+    3. Otherwise the trial failed or was stopped by the watchdog. Failure text on any rank
+       (``patterns`` first, then :data:`COMMON_PATTERNS`, searched in the lines the runner kept as
+       evidence and in both tails): OOM, then VLLM_INIT — a rank that OOMs leaves the others waiting,
+       so this beats the watchdog's HANG and the generic exit code.
+    4. Our watchdog: ``hang`` / ``startup_timeout`` → HANG, ``timeout`` → TIMEOUT.
+    5. SIGKILL that we did not send (exit -9, a shell's 137, or torchrun's ``exitcode: -9`` /
+       ``Signal 9 (SIGKILL) received by PID``), or the CPU allocator's failure text → HOST_OOM.
+    6. The NCCL watchdog's text (``watchdog got stuck``, ``collective operation timeout``) → HANG.
+    7. INVALID: the process ended non-zero before its first step *and* the evidence is an argument
+       rejection: argparse's usage error (``prog: error: unrecognized arguments`` / ``argument`` /
+       ``the following arguments are required``; exit code 2, argparse's own), HfArgumentParser's unused
+       arguments, or a final ``ValueError``/``TypeError`` raised from config or argument construction
+       (see :func:`_config_traceback`).
+    8. Exit 0 without a step → CRASH ("exited without a step").
+    9. CRASH with the last meaningful error line: the final ``SomethingError: ...`` line of a
+       traceback, or the fatal signal's name (SIGSEGV, SIGABRT, ...).
+
+    Args:
+        record: what the runner observed.
+        patterns: the backend's own failure patterns (:meth:`Backend.failure_patterns`).
+        health: problems found by :func:`health_check` (empty = healthy).
+    """
+    n_steps = len(record.steps)
+    if record.stopped_by == "interrupt":
+        return Verdict(TrialStatus.INTERRUPTED, record.stop_reason or "stopped by the user")
+
+    def complete(reason: str) -> Verdict:
+        if health:
+            more = f" (and {len(health) - 1} more)" if len(health) > 1 else ""
+            return Verdict(TrialStatus.UNHEALTHY, _one_line(health[0] + more), None)
+        return Verdict(TrialStatus.COMPLETE, reason)
+
+    if record.stopped_by == "early_stop":
+        return complete(record.stop_reason or f"stopped at steady state after {n_steps} steps")
+    if record.stopped_by == "pruned":
+        return Verdict(TrialStatus.PRUNED, _one_line(record.stop_reason or "pruned by the study"))
+    if record.stopped_by is None and record.exit_code == 0 and n_steps > 0:
+        return complete(f"completed {n_steps} steps")
+
+    lines = [x.text for x in record.evidence] + list(record.stderr_tail) + list(record.stdout_tail)
+    found = match_patterns(lines, tuple(patterns) + COMMON_PATTERNS)
+
+    for status in ("OOM", "VLLM_INIT"):
+        if status in found:
+            pattern, line = found[status]
+            detail = _oom_detail(line) if status == "OOM" else ""
+            return Verdict(TrialStatus(status), _one_line(f"{pattern.reason}{_rank_of(line)}{detail}"), line)
+
+    if record.stopped_by in ("hang", "startup_timeout"):
+        return Verdict(TrialStatus.HANG, _one_line(record.stop_reason or "no progress"), None)
+    if record.stopped_by == "timeout":
+        return Verdict(
+            TrialStatus.TIMEOUT, _one_line(record.stop_reason or "trial wall budget ran out"), None
+        )
+
+    exit_code = record.exit_code
+    sig = record.signal
+    if sig is None and exit_code is not None and _SHELL_SIGNAL_BASE < exit_code <= _SHELL_SIGNAL_BASE + 64:
+        shell_sig: int | None = exit_code - _SHELL_SIGNAL_BASE
+    else:
+        shell_sig = None
+    if sig == signal_mod.SIGKILL or shell_sig == signal_mod.SIGKILL:
+        how = (
+            "exit -9" if sig == signal_mod.SIGKILL else f"exit code {exit_code}, a shell's report of SIGKILL"
+        )
+        return Verdict(
+            TrialStatus.HOST_OOM,
+            f"killed by SIGKILL that autotune did not send ({how}): most likely the host ran out of RAM",
+            None,
+        )
+    if "HOST_OOM" in found:
+        pattern, line = found["HOST_OOM"]
+        return Verdict(TrialStatus.HOST_OOM, _one_line(f"{pattern.reason}{_rank_of(line)}"), line)
+    if "HANG" in found:
+        pattern, line = found["HANG"]
+        return Verdict(TrialStatus.HANG, _one_line(f"{pattern.reason}{_rank_of(line)}"), line)
+
+    for status in found:
+        if status not in ("INVALID", "OOM", "VLLM_INIT", "HOST_OOM", "HANG", "CRASH"):
+            pattern, line = found[status]  # a backend pattern naming another status
+            return Verdict(TrialStatus(status), _one_line(pattern.reason), line)
+
+    err_lines = list(record.stderr_tail) + list(record.stdout_tail)
+    if n_steps == 0 and exit_code not in (None, 0):
+        if "INVALID" in found:
+            pattern, line = found["INVALID"]
+            return Verdict(
+                TrialStatus.INVALID, _one_line(f"{pattern.reason}: {strip_rank_prefix(line)}"), line
+            )
+        rejected = _config_traceback(record.stderr_tail) or _config_traceback(record.stdout_tail)
+        if rejected:
+            return Verdict(
+                TrialStatus.INVALID,
+                _one_line(f"the framework rejected its configuration: {rejected}"),
+                rejected,
+            )
+        if exit_code == 2 and sig is None:
+            last = last_error_line(err_lines) or _last_nonblank(record.stderr_tail)
+            tail = f": {last}" if last else ""
+            return Verdict(
+                TrialStatus.INVALID, _one_line(f"exit code 2 before the first step (usage error){tail}"), last
+            )
+
+    if "CRASH" in found:
+        pattern, line = found["CRASH"]
+        return Verdict(TrialStatus.CRASH, _one_line(pattern.reason), line)
+    if exit_code == 0 and n_steps == 0:
+        return Verdict(
+            TrialStatus.CRASH, "exited without a step (exit code 0)", _last_nonblank(record.stdout_tail)
+        )
+
+    last = last_error_line(record.stderr_tail) or last_error_line(record.stdout_tail)
+    fatal_sig = sig if sig is not None else shell_sig
+    if fatal_sig is None:
+        m = next((_TORCHRUN_SIGNAL.search(x) for x in reversed(lines) if _TORCHRUN_SIGNAL.search(x)), None)
+        if m:
+            fatal_sig = int(m.group(1))
+    at = f" at step {record.steps[-1].step}" if n_steps else " before the first step"
+    if fatal_sig is not None:
+        name = _signal_name(fatal_sig)
+        detail = f" ({last})" if last else ""
+        return Verdict(TrialStatus.CRASH, _one_line(f"killed by {name}{at}{detail}"), last)
+    if last:
+        return Verdict(TrialStatus.CRASH, _one_line(f"exit code {exit_code}{at}: {last}"), last)
+    fallback = _last_nonblank(record.stderr_tail) or _last_nonblank(record.stdout_tail)
+    tail = f": {strip_rank_prefix(fallback)}" if fallback else ""
+    return Verdict(TrialStatus.CRASH, _one_line(f"exit code {exit_code}{at}{tail}"), fallback)
+
+
+def _last_nonblank(lines: Sequence[str]) -> str | None:
+    return next((x for x in reversed(lines) if x.strip()), None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Health gate
+
+
+def _series(steps: Sequence[StepMetrics], key: str) -> list[tuple[int, float]]:
+    ordered = sorted(steps, key=lambda s: s.step)
+    return [(s.step, float(s.values[key])) for s in ordered if key in s.values and s.values[key] is not None]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def health_check(
+    steps: Sequence[StepMetrics],
+    *,
+    beta: float | None,
+    max_completion_length: int | None,
+    baseline: Sequence[StepMetrics] | None,
+) -> list[str]:
+    """Problems that show a trial does not learn; each one sentence with the numbers. Empty = healthy.
+
+    Checks (metric names as TRL and ms-swift log them):
+
+    - ``loss``, ``grad_norm`` or ``kl`` NaN or infinite on any step.
+    - ``grad_norm`` exactly 0 on every step (at least 2): the weights never change.
+    - ``kl`` exactly 0 on every step after the first (at least 2 of them) while ``beta`` > 0.
+    - ``reward_std`` 0 on every step (at least 2): every completion of a prompt gets the same reward,
+      so every advantage is 0.
+    - Against the baseline trial only (fixed-length completions clip every sample by design, so a
+      fully clipped trial alone proves nothing): every completion clipped at max length
+      (``completions/clipped_ratio`` 1, or ``completions/mean_length`` at ``max_completion_length``)
+      while the baseline's were not; or the reward collapsing — its mean over the trial's second half
+      more than one baseline ``reward_std`` below the baseline's mean reward and below the trial's own
+      first half.
+
+    A loss near 0 is normal for GRPO (advantages are zero-mean) and is not a problem.
+    """
+    problems: list[str] = []
+    n = len(steps)
+    for key in ("loss", "grad_norm", "kl"):
+        bad = [(st, v) for st, v in _series(steps, key) if not math.isfinite(v)]
+        if bad:
+            kind = "NaN" if math.isnan(bad[0][1]) else "infinite"
+            problems.append(f"{key} is {kind} at step {bad[0][0]} ({len(bad)} of {n} steps not finite).")
+
+    grad = [v for _, v in _series(steps, "grad_norm")]
+    if len(grad) >= 2 and all(v == 0.0 for v in grad):
+        problems.append(f"grad_norm is 0 on all {len(grad)} steps: the model is never updated.")
+
+    if beta is not None and beta > 0:
+        kl = _series(steps, "kl")[1:]
+        if len(kl) >= 2 and all(v == 0.0 for _, v in kl):
+            problems.append(
+                f"kl is 0 on all {len(kl)} steps after the first although beta = {beta:g}: "
+                "the policy never moves away from the reference."
+            )
+
+    rstd = [v for _, v in _series(steps, "reward_std")]
+    if len(rstd) >= 2 and all(v == 0.0 for v in rstd):
+        problems.append(
+            f"reward_std is 0 on all {len(rstd)} steps: every completion of a prompt gets the same reward, "
+            "so every advantage is 0."
+        )
+
+    if baseline:
+        problems.extend(_degenerate_rollouts(steps, baseline, max_completion_length))
+    return problems
+
+
+def _degenerate_rollouts(
+    steps: Sequence[StepMetrics], baseline: Sequence[StepMetrics], max_completion_length: int | None
+) -> list[str]:
+    problems: list[str] = []
+    clip = [v for _, v in _series(steps, "completions/clipped_ratio")]
+    base_clip = [v for _, v in _series(baseline, "completions/clipped_ratio")]
+    if len(clip) >= 2 and base_clip and all(v >= 0.999 for v in clip):
+        base_mean = statistics.fmean(base_clip)
+        if base_mean < 0.9:
+            limit = f" ({max_completion_length} tokens)" if max_completion_length else ""
+            problems.append(
+                f"every completion hit the max length{limit} on all {len(clip)} steps "
+                f"(clipped ratio 1.0) while the baseline clipped {base_mean:.0%}: rollouts are degenerate."
+            )
+    elif max_completion_length and not clip:
+        length = [v for _, v in _series(steps, "completions/mean_length")]
+        base_len = [v for _, v in _series(baseline, "completions/mean_length")]
+        if len(length) >= 2 and base_len and all(v >= max_completion_length - 0.5 for v in length):
+            base_mean = statistics.fmean(base_len)
+            if base_mean < 0.9 * max_completion_length:
+                problems.append(
+                    f"mean completion length is the max ({max_completion_length} tokens) on all {len(length)} "
+                    f"steps while the baseline's was {_fmt(base_mean)}: rollouts are degenerate."
+                )
+
+    reward = [v for _, v in _series(steps, "reward") if math.isfinite(v)]
+    base_reward = [v for _, v in _series(baseline, "reward") if math.isfinite(v)]
+    if len(reward) >= 2 and len(base_reward) >= 2:
+        half = len(reward) // 2
+        early, late = statistics.fmean(reward[:half]), statistics.fmean(reward[half:])
+        base_mean = statistics.fmean(base_reward)
+        base_std = [v for _, v in _series(baseline, "reward_std") if math.isfinite(v)]
+        scale = statistics.fmean(base_std) if base_std else 0.0
+        if scale <= 0:
+            scale = statistics.stdev(base_reward) or 0.1 * abs(base_mean) or 1e-9
+        if late < base_mean - scale and late < early:
+            problems.append(
+                f"reward fell to {_fmt(late)} over the last {len(reward) - half} steps against {_fmt(base_mean)} "
+                f"in the baseline (more than one reward_std, {_fmt(scale)}, below): rewards are collapsing."
+            )
+    return problems

@@ -1,0 +1,272 @@
+"""``autotune plan``: estimates without a GPU, JSON output, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli.app import main
+
+DATA = Path(__file__).parents[1] / "estimate" / "data"
+TRL_SPACE = str(DATA / "trl_small.yaml")
+SWIFT_SPACE = str(DATA / "swift_small.yaml")
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", *args])
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    code, out, err = run(capsys, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_json_for_7b_on_4_a10(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--space", TRL_SPACE)
+    assert data["model"]["name"] == "Qwen2-7B"
+    assert data["gpu"]["name"] == "A10" and data["n_gpus"] == 4
+    counts = data["counts"]
+    assert counts["candidates"] == len(data["candidates"]) > 0
+    assert counts["fit"] + counts["do_not_fit"] == counts["candidates"]
+    first = data["candidates"][0]
+    assert first["fits"] and first["relative_speed"] == pytest.approx(1.0)
+    assert set(first["memory"]["components_bytes"]) >= {"policy_weights", "optimizer_states", "vllm_reserved"}
+    misses = [c for c in data["candidates"] if not c["fits"]]
+    assert misses and all(c["memory"]["overflow"]["bytes"] > 0 for c in misses)
+    # 7B full fine-tuning with ZeRO-2 and no offload never fits on 24 GB cards
+    assert not any(
+        c["fits"]
+        for c in data["candidates"]
+        if c["params"]["zero_stage"] == 2 and not c["params"]["offload_optimizer"]
+    )
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys,
+        "--gpus",
+        "8",
+        "--gpu-type",
+        "H100",
+        "--model",
+        "Qwen2-7B",
+        "--backend",
+        "swift",
+        "--space",
+        SWIFT_SPACE,
+        "--top",
+        "5",
+        "--vllm-max-model-len",
+        "2048",
+    )
+    assert code == 0, err
+    assert "Qwen2-7B (7.62B) on 8 x H100" in out
+    assert "fit (fastest first):" in out and "do not fit (closest first):" in out
+    assert "peak/cap GiB" in out and "overflow" in out
+    fit_rows = out.split("fit (fastest first):")[1].split("do not fit")[0].strip().splitlines()[2:]
+    assert len(fit_rows) == 5
+
+
+def test_knob_filters_narrow_and_force_conditions(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(
+        capsys,
+        "--gpus",
+        "4",
+        "--gpu-type",
+        "A100-80G",
+        "--model",
+        "Qwen2-7B",
+        "--space",
+        TRL_SPACE,
+        "--knob",
+        "zero_stage=3",
+        "--knob",
+        "vllm_tensor_parallel_size=2",
+    )
+    assert data["candidates"]
+    for c in data["candidates"]:
+        assert c["params"]["zero_stage"] == 3
+        assert c["params"]["use_vllm"] is True  # forcing TP forces its condition
+        assert c["params"]["vllm_tensor_parallel_size"] == 2
+
+
+def test_lora_beta_and_lengths_reach_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    args = (
+        "--gpus",
+        "1",
+        "--gpu-type",
+        "H100",
+        "--model",
+        "Qwen2.5-7B",
+        "--space",
+        TRL_SPACE,
+        "--knob",
+        "zero_stage=0",
+        "--knob",
+        "use_vllm=false",
+    )
+    full = run_json(capsys, *args, "--beta", "0.04")
+    lora = run_json(capsys, *args, "--beta", "0.04", "--lora-rank", "16")
+    ref = {c["memory"]["components_bytes"]["reference_model"] for c in full["candidates"]}
+    assert ref and min(ref) > 0
+    assert all(c["memory"]["phases"]["train"]["reference_model"] == 0 for c in lora["candidates"])
+    assert lora["fixed"]["use_peft"] is True and lora["fixed"]["lora_r"] == 16
+
+
+def test_unknown_gpu_with_memory_is_planned(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys,
+        "--gpus",
+        "2",
+        "--gpu-type",
+        "MysteryGPU",
+        "--gpu-memory-gib",
+        "48",
+        "--model",
+        "Qwen2.5-1.5B",
+        "--space",
+        TRL_SPACE,
+    )
+    assert code == 0, err
+    assert "not in the catalog" in err
+    assert "48.0 GiB" in out
+
+
+def test_model_from_a_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    data = run_json(
+        capsys,
+        "--gpus",
+        "1",
+        "--gpu-type",
+        "A10",
+        "--model",
+        "my-model",
+        "--model-config",
+        str(tmp_path),
+        "--space",
+        TRL_SPACE,
+    )
+    assert data["model"]["params"] == 494032768  # Qwen2.5-0.5B's architecture
+
+
+# --- bad input: one line on stderr, exit code 2, no traceback
+
+BAD = {
+    "unknown gpu type": (
+        ["--gpus", "4", "--gpu-type", "B9000", "--model", "Qwen2-7B"],
+        "unknown GPU type 'B9000'",
+    ),
+    "unknown model": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen9-1T"],
+        "unknown model 'Qwen9-1T'",
+    ),
+    "tp does not divide gpus": (
+        ["--gpus", "3", "--gpu-type", "A10", "--model", "Qwen2-7B", "--knob", "vllm_tensor_parallel_size=2"],
+        "vllm_tensor_parallel_size=2 does not divide --gpus 3",
+    ),
+    "tp does not divide heads": (
+        ["--gpus", "8", "--gpu-type", "H100", "--model", "Qwen2-7B", "--knob", "vllm_tensor_parallel_size=8"],
+        "28 attention heads",
+    ),
+    "unknown knob": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--knob", "bogus=1"],
+        "--knob bogus",
+    ),
+    "bad knob value": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--knob", "zero_stage=two"],
+        "'two' is not a int",
+    ),
+    "value outside knob": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--knob", "zero_stage=1"],
+        "outside knob 'zero_stage'",
+    ),
+    "malformed knob": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--knob", "zero_stage"],
+        "is not name=v1,v2",
+    ),
+    "batch not multiple": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--global-batch", "60"],
+        "not a multiple of --num-generations",
+    ),
+    "unknown backend": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--backend", "verl"],
+        "plan does not know backend 'verl'",
+    ),
+    "missing model config": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "x", "--model-config", "/nonexistent/config.json"],
+        "does not exist",
+    ),
+    "missing space": (
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--space", "/nonexistent.yaml"],
+        "does not exist",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], case: str) -> None:
+    args, needle = BAD[case]
+    space = [] if "--space" in args else ["--space", TRL_SPACE]
+    code, out, err = run(capsys, *args, *space)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert needle in lines[0]
+    assert "Traceback" not in out + err
+
+
+def _nvml_works() -> bool:
+    from probes.nvml import NvmlUnavailable, detect_gpus
+
+    try:
+        return bool(detect_gpus().devices)
+    except NvmlUnavailable:
+        return False
+
+
+def test_gpus_without_a_type_needs_detected_gpus(cli) -> None:  # noqa: ANN001
+    """Through the installed console script: no GPU here, so --gpus alone must ask for --gpu-type."""
+    if _nvml_works():
+        pytest.skip("this host has GPUs: --gpus alone is valid here")
+    proc = cli("plan", "--gpus", "4", "--model", "Qwen2-7B", "--space", TRL_SPACE)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--gpu-type" in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_packaged_space_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    if not (Path(__file__).parents[2] / "search_spaces" / "trl.yaml").exists():
+        pytest.skip("search_spaces/trl.yaml is not written yet")
+    data = run_json(
+        capsys,
+        "--gpus",
+        "2",
+        "--gpu-type",
+        "A100-80G",
+        "--model",
+        "Qwen2.5-1.5B",
+        "--top",
+        "3",
+        "--knob",
+        "use_vllm=false",
+    )
+    assert len(data["candidates"]) == 3 and data["counts"]["candidates"] >= 3
