@@ -40,18 +40,13 @@ def make_samplers(hardware: Hardware, settings: ProbeSettings) -> Callable[[int]
             return []
         from probes.host import HostSampler
 
-        samplers: list[Any] = [HostSampler(pid, interval_s=settings.host_interval_s)]
+        host = HostSampler(pid, interval_s=settings.host_interval_s)
+        samplers: list[Any] = [host]
         if hardware.visible:
-            from probes.host import process_tree_pids
             from probes.nvml import NvmlSampler
 
-            samplers.append(
-                NvmlSampler(
-                    [g.index for g in hardware.gpus],
-                    interval_s=settings.gpu_interval_s,
-                    pids=lambda: process_tree_pids(pid),
-                )
-            )
+            # The host sampler already walks the trial's process tree: reuse its pids for attribution.
+            samplers.append(NvmlSampler([g.index for g in hardware.gpus], interval_s=settings.gpu_interval_s, pids=host.pids))
         return samplers
 
     return factory
@@ -68,7 +63,7 @@ def summarize_trial(trial_dir: Path, steps: Sequence[StepMetrics], *, model_flop
     df = read_timeline(path)
     phases_path = trial_dir / "phases.jsonl"
     phases = read_phases(phases_path) if phases_path.exists() else []
-    step_dicts = [{"step": s.step, "t_mono_s": s.t_mono_s, "values": dict(s.values)} for s in steps]
+    step_dicts = [{"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)} for s in steps]
     return summarize(df, step_dicts, phases, model_flops_per_step=model_flops_per_step, peak_flops=peak_flops)
 
 

@@ -1,15 +1,56 @@
 """GPU detection and sampling through NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
-Every NVML call goes through one gate. Initialisation failures raise :class:`NvmlUnavailable`.
+Every NVML call of the sampler goes through one gate, :class:`NvmlGate`: a metric the GPU or driver
+does not support becomes None and is reported once in ``warnings``; a lost GPU stops being asked and
+its later rows are empty; any other failed read is None for that sample only. Nothing raised by a read
+can end the sampling thread. Initialisation failures (no library, no driver, a GPU index that does not
+exist) raise one :class:`NvmlUnavailable` at ``start()``, whose ``str()`` the CLI prints as one line.
+
+GPU indices are NVML indices (the order of ``nvidia-smi``), not indices inside ``CUDA_VISIBLE_DEVICES``.
+
+Cadence (``NvmlSampler``): utilization and memory every ``interval_s`` (10 Hz by default); the
+slow-changing or expensive reads - SM clock, temperature, clock-event reasons, energy counter, PCIe
+throughput (the driver measures it over 20 ms *inside the call*), per-process memory, GPM metrics and
+the driver's sample buffer - every ``slow_interval_s`` (1 s by default), staggered so that each tick
+reads them for a few GPUs at most; the enforced power limit (a setting) every tenth of those.
+
+The driver's buffer (``nvmlDeviceGetSamples``) holds utilization and power at the driver's own rate;
+those samples become extra rows at their own timestamps, converted from the driver's wall clock
+(microseconds) to the monotonic clock. Power is polled on every tick only while that buffer does not
+deliver: ``nvmlDeviceGetPowerUsage`` is a one-second average on Ampere and newer (A100 excepted), so
+polling it at 10 Hz adds calls, not information, where the buffer has the driver's own samples.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import math
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["NvmlUnavailable", "DeviceFacts", "GpuDetection", "detect_gpus", "load_nvml"]
+from probes.timeline import GPU_METRICS, RowBuffer
+
+__all__ = [
+    "NvmlUnavailable",
+    "DeviceFacts",
+    "GpuDetection",
+    "NvmlGate",
+    "NvmlSampler",
+    "detect_gpus",
+    "gpu_processes",
+    "memory_used",
+    "load_nvml",
+]
+
+log = logging.getLogger(__name__)
+
+_PCIE_UNIT_BYTES = 1024  # NVML reports PCIe throughput in KB/s; nvitop and nvidia-smi read KiB
+_POWER_LIMIT_EVERY = 10  # the enforced power limit is a setting: read it every 10th slow read
 
 
 class NvmlUnavailable(Exception):
@@ -47,13 +88,26 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def detect_gpus(nvml: ModuleType | None = None) -> GpuDetection:
-    """Initialise NVML and list the GPUs. Raises :class:`NvmlUnavailable` with the reason."""
-    nvml = nvml or load_nvml()
+def _init(nvml: ModuleType) -> None:
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML could not start: {exc}") from exc
+        raise NvmlUnavailable(
+            f"NVML could not start: {exc}; install or load the NVIDIA driver, or run on CPU"
+        ) from exc
+
+
+def _shutdown(nvml: ModuleType) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - nothing useful to do when shutdown fails
+        pass
+
+
+def detect_gpus(nvml: ModuleType | None = None) -> GpuDetection:
+    """Initialise NVML and list the GPUs. Raises :class:`NvmlUnavailable` with the reason."""
+    nvml = nvml or load_nvml()
+    _init(nvml)
     try:
         driver = _safe(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
         cuda = _safe(lambda: nvml.nvmlSystemGetCudaDriverVersion_v2())
@@ -76,10 +130,7 @@ def detect_gpus(nvml: ModuleType | None = None) -> GpuDetection:
     except nvml.NVMLError as exc:
         raise NvmlUnavailable(f"NVML failed while listing GPUs: {exc}") from exc
     finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
+        _shutdown(nvml)
 
 
 def _safe(fn: Any) -> Any:
@@ -87,3 +138,610 @@ def _safe(fn: Any) -> Any:
         return fn()
     except Exception:  # noqa: BLE001 - an optional fact; detection goes on without it
         return None
+
+
+def _handles(nvml: ModuleType, indices: Sequence[int]) -> dict[int, Any]:
+    """Handles of the requested GPUs; NvmlUnavailable naming the visible range when one is missing."""
+    out: dict[int, Any] = {}
+    for index in indices:
+        try:
+            out[index] = nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError as exc:
+            count = _safe(nvml.nvmlDeviceGetCount)
+            seen = f"NVML sees {count} GPU(s)" if isinstance(count, int) else "NVML lists no GPUs"
+            raise NvmlUnavailable(
+                f"GPU {index} cannot be opened ({exc}); {seen}: pick indices from 0"
+            ) from exc
+    return out
+
+
+def _binding_errors(nvml: ModuleType) -> tuple[type[BaseException], ...]:
+    """NVML errors plus the binding's own: ``nvmlDeviceGetComputeRunningProcesses`` raises
+    ``NVMLLibraryMismatchError`` (not an NVMLError) when the driver lacks the versioned function."""
+    return (nvml.NVMLError, _error_class(nvml, "NVMLLibraryMismatchError"), AttributeError)
+
+
+def gpu_processes(
+    indices: Sequence[int], nvml: ModuleType | None = None
+) -> dict[int, list[tuple[int, int | None]]]:
+    """The compute processes on each GPU: ``{index: [(pid, used_bytes or None), ...]}``.
+
+    ``used_bytes`` is None where the driver cannot attribute memory (MIG, some containers). Used by
+    the study to prove a GPU is free before the next trial.
+
+    Raises:
+        NvmlUnavailable: NVML cannot start, a GPU cannot be opened, or its process list cannot be read
+            (a hygiene check must not pass on a GPU it could not look at).
+    """
+    nvml = nvml or load_nvml()
+    _init(nvml)
+    try:
+        out: dict[int, list[tuple[int, int | None]]] = {}
+        for index, handle in _handles(nvml, indices).items():
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except _binding_errors(nvml) as exc:
+                raise NvmlUnavailable(f"GPU {index}: cannot list its processes ({exc})") from exc
+            out[index] = [
+                (int(p.pid), int(p.usedGpuMemory) if p.usedGpuMemory is not None else None) for p in procs
+            ]
+        return out
+    finally:
+        _shutdown(nvml)
+
+
+def memory_used(indices: Sequence[int], nvml: ModuleType | None = None) -> dict[int, int]:
+    """Device memory in use on each GPU, in bytes (``nvidia-smi --query-gpu=memory.used``).
+
+    Raises:
+        NvmlUnavailable: NVML cannot start, or a GPU cannot be opened or read.
+    """
+    nvml = nvml or load_nvml()
+    _init(nvml)
+    try:
+        out: dict[int, int] = {}
+        for index, handle in _handles(nvml, indices).items():
+            try:
+                out[index] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            except _binding_errors(nvml) as exc:
+                raise NvmlUnavailable(f"GPU {index}: cannot read its memory ({exc})") from exc
+        return out
+    finally:
+        _shutdown(nvml)
+
+
+# ----------------------------------------------------------------------------------------- gate
+def _error_class(nvml: ModuleType, name: str) -> type[BaseException]:
+    cls = getattr(nvml, name, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return cls
+
+    class _Never(Exception):  # a binding without this error class: nothing matches it
+        pass
+
+    return _Never
+
+
+class NvmlGate:
+    """The one place NVML reads pass through. Never raises.
+
+    * NotSupported, FunctionNotFound, NoPermission, or any non-NVML exception (a binding mismatch
+      such as ``NVMLLibraryMismatchError``, a function this ``nvidia-ml-py`` lacks, a wrong call): the
+      (GPU, metric) pair is switched off - later reads return None without calling NVML - and one
+      warning per metric and reason is recorded;
+    * GpuIsLost: the GPU is marked lost, every later read on it returns None, one warning;
+    * NotFound where ``missing_ok`` (the driver's sample buffer has nothing new): None, no warning;
+    * any other NVMLError (Unknown, Timeout, ...): None for this read only, one warning per metric.
+
+    Thread safety: used by one sampling thread; ``warnings`` may be read from others (appends only).
+
+    Args:
+        nvml: the ``pynvml`` module (or a fake built from it).
+    """
+
+    def __init__(self, nvml: ModuleType) -> None:
+        self.nvml = nvml
+        self.warnings: list[str] = []
+        self.lost: set[int] = set()
+        self._off: set[tuple[int, str]] = set()
+        self._warned: set[tuple[Any, ...]] = set()
+        self._nvml_error = _error_class(nvml, "NVMLError")
+        self._gpu_lost = _error_class(nvml, "NVMLError_GpuIsLost")
+        self._not_found = _error_class(nvml, "NVMLError_NotFound")
+        self._permanent = (
+            _error_class(nvml, "NVMLError_NotSupported"),
+            _error_class(nvml, "NVMLError_FunctionNotFound"),
+            _error_class(nvml, "NVMLError_NoPermission"),
+        )
+
+    def warn_once(self, key: tuple[Any, ...], message: str) -> None:
+        """Record ``message`` unless a warning with the same ``key`` was recorded before."""
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        self.warnings.append(message)
+        log.warning("%s", message)
+
+    def enabled(self, device: int, metric: str) -> bool:
+        """False once the metric is off for this GPU or the GPU is lost."""
+        return device not in self.lost and (device, metric) not in self._off
+
+    def disable(self, device: int, metric: str) -> None:
+        """Stop asking for ``metric`` on ``device`` (e.g. GPM on a pre-Hopper GPU)."""
+        self._off.add((device, metric))
+
+    def call(self, device: int, metric: str, fn_name: str, *args: Any, missing_ok: bool = False) -> Any:
+        """``nvml.<fn_name>(*args)`` or None; see the class docstring for what each failure does.
+
+        The function is looked up inside the gate, so one missing from an older ``nvidia-ml-py``
+        switches its metric off like a function missing from the driver.
+        """
+        if device in self.lost or (device, metric) in self._off:
+            return None
+        try:
+            return getattr(self.nvml, fn_name)(*args)
+        except self._gpu_lost as exc:
+            self.lost.add(device)
+            self.warn_once(("lost", device), f"GPU {device} was lost ({exc}); its later samples are empty")
+        except self._permanent as exc:
+            self._off.add((device, metric))
+            consequence = (
+                "only polled values are recorded" if metric.endswith("_samples") else "the column stays empty"
+            )
+            self.warn_once(
+                (metric, type(exc).__name__),
+                f"{metric}: not available on GPU {device} ({exc}); {consequence}",
+            )
+        except self._not_found:
+            if not missing_ok:
+                self.warn_once(
+                    (metric, "NotFound"), f"{metric}: GPU {device} returned Not Found; read skipped"
+                )
+        except self._nvml_error as exc:
+            self.warn_once(
+                (metric, "transient", type(exc).__name__),
+                f"{metric}: read failed on GPU {device} ({exc}); that sample is empty, sampling goes on",
+            )
+        except Exception as exc:  # noqa: BLE001 - a binding mismatch or a bug must not end sampling
+            self._off.add((device, metric))
+            self.warn_once(
+                (metric, "error", type(exc).__name__),
+                f"{metric}: unexpected {type(exc).__name__} on GPU {device} ({exc}); the column stays empty",
+            )
+        return None
+
+
+# ----------------------------------------------------------------------------------------- sampler
+_COL = {name: i + 3 for i, name in enumerate(GPU_METRICS)}  # offset past t_mono_s, t_wall_s, device
+_GPM_METRICS = (
+    ("gpm_sm_util_pct", "NVML_GPM_METRIC_SM_UTIL"),
+    ("gpm_sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("gpm_tensor_util_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+)
+_VALUE_FIELDS = {  # nvmlValueType_t -> field of c_nvmlValue_t
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    slow_phase: int  # this GPU's slow reads happen on ticks where tick % slow_every == slow_phase
+    gpm: list[Any] = field(default_factory=list)  # two GPM sample buffers when GPM is on
+    gpm_have_prev: bool = False
+    last_sample_us: dict[int, int] = field(default_factory=dict)  # sampling type -> newest timestamp
+    power_from_buffer: bool = False  # the driver's power buffer delivered at the last slow read
+    slow_reads: int = 0
+
+
+class NvmlSampler:
+    """Samples the given GPUs in a background thread.
+
+    Each tick appends one row per GPU (schema: :data:`probes.timeline.GPU_METRICS`); the driver's
+    finer samples add rows holding only ``gpu_util_pct`` or ``power_w``. A metric not read on a tick
+    is None in that row - values are never carried forward.
+
+    Args:
+        indices: NVML indices of the GPUs to sample.
+        interval_s: polling interval of utilization and memory (and of power while the driver's
+            power buffer does not deliver).
+        nvml: the ``pynvml`` module, or a fake (``probes.testing``); loaded on ``start()`` when None.
+        pids: returns the trial's process-tree pids; GPU memory of those processes becomes
+            ``proc_mem_bytes``. Called at most once per ``slow_interval_s``, from the sampling thread.
+        slow_interval_s: interval of the slow reads (see the module docstring).
+        driver_samples: read the driver's utilization/power sample buffer (``nvmlDeviceGetSamples``).
+        gpm: read GPM SM utilization, occupancy and tensor activity where the GPU supports GPM.
+
+    Lifecycle: ``start()`` once (raises :class:`NvmlUnavailable`), ``rows()`` any time, ``stop()``
+    any number of times. Also a context manager.
+    """
+
+    def __init__(
+        self,
+        indices: Sequence[int],
+        *,
+        interval_s: float = 0.1,
+        nvml: ModuleType | None = None,
+        pids: Callable[[], set[int]] | None = None,
+        slow_interval_s: float = 1.0,
+        driver_samples: bool = True,
+        gpm: bool = True,
+    ) -> None:
+        if not interval_s > 0 or not math.isfinite(interval_s):
+            raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}")
+        if not slow_interval_s > 0:
+            raise ValueError(f"slow_interval_s must be positive, got {slow_interval_s!r}")
+        self.indices = tuple(int(i) for i in indices)
+        if len(set(self.indices)) != len(self.indices):
+            raise ValueError(f"GPU indices repeat: {list(self.indices)}")
+        self.interval_s = float(interval_s)
+        self.slow_every = max(1, round(slow_interval_s / interval_s))
+        self._nvml_arg = nvml
+        self._pids = pids
+        self._driver_samples = driver_samples
+        self._gpm = gpm
+        self._buffer = RowBuffer("gpu", GPU_METRICS)
+        self._ticks = array("d")
+        self._gate: NvmlGate | None = None
+        self._nvml: ModuleType | None = None
+        self._devices: list[_Device] = []
+        self._thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+        self._state = "new"  # new -> running -> stopped
+        self._own_warnings: list[str] = []
+        self._wall_minus_mono_s = 0.0
+        self._start_wall_us = 0
+        self._pid_cache: set[int] | None = None
+        self._slow_reads: tuple[tuple[str, str, tuple[Any, ...], float], ...] = ()
+        self._pid_cache_tick = -(10**9)
+
+    # -- public API -----------------------------------------------------------------------------
+    @property
+    def warnings(self) -> list[str]:
+        """Each unavailable metric, lost GPU or sampler problem, once, in the order met."""
+        gate = self._gate.warnings if self._gate else []
+        return [*gate, *self._own_warnings]
+
+    @property
+    def ticks(self) -> list[float]:
+        """``time.monotonic()`` of every polling tick (for the achieved rate and its jitter)."""
+        return self._ticks.tolist()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """All samples so far, one dict per row (timeline schema; None = not measured).
+
+        Rows are in the order they were taken: a driver sample is older than the poll that fetched
+        it. :func:`probes.timeline.write_timeline` sorts by time.
+        """
+        return self._buffer.rows()
+
+    def start(self) -> None:
+        """Initialise NVML, open the GPUs, start the sampling thread.
+
+        Raises:
+            NvmlUnavailable: NVML cannot start or a GPU index cannot be opened.
+            RuntimeError: the sampler was started before.
+        """
+        if self._state != "new":
+            raise RuntimeError("an NvmlSampler can be started once; create a new one")
+        nvml = self._nvml_arg or load_nvml()
+        _init(nvml)
+        try:
+            handles = _handles(nvml, self.indices)
+        except NvmlUnavailable:
+            _shutdown(nvml)
+            raise
+        self._nvml = nvml
+        self._gate = NvmlGate(nvml)
+        reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
+        if not hasattr(nvml, reasons_fn):  # nvidia-ml-py before 12.535
+            reasons_fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        # (column, NVML function, arguments after the handle, scale to the column's unit)
+        self._slow_reads = (
+            ("sm_clock_mhz", "nvmlDeviceGetClockInfo", (nvml.NVML_CLOCK_SM,), 1.0),
+            ("temperature_c", "nvmlDeviceGetTemperature", (nvml.NVML_TEMPERATURE_GPU,), 1.0),
+            ("clock_event_reasons", reasons_fn, (), 1.0),
+            ("energy_mj", "nvmlDeviceGetTotalEnergyConsumption", (), 1.0),
+            (
+                "pcie_tx_bytes_s",
+                "nvmlDeviceGetPcieThroughput",
+                (nvml.NVML_PCIE_UTIL_TX_BYTES,),
+                _PCIE_UNIT_BYTES,
+            ),
+            (
+                "pcie_rx_bytes_s",
+                "nvmlDeviceGetPcieThroughput",
+                (nvml.NVML_PCIE_UTIL_RX_BYTES,),
+                _PCIE_UNIT_BYTES,
+            ),
+        )
+        n = max(1, len(self.indices))
+        self._devices = [
+            _Device(index=i, handle=handles[i], slow_phase=(k * self.slow_every) // n)
+            for k, i in enumerate(self.indices)
+        ]
+        if self._gpm:
+            for dev in self._devices:
+                self._setup_gpm(dev)
+        mono, wall = time.monotonic(), time.time()
+        self._wall_minus_mono_s = wall - mono
+        self._start_wall_us = int(wall * 1e6)
+        for dev in self._devices:
+            for kind in (nvml.NVML_GPU_UTILIZATION_SAMPLES, nvml.NVML_TOTAL_POWER_SAMPLES):
+                dev.last_sample_us[kind] = self._start_wall_us
+        self._state = "running"
+        self._thread = threading.Thread(target=self._run, name="autotune-nvml-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop sampling and release NVML. Idempotent.
+
+        Escalates: ask the thread to stop and wait two intervals; then wait up to ``timeout_s``; a
+        thread still stuck inside a driver call after that is abandoned (it is a daemon) with a
+        warning, and NVML is left initialised rather than shut down under it.
+        """
+        if self._state != "running":
+            self._state = "stopped"
+            return
+        self._state = "stopped"
+        self._stop_event.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=max(2 * self.interval_s, 0.2))
+            if thread.is_alive():
+                self._own_warnings.append("GPU sampler slow to stop; waiting for its current NVML call")
+                thread.join(timeout=timeout_s)
+            if thread.is_alive():
+                self._own_warnings.append(
+                    f"GPU sampler still inside an NVML call after {timeout_s:.0f} s; abandoned it"
+                )
+                return
+        self._release()
+
+    def __enter__(self) -> NvmlSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _release(self) -> None:
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        for dev in self._devices:
+            for sample in dev.gpm:
+                gate.call(dev.index, "gpm_free", "nvmlGpmSampleFree", sample)
+            dev.gpm = []
+        _shutdown(nvml)
+
+    def _setup_gpm(self, dev: _Device) -> None:
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        needed = ("c_nvmlGpmMetricsGet_t", "NVML_GPM_METRICS_GET_VERSION", *(c for _, c in _GPM_METRICS))
+        if not all(hasattr(nvml, name) for name in needed):
+            gate.disable(dev.index, "gpm_sm_util_pct")
+            gate.warn_once(
+                ("gpm", "binding"), "gpm_sm_util_pct: this nvidia-ml-py has no GPM API; left empty"
+            )
+            return
+        support = gate.call(dev.index, "gpm_sm_util_pct", "nvmlGpmQueryDeviceSupport", dev.handle)
+        if support is None:
+            return
+        if not getattr(support, "isSupportedDevice", 0):
+            gate.disable(dev.index, "gpm_sm_util_pct")
+            gate.warn_once(
+                ("gpm", "unsupported"),
+                f"gpm_sm_util_pct: GPU {dev.index} has no GPM (needs Hopper or newer); "
+                "SM utilization, occupancy and tensor activity stay empty",
+            )
+            return
+        samples = []
+        for _ in range(2):
+            sample = gate.call(dev.index, "gpm_sm_util_pct", "nvmlGpmSampleAlloc")
+            if sample is None:
+                break
+            samples.append(sample)
+        if len(samples) < 2:
+            for sample in samples:
+                gate.call(dev.index, "gpm_free", "nvmlGpmSampleFree", sample)
+            gate.disable(dev.index, "gpm_sm_util_pct")
+            return
+        dev.gpm = samples
+
+    def _run(self) -> None:
+        tick = 0
+        next_t = time.monotonic()
+        stop = self._stop_event
+        while not stop.is_set():
+            self._tick(tick)
+            tick += 1
+            next_t += self.interval_s
+            now = time.monotonic()
+            if next_t < now:  # fell behind (slow driver): skip the missed ticks, keep the phase
+                missed = math.ceil((now - next_t) / self.interval_s)
+                next_t += missed * self.interval_s
+                tick += missed
+            stop.wait(next_t - now)
+
+    def _tick(self, tick: int) -> None:
+        t_mono = time.monotonic()
+        t_wall = t_mono + self._wall_minus_mono_s
+        self._ticks.append(t_mono)
+        for dev in self._devices:
+            slow = tick % self.slow_every == dev.slow_phase
+            try:
+                self._read(dev, t_mono, t_wall, slow, tick)
+            except Exception as exc:  # noqa: BLE001 - a surprising value must not end sampling
+                if self._gate is not None:
+                    self._gate.warn_once(
+                        ("tick", type(exc).__name__),
+                        f"GPU {dev.index}: a sample could not be assembled ({type(exc).__name__}: {exc}); "
+                        "sampling goes on",
+                    )
+
+    def _read(self, dev: _Device, t_mono: float, t_wall: float, slow: bool, tick: int) -> None:
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        i, h = dev.index, dev.handle
+        row = self._buffer.blank(t_mono, t_wall, i)
+        call = gate.call
+        put = self._put
+        util = call(i, "gpu_util_pct", "nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            put(row, i, "gpu_util_pct", getattr(util, "gpu", None))
+            put(row, i, "mem_util_pct", getattr(util, "memory", None))
+        mem = call(i, "mem_used_bytes", "nvmlDeviceGetMemoryInfo", h)
+        if mem is not None:
+            put(row, i, "mem_used_bytes", getattr(mem, "used", None))
+            put(row, i, "mem_total_bytes", getattr(mem, "total", None))
+        if not dev.power_from_buffer:
+            put(row, i, "power_w", call(i, "power_w", "nvmlDeviceGetPowerUsage", h), 1e-3)  # mW -> W
+        if slow and i not in gate.lost:
+            self._read_slow(dev, row, tick)
+        self._buffer.append(row)
+        if slow and self._driver_samples and i not in gate.lost:
+            self._read_driver_samples(dev)
+
+    def _read_slow(self, dev: _Device, row: list[float], tick: int) -> None:
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        i, h, call, put = dev.index, dev.handle, gate.call, self._put
+        if dev.slow_reads % _POWER_LIMIT_EVERY == 0:
+            limit_mw = call(i, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", h)
+            put(row, i, "power_limit_w", limit_mw, 1e-3)
+        dev.slow_reads += 1
+        for column, fn_name, extra, scale in self._slow_reads:
+            put(row, i, column, call(i, column, fn_name, h, *extra), scale)
+        if self._pids is not None:
+            self._read_process_memory(dev, row, tick)
+        if dev.gpm:
+            self._read_gpm(dev, row)
+
+    def _put(self, row: list[float], device: int, column: str, value: Any, scale: float = 1.0) -> None:
+        """Store ``value * scale`` in ``column``; a value that is not a number leaves it empty (warned once)."""
+        if value is None:
+            return
+        try:
+            number = float(value) * scale
+        except (TypeError, ValueError):
+            if self._gate is not None:
+                self._gate.warn_once(
+                    (column, "value"), f"{column}: GPU {device} returned {value!r}, not a number; left empty"
+                )
+            return
+        row[_COL[column]] = number
+
+    def _trial_pids(self, tick: int) -> set[int] | None:
+        if self._pid_cache is None or tick - self._pid_cache_tick >= self.slow_every:
+            self._pid_cache_tick = tick
+            try:
+                self._pid_cache = set(self._pids()) if self._pids is not None else None
+            except Exception as exc:  # noqa: BLE001 - the caller's callback must not end sampling
+                self._pid_cache = None
+                if self._gate is not None:
+                    self._gate.warn_once(
+                        ("pids", type(exc).__name__),
+                        f"proc_mem_bytes: the trial's pid list could not be read ({exc})",
+                    )
+        return self._pid_cache
+
+    def _read_process_memory(self, dev: _Device, row: list[float], tick: int) -> None:
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        pids = self._trial_pids(tick)
+        if pids is None:
+            return
+        procs = gate.call(dev.index, "proc_mem_bytes", "nvmlDeviceGetComputeRunningProcesses", dev.handle)
+        if procs is None:
+            return
+        total = 0.0
+        for proc in procs:
+            if proc.pid in pids:
+                used = proc.usedGpuMemory
+                if used is None:  # MIG or WDDM: the driver cannot attribute memory
+                    return
+                total += used
+        self._put(row, dev.index, "proc_mem_bytes", total)
+
+    def _read_gpm(self, dev: _Device, row: list[float]) -> None:
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        i = dev.index
+        current, previous = dev.gpm[1], dev.gpm[0]
+        if gate.call(i, "gpm_sm_util_pct", "nvmlGpmSampleGet", dev.handle, current) is None:
+            dev.gpm_have_prev = False
+            return
+        if dev.gpm_have_prev:
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(_GPM_METRICS)
+            request.sample1 = previous
+            request.sample2 = current
+            for k, (_, const) in enumerate(_GPM_METRICS):
+                request.metrics[k].metricId = getattr(nvml, const)
+            result = gate.call(i, "gpm_sm_util_pct", "nvmlGpmMetricsGet", request)
+            if result is not None:
+                for k, (column, _) in enumerate(_GPM_METRICS):
+                    metric = result.metrics[k]
+                    if metric.nvmlReturn == 0:
+                        self._put(row, i, column, metric.value)
+                    else:
+                        gate.warn_once(
+                            (column, "gpm", metric.nvmlReturn),
+                            f"{column}: GPM returned error {metric.nvmlReturn} on GPU {i}; left empty",
+                        )
+        dev.gpm.reverse()  # the current sample becomes the previous one
+        dev.gpm_have_prev = True
+
+    def _read_driver_samples(self, dev: _Device) -> None:
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        kinds = (
+            (nvml.NVML_GPU_UTILIZATION_SAMPLES, "gpu_util_pct", 1.0),
+            (nvml.NVML_TOTAL_POWER_SAMPLES, "power_w", 1e-3),  # mW -> W
+        )
+        offset = self._wall_minus_mono_s
+        for kind, column, scale in kinds:
+            metric = f"{column}_samples"
+            last = dev.last_sample_us[kind]
+            got = gate.call(
+                dev.index, metric, "nvmlDeviceGetSamples", dev.handle, kind, last, missing_ok=True
+            )
+            if column == "power_w":
+                # power is polled on every tick only while the buffer is not delivering
+                dev.power_from_buffer = bool(got and got[1])
+            if not got:
+                continue
+            value_type, samples = got
+            attr = _VALUE_FIELDS.get(int(value_type))
+            if attr is None:
+                gate.disable(dev.index, metric)
+                gate.warn_once((metric, "type"), f"{metric}: unknown sample value type {value_type}; ignored")
+                continue
+            newest = last
+            col = _COL[column]
+            for sample in samples:
+                ts = int(sample.timeStamp)
+                if ts <= last:
+                    continue
+                newest = max(newest, ts)
+                t_wall = ts / 1e6
+                row = self._buffer.blank(t_wall - offset, t_wall, dev.index)
+                row[col] = float(getattr(sample.sampleValue, attr)) * scale
+                self._buffer.append(row)
+            dev.last_sample_us[kind] = newest

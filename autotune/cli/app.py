@@ -3,9 +3,9 @@ packages inside its body, so ``autotune --help`` stays instant."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-import click
 import typer
 
 from autotune.cli import export as export_cmd
@@ -32,26 +32,50 @@ for module in (gpus_cmd, plan_cmd, search_cmd, report_cmd, export_cmd, profile_c
     module.register(app)
 
 
+def _classes(name: str) -> tuple[type[BaseException], ...]:
+    """An exception class by name from typer's vendored click and from click itself (whichever exist)."""
+    found = []
+    for module_name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
+    return tuple(found)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: every user error becomes one line and exit code 2."""
+    no_args = _classes("NoArgsIsHelpError")
+    usage = _classes("UsageError")
+    click_exc = _classes("ClickException")
+    exits = (*_classes("Exit"), typer.Exit)
+    aborts = (*_classes("Abort"), typer.Abort)
     command = typer.main.get_command(app)
     try:
         rc = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="autotune", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as exc:
-        # click >= 8.2 raises this instead of printing help itself.
-        click.echo(exc.ctx.get_help() if exc.ctx else "", err=False)
+    except no_args as exc:
+        ctx = getattr(exc, "ctx", None)
+        print(ctx.get_help() if ctx else "run 'autotune --help'")
         sys.exit(0)
-    except click.UsageError as exc:
-        cmd = exc.ctx.command_path if exc.ctx else "autotune"
-        abort(f"{exc.format_message()} (see '{cmd} --help')", 2)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except usage as exc:
+        ctx = getattr(exc, "ctx", None)
+        cmd = ctx.command_path if ctx else "autotune"
+        abort(f"{_flat(exc.format_message())} (see '{cmd} --help')", 2)  # type: ignore[attr-defined]
+    except exits as exc:
+        sys.exit(getattr(exc, "exit_code", 0))
+    except aborts:
         abort("aborted", 130)
-    except click.ClickException as exc:
-        abort(exc.format_message(), exc.exit_code)
+    except click_exc as exc:
+        abort(_flat(exc.format_message()), getattr(exc, "exit_code", 1))  # type: ignore[attr-defined]
     except AutotuneError as exc:
         abort(exc.one_line(), exc.exit_code)
     except KeyboardInterrupt:
         abort("interrupted", 130)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())

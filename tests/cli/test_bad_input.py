@@ -33,7 +33,7 @@ CASES = {
     "zero gpus": (["--gpus", "0"], "--gpus must be at least 1"),
     "too many gpus": (["--gpus", "64"], "asked for 64 GPU(s)"),
     "unknown model": (["--model", "Qwen9-1T"], "unknown model 'Qwen9-1T'"),
-    "trials not a number": (["--trials", "abc"], "'abc' is not a valid integer"),
+    "trials not a number": (["--trials", "abc"], "'--trials'"),
     "time budget nonsense": (["--time-budget", "soon"], "--time-budget 'soon' is not a duration"),
     "negative hang floor": (["--hang-floor", "-5"], "--hang-floor must not be negative"),
     "unknown search": (["--search", "bayes"], "unknown search 'bayes'"),

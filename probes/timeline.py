@@ -1,0 +1,889 @@
+"""The columnar timeline of one trial (parquet) and what the report and the study read from it.
+
+One row per sample per device. ``t_mono_s`` is ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on
+Linux) and ``t_wall_s`` is ``time.time()`` - the same clocks the step records and the phase markers use,
+so the three line up without conversion. Metric columns are float64; NaN (None in rows) means "not
+measured at this sample", never zero.
+
+Summaries (:func:`summarize`) separate *totals* from *rates*:
+
+* totals and peaks (``peak_mem_bytes``, ``energy_j``, ``peak_rss_bytes``) cover the whole timeline:
+  the true peak can happen while the model loads or in the first step;
+* means, percentiles, idle share, per-step figures and phase shares cover the *steady window*, from the
+  end of the first step record to the end of the last one (``steps - 1`` steps): start-up and the
+  warm-up step would otherwise dominate a short trial. With one step whose duration is known the window
+  is that step; without steps it is the whole timeline and the per-step figures are None.
+
+Averages are time-weighted: each sample holds until the next sample of the same series, at most three
+median sample intervals (so a gap - a lost GPU, a stalled sampler - is not filled in).
+
+pandas and numpy are imported inside the functions that need them: the samplers import this module
+for its schema and :class:`RowBuffer` and must stay light.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from probes.phases import PHASES
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import pandas as pd
+
+__all__ = [
+    "KEY_COLUMNS",
+    "GPU_METRICS",
+    "HOST_METRICS",
+    "METRIC_COLUMNS",
+    "COLUMNS",
+    "PHASES",
+    "InferenceThresholds",
+    "RowBuffer",
+    "write_timeline",
+    "read_timeline",
+    "empty_timeline",
+    "phase_intervals",
+    "summarize",
+]
+
+KEY_COLUMNS: tuple[str, ...] = ("t_mono_s", "t_wall_s", "source", "device")
+GPU_METRICS: tuple[str, ...] = (
+    "gpu_util_pct",  # nvidia-smi utilization.gpu: share of time >= 1 kernel ran
+    "mem_util_pct",  # utilization.memory: share of time device memory was read or written
+    "mem_used_bytes",  # memory.used
+    "mem_total_bytes",  # memory.total
+    "power_w",  # power.draw
+    "power_limit_w",  # enforced.power.limit
+    "sm_clock_mhz",  # clocks.sm
+    "pcie_tx_bytes_s",  # NVML PCIe throughput (KiB/s over 20 ms) x 1024
+    "pcie_rx_bytes_s",
+    "temperature_c",  # temperature.gpu
+    "clock_event_reasons",  # clocks_event_reasons.active (bitmask)
+    "proc_mem_bytes",  # GPU memory held by the trial's process tree
+    "gpm_sm_util_pct",  # Hopper+: NVML GPM SM_UTIL
+    "gpm_sm_occupancy_pct",  # Hopper+: GPM SM_OCCUPANCY
+    "gpm_tensor_util_pct",  # Hopper+: GPM ANY_TENSOR_UTIL
+    "energy_mj",  # total energy counter since driver load (mJ)
+)
+HOST_METRICS: tuple[str, ...] = (
+    "cpu_pct",  # trial process tree, percent of one core, summed over processes
+    "rss_bytes",  # trial process tree, summed resident set
+    "threads",  # trial process tree, summed thread count
+    "host_mem_available_bytes",  # whole host
+    "host_cpu_pct",  # whole host, percent of all cores (0-100)
+    "disk_read_bytes_s",
+    "disk_write_bytes_s",
+    "net_rx_bytes_s",
+    "net_tx_bytes_s",
+    "cpu_cores",  # cores this process may run on (affinity), for reading cpu_pct
+)
+METRIC_COLUMNS: tuple[str, ...] = GPU_METRICS + HOST_METRICS
+COLUMNS: tuple[str, ...] = KEY_COLUMNS + METRIC_COLUMNS
+
+_NAN = float("nan")
+_HOLD_FACTOR = 3.0  # a sample holds for at most this many median intervals
+
+
+# ----------------------------------------------------------------------------------------- storage
+class RowBuffer:
+    """Append-only columnar store of timeline rows: 8 bytes per value, NaN for "not measured".
+
+    A sampler appends one flat row per sample; an hour of 8 GPUs at 10 Hz is about 45 MB, where a list
+    of dicts would take ten times that. Appends and reads are thread-safe (one lock).
+
+    Args:
+        source: the ``source`` column of every row (``"gpu"`` or ``"host"``).
+        metrics: the metric columns, in the order the rows list them.
+    """
+
+    def __init__(self, source: str, metrics: Sequence[str]) -> None:
+        self.source = source
+        self.columns: tuple[str, ...] = ("t_mono_s", "t_wall_s", "device", *metrics)
+        self.width = len(self.columns)
+        self._data = array("d")
+        self._lock = threading.Lock()
+
+    def blank(self, t_mono_s: float, t_wall_s: float, device: int) -> list[float]:
+        """A row with its keys set and every metric NaN, ready to be filled and appended."""
+        row = [_NAN] * self.width
+        row[0], row[1], row[2] = t_mono_s, t_wall_s, float(device)
+        return row
+
+    def append(self, row: Sequence[float]) -> None:
+        """Store one row (``len(row) == width``; NaN = not measured)."""
+        if len(row) != self.width:
+            raise ValueError(f"row has {len(row)} values, the buffer {self.width}")
+        with self._lock:
+            self._data.extend(row)
+
+    def __len__(self) -> int:
+        return len(self._data) // self.width
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row so far as a dict: ``source`` added, ``device`` an int, NaN turned into None."""
+        with self._lock:
+            data = self._data.tolist()
+        width, cols, source = self.width, self.columns, self.source
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(data), width):
+            chunk = data[start : start + width]
+            row: dict[str, Any] = {"source": source}
+            for name, value in zip(cols, chunk, strict=True):
+                row[name] = None if value != value else value  # NaN != NaN
+            row["device"] = int(chunk[2])
+            out.append(row)
+        return out
+
+
+def empty_timeline() -> pd.DataFrame:
+    """A timeline with every column and no rows."""
+    import pandas as pd
+
+    return _conform(pd.DataFrame({c: [] for c in COLUMNS}))
+
+
+def _conform(df: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
+    for col in COLUMNS:
+        if col not in df.columns:
+            df[col] = pd.Series(dtype="float64" if col != "source" else "object", index=df.index)
+    for col in ("t_mono_s", "t_wall_s", *METRIC_COLUMNS):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df["device"] = pd.to_numeric(df["device"], errors="coerce").fillna(-1).astype("int64")
+    df["source"] = df["source"].astype("object")
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[[*COLUMNS, *extra]]
+    return df.sort_values(["t_mono_s", "device"], kind="stable").reset_index(drop=True)
+
+
+def write_timeline(path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write sampler rows to one parquet file (atomically: a temporary file, then a rename).
+
+    Rows from several samplers may be mixed in any order; the file is sorted by ``t_mono_s``. Missing
+    columns are added as NaN, so an empty list still writes a file with the full schema.
+
+    Returns:
+        The number of rows written.
+    """
+    import pandas as pd
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    df = _conform(pd.DataFrame(list(rows)))
+    tmp = target.with_name(target.name + ".tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, target)
+    return len(df)
+
+
+def read_timeline(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read a timeline written by :func:`write_timeline` (or an older one missing some columns)."""
+    import pandas as pd
+
+    return _conform(pd.read_parquet(Path(path)))
+
+
+# ----------------------------------------------------------------------------------------- steps
+@dataclass(frozen=True)
+class _Step:
+    step: int
+    t_end: float
+    duration_s: float | None
+    values: Mapping[str, Any]
+
+
+def _field(item: Any, name: str) -> Any:
+    if isinstance(item, Mapping):
+        return item.get(name)
+    return getattr(item, name, None)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _normalize_steps(steps: Iterable[Any]) -> list[_Step]:
+    out: list[_Step] = []
+    for item in steps or ():
+        t_end = _num(_field(item, "t_mono_s"))
+        step = _field(item, "step")
+        if t_end is None or step is None:
+            continue
+        values = _field(item, "values") or {}
+        duration = _num(_field(item, "duration_s"))
+        if duration is None:
+            duration = _num(values.get("timing_s/step"))
+        out.append(_Step(int(step), t_end, duration if duration and duration > 0 else None, values))
+    out.sort(key=lambda s: s.t_end)
+    return out
+
+
+def _step_bounds(steps: list[_Step], t_first: float | None) -> list[tuple[float, float]]:
+    """(start, end) of each step: a step runs from the previous step's end to its own."""
+    bounds: list[tuple[float, float]] = []
+    gaps = [b.t_end - a.t_end for a, b in zip(steps, steps[1:], strict=False) if b.t_end > a.t_end]
+    median_gap = sorted(gaps)[len(gaps) // 2] if gaps else None
+    for i, s in enumerate(steps):
+        if i > 0:
+            start = steps[i - 1].t_end
+        elif s.duration_s is not None:
+            start = s.t_end - s.duration_s
+        elif median_gap is not None:
+            start = s.t_end - median_gap
+        else:
+            start = t_first if t_first is not None and t_first < s.t_end else s.t_end
+        bounds.append((start, s.t_end))
+    return bounds
+
+
+@dataclass(frozen=True)
+class _Window:
+    t0: float
+    t1: float
+    steps: int | None  # steps completed inside the window, None when unknown
+
+    @property
+    def length_s(self) -> float:
+        return max(0.0, self.t1 - self.t0)
+
+
+def _window(steps: list[_Step], t_min: float | None, t_max: float | None) -> _Window | None:
+    if len(steps) >= 2 and steps[-1].t_end > steps[0].t_end:
+        return _Window(steps[0].t_end, steps[-1].t_end, len(steps) - 1)
+    if len(steps) == 1 and steps[0].duration_s is not None:
+        return _Window(steps[0].t_end - steps[0].duration_s, steps[0].t_end, 1)
+    if t_min is not None and t_max is not None and t_max > t_min:
+        return _Window(t_min, t_max, None)
+    return None
+
+
+# ----------------------------------------------------------------------------------------- phases
+@dataclass(frozen=True)
+class InferenceThresholds:
+    """How a step's GPU signature is split into phases when neither the framework nor markers say.
+
+    Each GPU sample (mean over GPUs) is labelled, then runs shorter than ``smooth_samples`` are merged
+    into their neighbours:
+
+    * utilization below ``busy_util_pct`` -> ``other`` (waiting, data loading, CPU reward, sync);
+    * utilization at or above it and power below ``train_power_frac`` of the power limit ->
+      ``rollout``: autoregressive decode keeps a kernel running (high "utilization") but is
+      memory-bound, so the SMs draw little power;
+    * utilization at or above it and power at or above ``train_power_frac`` -> ``train``
+      (dense forward/backward GEMMs run near the power limit).
+
+    Weight sync cannot be told apart from other low-utilization work by NVML counters, so inference
+    never yields ``weight_sync``. Without a power limit the highest power seen on the GPU stands in.
+    """
+
+    busy_util_pct: float = 30.0
+    train_power_frac: float = 0.55
+    smooth_samples: int = 3
+
+
+_VERL_ORDER: tuple[tuple[str, str], ...] = (
+    # verl RayPPOTrainer.fit() runs these timers in this order inside timing_s/step.
+    ("gen", "rollout"),
+    ("gen_max", "rollout"),
+    ("reward", "other"),
+    ("old_log_prob", "train"),
+    ("ref", "train"),
+    ("values", "train"),
+    ("adv", "other"),
+    ("update_critic", "train"),
+    ("update_actor", "train"),
+    ("update_weights", "weight_sync"),
+)
+
+
+def _has_framework_timing(steps: list[_Step]) -> bool:
+    return any(_num(s.values.get("timing_s/gen")) is not None for s in steps)
+
+
+def _framework_intervals(steps: list[_Step]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    prev_end: float | None = None
+    for s in steps:
+        known = [(_num(s.values.get(f"timing_s/{key}")) or 0.0, phase) for key, phase in _VERL_ORDER]
+        total = s.duration_s if s.duration_s is not None else sum(d for d, _ in known)
+        t = s.t_end - total
+        if prev_end is not None and t > prev_end:
+            out.append(_interval(s.step, "other", prev_end, t, "framework"))
+        if prev_end is not None:
+            t = max(t, prev_end)
+        for duration, phase in known:
+            if duration <= 0 or t >= s.t_end:
+                continue
+            t1 = min(t + duration, s.t_end)
+            out.append(_interval(s.step, phase, t, t1, "framework"))
+            t = t1
+        if t < s.t_end:
+            out.append(_interval(s.step, "other", t, s.t_end, "framework"))
+        prev_end = s.t_end
+    return _merge(out)
+
+
+def _interval(step: int | None, phase: str, t0: float, t1: float, source: str) -> dict[str, Any]:
+    return {"step": step, "phase": phase, "t0_mono_s": t0, "t1_mono_s": t1, "source": source}
+
+
+def _merge(intervals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Join touching intervals of the same step and phase; drop empty ones."""
+    out: list[dict[str, Any]] = []
+    for iv in intervals:
+        if iv["t1_mono_s"] <= iv["t0_mono_s"]:
+            continue
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last["phase"] == iv["phase"]
+            and last["step"] == iv["step"]
+            and abs(last["t1_mono_s"] - iv["t0_mono_s"]) < 1e-9
+        ):
+            last["t1_mono_s"] = iv["t1_mono_s"]
+        else:
+            out.append(dict(iv))
+    return out
+
+
+def _split_by_steps(
+    segments: list[tuple[float, float, str]],
+    bounds: list[tuple[float, float]],
+    steps: list[_Step],
+    source: str,
+) -> list[dict[str, Any]]:
+    """Cut (t0, t1, phase) segments at step ends; label each piece with its step (None outside)."""
+    import bisect
+
+    ends = [b[1] for b in bounds]
+    starts = [b[0] for b in bounds]
+    cuts = sorted(set(starts + ends))
+    out: list[dict[str, Any]] = []
+    for t0, t1, phase in segments:
+        pieces = [t0] + [c for c in cuts if t0 < c < t1] + [t1]
+        for a, b in zip(pieces, pieces[1:], strict=False):
+            mid = (a + b) / 2
+            i = bisect.bisect_left(ends, mid)
+            step = steps[i].step if i < len(steps) and starts[i] <= mid else None
+            out.append(_interval(step, phase, a, b, source))
+    return _merge(out)
+
+
+def _marker_segments(phases: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, str]]:
+    """Flatten begin/end markers: at any moment the innermost open phase wins.
+
+    TRL nests generation inside ``training_step`` and the weight sync inside generation, so the
+    time of a nested phase is taken out of its parent. An ``end`` closes the most recent open
+    ``begin`` of the same phase and process; an unmatched ``end`` is ignored.
+    """
+    events = []
+    for i, m in enumerate(phases or ()):
+        t = _num(m.get("t_mono_s"))
+        if t is None or m.get("phase") not in PHASES or m.get("event") not in ("begin", "end"):
+            continue
+        events.append((t, i, str(m["phase"]), str(m["event"]), m.get("pid")))
+    if not events:
+        return []
+    events.sort()
+    segments: list[tuple[float, float, str]] = []
+    stack: list[tuple[str, Any]] = []
+    for (t, _, phase, event, pid), nxt in zip(events, [*events[1:], None], strict=True):
+        if event == "begin":
+            stack.append((phase, pid))
+        else:
+            for j in range(len(stack) - 1, -1, -1):
+                if stack[j] == (phase, pid):
+                    del stack[j]
+                    break
+        if nxt is not None and nxt[0] > t:
+            segments.append((t, nxt[0], stack[-1][0] if stack else "other"))
+    return segments
+
+
+def _fill(segments: list[tuple[float, float, str]], t0: float, t1: float) -> list[tuple[float, float, str]]:
+    """Cover [t0, t1] exactly: clip the segments, fill the gaps with ``other``."""
+    out: list[tuple[float, float, str]] = []
+    cursor = t0
+    for a, b, phase in sorted(segments):
+        a, b = max(a, cursor), min(b, t1)
+        if b <= a:
+            continue
+        if a > cursor:
+            out.append((cursor, a, "other"))
+        out.append((a, b, phase))
+        cursor = b
+    if cursor < t1:
+        out.append((cursor, t1, "other"))
+    return out
+
+
+def _held(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step-hold a sampled series: sample i covers [t_i, min(t_{i+1}, t_i + cap))."""
+    import numpy as np
+
+    keep = ~np.isnan(v) & ~np.isnan(t)
+    t, v = t[keep], v[keep]
+    if t.size == 0:
+        return t, t, v
+    order = np.argsort(t, kind="stable")
+    t, v = t[order], v[order]
+    dt = np.diff(t)
+    positive = dt[dt > 0]
+    cap = _HOLD_FACTOR * float(np.median(positive)) if positive.size else 1.0
+    ends = np.empty_like(t)
+    ends[:-1] = np.minimum(t[1:], t[:-1] + cap)
+    ends[-1] = t[-1] + cap / _HOLD_FACTOR
+    return t, ends, v
+
+
+def _overlay(
+    starts: np.ndarray, ends: np.ndarray, values: np.ndarray, cover: list[tuple[float, float, str]]
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Intersect a held series with labelled cover segments: (durations, values, labels) pieces."""
+    import numpy as np
+
+    if starts.size == 0 or not cover:
+        return np.empty(0), np.empty(0), []
+    c0 = np.array([c[0] for c in cover])
+    c1 = np.array([c[1] for c in cover])
+    bounds = np.unique(np.concatenate([starts, ends, c0, c1]))
+    mids = (bounds[:-1] + bounds[1:]) / 2
+    widths = np.diff(bounds)
+    si = np.searchsorted(starts, mids, side="right") - 1
+    ci = np.searchsorted(c0, mids, side="right") - 1
+    ok = (si >= 0) & (ci >= 0)
+    si_c, ci_c = np.clip(si, 0, None), np.clip(ci, 0, None)
+    ok &= (mids < ends[si_c]) & (mids < c1[ci_c])
+    labels = [cover[i][2] for i in ci_c[ok]]
+    return widths[ok], values[si_c[ok]], labels
+
+
+def _infer_segments(
+    gpu: pd.DataFrame, t0: float, t1: float, th: InferenceThresholds
+) -> list[tuple[float, float, str]]:
+    import numpy as np
+
+    devices = sorted(gpu["device"].unique())
+    util_series, power_series = [], []
+    for dev in devices:
+        d = gpu[gpu["device"] == dev]
+        util_series.append(_held(d["t_mono_s"].to_numpy(), d["gpu_util_pct"].to_numpy()))
+        power = d["power_w"].to_numpy()
+        limit = d["power_limit_w"].to_numpy()
+        lim = float(np.nanmax(limit)) if np.any(~np.isnan(limit)) else math.nan
+        if not lim > 0:
+            lim = float(np.nanmax(power)) if np.any(~np.isnan(power)) else math.nan
+        power_series.append(_held(d["t_mono_s"].to_numpy(), power / lim if lim > 0 else power * math.nan))
+    grid = np.unique(np.concatenate([s[0] for s in util_series]))
+    grid = grid[(grid >= t0 - 1e-9) & (grid < t1)]
+    if grid.size == 0:
+        return []
+
+    def at(series: tuple[np.ndarray, np.ndarray, np.ndarray], times: np.ndarray) -> np.ndarray:
+        starts, ends, values = series
+        if starts.size == 0:
+            return np.full(times.size, np.nan)
+        i = np.searchsorted(starts, times, side="right") - 1
+        ic = np.clip(i, 0, None)
+        return np.where((i >= 0) & (times < ends[ic]), values[ic], np.nan)
+
+    with np.errstate(all="ignore"):
+        util = np.nanmean(np.vstack([at(s, grid) for s in util_series]), axis=0)
+        pfrac = np.nanmean(np.vstack([at(s, grid) for s in power_series]), axis=0)
+    codes = np.where(
+        np.isnan(util) | (util < th.busy_util_pct),
+        0,
+        np.where(np.nan_to_num(pfrac, nan=0.0) >= th.train_power_frac, 2, 1),
+    )
+    codes = _smooth(codes, th.smooth_samples)
+    names = ("other", "rollout", "train")
+    edges = np.append(grid, t1)
+    segments: list[tuple[float, float, str]] = []
+    start = 0
+    for i in range(1, codes.size + 1):
+        if i == codes.size or codes[i] != codes[start]:
+            segments.append((float(edges[start]), float(edges[i]), names[int(codes[start])]))
+            start = i
+    return segments
+
+
+def _smooth(codes: np.ndarray, min_run: int) -> np.ndarray:
+    """Give runs shorter than ``min_run`` samples the label of their longer neighbouring run.
+
+    Vectorised passes (each O(samples)); a few suffice, since every pass removes the short runs
+    that have a long neighbour.
+    """
+    import numpy as np
+
+    if min_run <= 1 or codes.size == 0:
+        return codes
+    for _ in range(8):
+        change = np.flatnonzero(np.diff(codes)) + 1
+        starts = np.concatenate([[0], change])
+        lengths = np.diff(np.concatenate([starts, [codes.size]]))
+        short = lengths < min_run
+        if starts.size == 1 or not short.any():
+            break
+        values = codes[starts]
+        left_len = np.concatenate([[0], lengths[:-1]])
+        right_len = np.concatenate([lengths[1:], [0]])
+        left_val = np.concatenate([values[:1], values[:-1]])
+        right_val = np.concatenate([values[1:], values[-1:]])
+        merged = np.where(short, np.where(left_len >= right_len, left_val, right_val), values)
+        if np.array_equal(merged, values):
+            break
+        codes = np.repeat(merged, lengths)
+    return codes
+
+
+def _phase_source(steps: list[_Step], phases: Sequence[Mapping[str, Any]], df: pd.DataFrame | None) -> str:
+    if _has_framework_timing(steps):
+        return "framework"
+    if _marker_segments(phases):
+        return "markers"
+    if df is not None and len(steps) >= 1 and _gpu_rows(df)["gpu_util_pct"].notna().any():
+        return "inferred"
+    return "none"
+
+
+def phase_intervals(
+    steps: Iterable[Any],
+    phases: Sequence[Mapping[str, Any]],
+    df: pd.DataFrame | None,
+    *,
+    thresholds: InferenceThresholds | None = None,
+) -> list[dict[str, Any]]:
+    """Split the run into phase intervals from the best evidence available.
+
+    Evidence in order: the framework's own per-step timings (verl ``timing_s/*``, laid out in the
+    order verl runs them, ending at the step record), phase markers (``probes.phases``; the innermost
+    open phase wins), else the GPU utilization and power signature (see
+    :class:`InferenceThresholds`).
+
+    Args:
+        steps: step records (dicts or objects) with ``step``, ``t_mono_s`` (when the step ended) and
+            optionally ``duration_s`` and ``values``.
+        phases: phase markers as returned by :func:`probes.phases.read_phases`.
+        df: the timeline (only needed for inference).
+        thresholds: inference thresholds; the documented defaults when None.
+
+    Returns:
+        Non-overlapping intervals sorted by time, each ``{"step", "phase", "t0_mono_s",
+        "t1_mono_s", "source"}``; ``step`` is None outside the step records. Gaps between markers are
+        ``other``. An empty list when there is no evidence.
+    """
+    return _phase_intervals(_normalize_steps(steps), phases, df, thresholds or InferenceThresholds())
+
+
+def _phase_intervals(
+    norm: list[_Step],
+    phases: Sequence[Mapping[str, Any]],
+    df: pd.DataFrame | None,
+    thresholds: InferenceThresholds,
+) -> list[dict[str, Any]]:
+    source = _phase_source(norm, phases, df)
+    if source == "framework":
+        return _framework_intervals(norm)
+    t_first = float(df["t_mono_s"].min()) if df is not None and len(df) else None
+    bounds = _step_bounds(norm, t_first)
+    if source == "markers":
+        segments = _marker_segments(phases)
+        t0 = min([segments[0][0]] + [b[0] for b in bounds[:1]])
+        t1 = max([segments[-1][1]] + [b[1] for b in bounds[-1:]])
+        return _split_by_steps(_fill(segments, t0, t1), bounds, norm, "markers")
+    if source == "inferred" and df is not None:
+        t0, t1 = bounds[0][0], bounds[-1][1]
+        segments = _infer_segments(_gpu_rows(df), t0, t1, thresholds)
+        return _split_by_steps(_fill(segments, t0, t1), bounds, norm, "inferred")
+    return []
+
+
+# ----------------------------------------------------------------------------------------- summary
+def _gpu_rows(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["source"] == "gpu"]
+
+
+def _clean(value: Any) -> Any:
+    """Plain JSON values: numpy scalars to Python, NaN/inf to None."""
+    if value is None:
+        return None
+    if isinstance(value, (int,)) and not isinstance(value, bool):
+        return int(value)
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return value
+    return f if math.isfinite(f) else None
+
+
+def _weighted(durations: np.ndarray, values: np.ndarray) -> dict[str, float | None]:
+    import numpy as np
+
+    total = float(durations.sum()) if durations.size else 0.0
+    if total <= 0:
+        return {"mean": None, "p50": None, "p95": None}
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(durations[order])
+
+    def quantile(q: float) -> float:
+        return float(values[order][min(int(np.searchsorted(cum, q * total)), order.size - 1)])
+
+    return {
+        "mean": float((durations * values).sum() / total),
+        "p50": quantile(0.5),
+        "p95": quantile(0.95),
+    }
+
+
+def _in_window(df: pd.DataFrame, col: str, win: _Window | None) -> tuple[np.ndarray, np.ndarray]:
+    """(durations, values) of a column step-held and clipped to the window."""
+    import numpy as np
+
+    starts, ends, values = _held(df["t_mono_s"].to_numpy(), df[col].to_numpy())
+    if win is None or starts.size == 0:
+        return np.empty(0), np.empty(0)
+    a = np.maximum(starts, win.t0)
+    b = np.minimum(ends, win.t1)
+    keep = b > a
+    return (b - a)[keep], values[keep]
+
+
+def _integral(df: pd.DataFrame, col: str, win: _Window | None) -> float | None:
+    durations, values = _in_window(df, col, win)
+    if win is None or durations.size == 0 or durations.sum() < 0.5 * win.length_s:
+        return None
+    return float((durations * values).sum())
+
+
+def _counter_delta(df: pd.DataFrame, col: str, t0: float, t1: float) -> float | None:
+    """Increase of a cumulative counter between t0 and t1 (linear between readings)."""
+    import numpy as np
+
+    d = df[["t_mono_s", col]].dropna()
+    if len(d) < 2:
+        return None
+    t = d["t_mono_s"].to_numpy()
+    v = d[col].to_numpy()
+    span = t1 - t0
+    # the readings must bracket the interval closely: at most 10 % of it (or 1 s) outside
+    slack = max(1.0, 0.1 * span)
+    if t[0] > t0 + slack or t[-1] < t1 - slack or np.any(np.diff(v) < 0):
+        return None
+    return float(np.interp(t1, t, v) - np.interp(t0, t, v))
+
+
+def _max(df: pd.DataFrame, col: str) -> float | None:
+    s = df[col].dropna()
+    return float(s.max()) if len(s) else None
+
+
+def _gpu_summary(
+    d: pd.DataFrame,
+    index: int,
+    win: _Window | None,
+    idle_threshold_pct: float,
+    mfu: float | None,
+) -> dict[str, Any]:
+    util_d, util_v = _in_window(d, "gpu_util_pct", win)
+    util = _weighted(util_d, util_v)
+    idle_share = float(util_d[util_v < idle_threshold_pct].sum() / util_d.sum()) if util_d.sum() > 0 else None
+    power = _weighted(*_in_window(d, "power_w", win))
+    sm = _weighted(*_in_window(d, "gpm_sm_util_pct", win))
+
+    t_all = d["t_mono_s"]
+    energy_j = None
+    if len(d):
+        whole = _Window(float(t_all.min()), float(t_all.max()), None)
+        mj = _counter_delta(d, "energy_mj", whole.t0, whole.t1)
+        energy_j = mj / 1000.0 if mj is not None else _integral(d, "power_w", whole)
+    energy_per_step = pcie_per_step = None
+    if win is not None and win.steps:
+        mj = _counter_delta(d, "energy_mj", win.t0, win.t1)
+        window_j = mj / 1000.0 if mj is not None else _integral(d, "power_w", win)
+        energy_per_step = window_j / win.steps if window_j is not None else None
+        tx = _integral(d, "pcie_tx_bytes_s", win)
+        rx = _integral(d, "pcie_rx_bytes_s", win)
+        if tx is not None or rx is not None:
+            pcie_per_step = ((tx or 0.0) + (rx or 0.0)) / win.steps
+    return {
+        "index": int(index),
+        "util_mean_pct": util["mean"],
+        "util_p50_pct": util["p50"],
+        "util_p95_pct": util["p95"],
+        "idle_share": idle_share,
+        "peak_mem_bytes": _max(d, "mem_used_bytes"),
+        "mem_total_bytes": _max(d, "mem_total_bytes"),
+        "peak_proc_mem_bytes": _max(d, "proc_mem_bytes"),
+        "power_mean_w": power["mean"],
+        "energy_j": energy_j,
+        "energy_per_step_j": energy_per_step,
+        "pcie_bytes_per_step": pcie_per_step,
+        "sm_util_mean_pct": sm["mean"],
+        "mfu": mfu,
+    }
+
+
+def _host_summary(h: pd.DataFrame, win: _Window | None, cpu_cores: int | None) -> dict[str, Any]:
+    cpu = _weighted(*_in_window(h, "cpu_pct", win))
+    min_avail = h["host_mem_available_bytes"].dropna()
+    if cpu_cores is None:
+        cores = h["cpu_cores"].dropna()
+        cpu_cores = int(cores.iloc[-1]) if len(cores) else None
+    return {
+        "cpu_mean_pct": cpu["mean"],
+        "cpu_p95_pct": cpu["p95"],
+        "peak_rss_bytes": _max(h, "rss_bytes"),
+        "min_available_bytes": float(min_avail.min()) if len(min_avail) else None,
+        "cpu_cores": cpu_cores,
+    }
+
+
+def _phase_summary(
+    intervals: list[dict[str, Any]],
+    source: str,
+    win: _Window | None,
+    gpu: pd.DataFrame,
+    idle_threshold_pct: float,
+) -> dict[str, Any]:
+    import numpy as np
+
+    none = {p: None for p in PHASES}
+    if source == "none" or not intervals or win is None or win.length_s <= 0:
+        return {"source": source, "seconds": dict(none), "share": dict(none), "gpu_idle_share_by_phase": none}
+    cover = _fill([(iv["t0_mono_s"], iv["t1_mono_s"], iv["phase"]) for iv in intervals], win.t0, win.t1)
+    seconds = dict.fromkeys(PHASES, 0.0)
+    for a, b, phase in cover:
+        seconds[phase] += b - a
+    share = {p: seconds[p] / win.length_s for p in PHASES}
+
+    idle_s = dict.fromkeys(PHASES, 0.0)
+    seen_s = dict.fromkeys(PHASES, 0.0)
+    for _, d in gpu.groupby("device"):
+        starts, ends, values = _held(d["t_mono_s"].to_numpy(), d["gpu_util_pct"].to_numpy())
+        widths, vals, labels = _overlay(starts, ends, values, cover)
+        for phase in PHASES:
+            mask = np.array([lab == phase for lab in labels], dtype=bool)
+            if mask.any():
+                seen_s[phase] += float(widths[mask].sum())
+                idle_s[phase] += float(widths[mask & (vals < idle_threshold_pct)].sum())
+    idle = {p: (idle_s[p] / seen_s[p] if seen_s[p] > 0 else None) for p in PHASES}
+    return {"source": source, "seconds": seconds, "share": share, "gpu_idle_share_by_phase": idle}
+
+
+def summarize(
+    df: pd.DataFrame | None,
+    steps: Iterable[Any],
+    phases: Sequence[Mapping[str, Any]],
+    *,
+    model_flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    idle_threshold_pct: float = 5.0,
+    thresholds: InferenceThresholds | None = None,
+    cpu_cores: int | None = None,
+) -> dict[str, Any]:
+    """Summarize one trial's timeline: per GPU, the host, and the phase split.
+
+    Args:
+        df: the timeline (:func:`read_timeline`); None or empty on a run without samples.
+        steps: step records with ``step``, ``t_mono_s`` (step end) and optional ``duration_s`` and
+            ``values`` (dicts, or objects with those attributes such as ``StepMetrics``).
+        phases: phase markers (:func:`probes.phases.read_phases`).
+        model_flops_per_step: model FLOPs of one optimizer step summed over all GPUs (for MFU).
+        peak_flops: peak FLOP/s of one GPU at the training precision (for MFU).
+        idle_threshold_pct: a GPU sample below this utilization counts as idle.
+        thresholds: phase-inference thresholds (see :class:`InferenceThresholds`).
+        cpu_cores: cores of the host; read from the timeline's ``cpu_cores`` column when None.
+
+    Returns:
+        A JSON-serialisable dict (None where unknown)::
+
+            {"duration_s", "sample_rate_hz", "steps",
+             "window": {"t0_mono_s", "t1_mono_s", "steps"},
+             "gpus": [{"index", "util_mean_pct", "util_p50_pct", "util_p95_pct", "idle_share",
+                       "peak_mem_bytes", "mem_total_bytes", "peak_proc_mem_bytes", "power_mean_w",
+                       "energy_j", "energy_per_step_j", "pcie_bytes_per_step", "sm_util_mean_pct",
+                       "mfu"}],
+             "host": {"cpu_mean_pct", "cpu_p95_pct", "peak_rss_bytes", "min_available_bytes",
+                      "cpu_cores"},
+             "phases": {"source": "framework"|"markers"|"inferred"|"none",
+                        "seconds": {"rollout", "train", "weight_sync", "other"},
+                        "share": {...}, "gpu_idle_share_by_phase": {...}}}
+
+        ``sample_rate_hz`` is the polling rate per GPU (median over GPUs; the driver's own samples,
+        which add resolution to utilization and power, are not counted), or the host sampling rate
+        on a CPU-only run.
+    """
+    if df is None or len(df) == 0:
+        df = empty_timeline()
+    norm = _normalize_steps(steps)
+    t_min = float(df["t_mono_s"].min()) if len(df) else None
+    t_max = float(df["t_mono_s"].max()) if len(df) else None
+    win = _window(norm, t_min, t_max)
+    if win is None:
+        marks = _marker_segments(phases)
+        if marks:
+            win = _Window(marks[0][0], marks[-1][1], None)
+
+    gpu = _gpu_rows(df)
+    host = df[df["source"] == "host"]
+    devices = sorted(int(x) for x in gpu["device"].unique())
+
+    mfu = None
+    if model_flops_per_step and peak_flops and devices and win is not None and win.steps and win.length_s > 0:
+        step_time_s = win.length_s / win.steps
+        mfu = model_flops_per_step / len(devices) / step_time_s / peak_flops
+
+    gpus = [_gpu_summary(gpu[gpu["device"] == dev], dev, win, idle_threshold_pct, mfu) for dev in devices]
+
+    rates = []
+    for dev in devices:
+        d = gpu[gpu["device"] == dev]
+        polled = d[d["mem_used_bytes"].notna()]["t_mono_s"]  # memory is only ever polled
+        s = polled if len(polled) >= 2 else d[d["gpu_util_pct"].notna()]["t_mono_s"]
+        if len(s) >= 2 and s.max() > s.min():
+            rates.append((len(s) - 1) / float(s.max() - s.min()))
+    if not rates and len(host) >= 2 and host["t_mono_s"].max() > host["t_mono_s"].min():
+        rates.append((len(host) - 1) / float(host["t_mono_s"].max() - host["t_mono_s"].min()))
+    sample_rate = sorted(rates)[len(rates) // 2] if rates else None
+
+    intervals = _phase_intervals(norm, phases, df, thresholds or InferenceThresholds())
+    source = intervals[0]["source"] if intervals else "none"
+    summary = {
+        "duration_s": (t_max - t_min) if t_min is not None and t_max is not None else None,
+        "sample_rate_hz": sample_rate,
+        "steps": len(norm),
+        "window": {
+            "t0_mono_s": win.t0 if win else None,
+            "t1_mono_s": win.t1 if win else None,
+            "steps": win.steps if win else None,
+        },
+        "gpus": gpus,
+        "host": _host_summary(host, win, cpu_cores),
+        "phases": _phase_summary(intervals, source, win, gpu, idle_threshold_pct),
+    }
+    return _json_clean(summary)
+
+
+def _json_clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _json_clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_clean(v) for v in obj]
+    if isinstance(obj, str):
+        return obj
+    return _clean(obj)

@@ -1,0 +1,445 @@
+"""NvmlSampler, the query gate and the one-shot helpers, against autospec fakes of the real pynvml."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pynvml
+import pytest
+
+from probes.nvml import (
+    NvmlGate,
+    NvmlSampler,
+    NvmlUnavailable,
+    detect_gpus,
+    gpu_processes,
+    memory_used,
+)
+from probes.testing import FakeGpu, FakeHandle, GiB, fake_nvml, wait_until
+from probes.timeline import GPU_METRICS
+
+POLLED = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w")
+
+
+def _gpus() -> list[FakeGpu]:
+    return [
+        FakeGpu(
+            uuid="GPU-a",
+            gpu_util_pct=87,
+            mem_util_pct=41,
+            memory_used_bytes=30 * GiB,
+            power_mw=412_000,
+            power_limit_mw=700_000,
+            sm_clock_mhz=1755,
+            temperature_c=61,
+            clock_event_reasons=0x4,
+            pcie_tx_kb_s=1000,
+            pcie_rx_kb_s=250_000,
+            energy_mj=123_456,
+            processes=[(101, 10 * GiB), (102, 4 * GiB), (999, 7 * GiB)],
+            gpm_sm_util_pct=55.5,
+            gpm_sm_occupancy_pct=22.0,
+            gpm_tensor_util_pct=31.0,
+        ),
+        FakeGpu(
+            uuid="GPU-b",
+            gpu_util_pct=12,
+            mem_util_pct=3,
+            memory_used_bytes=5 * GiB,
+            power_mw=98_000,
+            power_limit_mw=350_000,
+            sm_clock_mhz=1410,
+            temperature_c=44,
+            clock_event_reasons=0x1,
+            pcie_tx_kb_s=7,
+            pcie_rx_kb_s=9,
+            energy_mj=5_000,
+            processes=[(102, 1 * GiB)],
+            gpm_sm_util_pct=9.0,
+            gpm_sm_occupancy_pct=4.0,
+            gpm_tensor_util_pct=1.0,
+        ),
+    ]
+
+
+def _polled(rows: list[dict], device: int) -> list[dict]:
+    """Rows of one GPU taken by the polling loop (driver sub-samples lack memory)."""
+    return [r for r in rows if r["device"] == device and r["mem_total_bytes"] is not None]
+
+
+def _run(sampler: NvmlSampler, until, timeout_s: float = 10.0) -> list[dict]:
+    sampler.start()
+    try:
+        assert wait_until(lambda: until(sampler.rows()), timeout_s), "sampler never produced the rows"
+    finally:
+        sampler.stop()
+    return sampler.rows()
+
+
+def _has(rows: list[dict], device: int, column: str) -> bool:
+    return any(r["device"] == device and r[column] is not None for r in rows)
+
+
+@pytest.mark.parametrize("full_module", [False, True], ids=["used-functions", "whole-module"])
+def test_every_metric_supported_is_sampled_with_units_converted(full_module: bool) -> None:
+    fake = fake_nvml(_gpus(), full_module=full_module)
+    sampler = NvmlSampler(
+        [0, 1], interval_s=0.01, nvml=fake.module, pids=lambda: {101, 102}, slow_interval_s=0.02
+    )
+    rows = _run(sampler, lambda rs: all(_has(rs, d, c) for d in (0, 1) for c in GPU_METRICS))
+
+    assert sampler.warnings == []
+    for dev in (0, 1):
+        for column in GPU_METRICS:
+            assert _has(rows, dev, column), (dev, column)
+    full0 = next(r for r in _polled(rows, 0) if r["gpm_sm_util_pct"] is not None)
+    assert full0["gpu_util_pct"] == 87.0 and full0["mem_util_pct"] == 41.0
+    assert full0["mem_used_bytes"] == 30 * GiB and full0["mem_total_bytes"] == 80 * GiB
+    assert {r["power_w"] for r in rows if r["device"] == 0 and r["power_w"] is not None} == {412.0}
+    assert {r["power_limit_w"] for r in rows if r["device"] == 0 and r["power_limit_w"] is not None} == {
+        700.0
+    }
+    assert full0["sm_clock_mhz"] == 1755.0 and full0["temperature_c"] == 61.0
+    assert full0["clock_event_reasons"] == 4.0 and full0["energy_mj"] == 123_456.0
+    assert full0["pcie_tx_bytes_s"] == 1000 * 1024 and full0["pcie_rx_bytes_s"] == 250_000 * 1024
+    assert full0["proc_mem_bytes"] == 14 * GiB  # pids 101 + 102, not 999
+    assert (full0["gpm_sm_util_pct"], full0["gpm_sm_occupancy_pct"], full0["gpm_tensor_util_pct"]) == (
+        55.5,
+        22.0,
+        31.0,
+    )
+    full1 = next(r for r in _polled(rows, 1) if r["gpm_sm_util_pct"] is not None)
+    assert full1["proc_mem_bytes"] == 1 * GiB
+    assert {r["power_limit_w"] for r in rows if r["device"] == 1 and r["power_limit_w"] is not None} == {
+        350.0
+    }
+    assert full1["gpm_sm_util_pct"] == 9.0  # GPM metrics come from GPU 1's own samples
+    # the device index in each row is the GPU that was read
+    assert {r["gpu_util_pct"] for r in _polled(rows, 1)} == {12.0}
+    # NVML released and GPM buffers freed
+    assert fake.init_count == 0
+    assert fake.gpm_live_samples == 0
+
+
+def test_a_call_with_the_wrong_signature_fails_on_the_fake_and_is_contained_by_the_gate() -> None:
+    fake = fake_nvml(1)
+    fake.module.nvmlInit()
+    with pytest.raises(TypeError):
+        fake.module.nvmlDeviceGetClockInfo(FakeHandle(0))  # the real function takes (handle, type)
+    gate = NvmlGate(fake.module)
+    assert gate.call(0, "sm_clock_mhz", "nvmlDeviceGetClockInfo", FakeHandle(0)) is None
+    assert len(gate.warnings) == 1 and "TypeError" in gate.warnings[0]
+    assert not gate.enabled(0, "sm_clock_mhz")  # a mismatch repeats: the metric is switched off
+
+
+def test_not_supported_and_function_not_found_become_empty_columns_warned_once() -> None:
+    gpus = _gpus()
+    gpus[0].not_supported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetPcieThroughput"}
+    fake = fake_nvml(gpus, missing={"nvmlDeviceGetSamples", "nvmlGpmQueryDeviceSupport"})
+    sampler = NvmlSampler([0, 1], interval_s=0.01, nvml=fake.module, slow_interval_s=0.02)
+    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 10 and _has(rs, 0, "energy_mj"))
+
+    assert not _has(rows, 0, "power_w") and not _has(rows, 0, "pcie_tx_bytes_s")
+    assert _has(rows, 1, "power_w") and _has(rows, 1, "pcie_rx_bytes_s")  # GPU 1 supports them
+    assert not _has(rows, 0, "gpm_sm_util_pct") and not _has(rows, 1, "gpm_sm_util_pct")
+    assert _has(rows, 0, "gpu_util_pct") and _has(rows, 0, "energy_mj")  # the rest goes on
+    assert len(rows) == len(_polled(rows, 0)) + len(_polled(rows, 1))  # no driver sub-samples
+    warnings = sampler.warnings
+    assert len([w for w in warnings if w.startswith("power_w:")]) == 1
+    assert len([w for w in warnings if w.startswith("pcie_tx_bytes_s:")]) == 1
+    assert any("Function Not Found" in w and w.startswith("gpu_util_pct_samples") for w in warnings)
+    assert any("Function Not Found" in w and w.startswith("gpm_") for w in warnings)
+    assert len(warnings) == len(set(warnings))
+    # an unsupported metric is asked once, not on every tick
+    power_calls_gpu0 = [c for c in fake.module.nvmlDeviceGetPowerUsage.call_args_list if c.args[0].index == 0]
+    assert len(power_calls_gpu0) == 1
+
+
+def test_functions_an_older_binding_lacks_are_contained_and_reasons_fall_back() -> None:
+    fake = fake_nvml(1)
+    del fake.module.nvmlDeviceGetCurrentClocksEventReasons  # nvidia-ml-py before 12.535
+    del fake.module.nvmlDeviceGetTotalEnergyConsumption
+    fake.gpus[0].clock_event_reasons = 0x40  # HW thermal slowdown
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01)
+    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 4)
+    polled = _polled(rows, 0)
+    assert all(r["clock_event_reasons"] == 64.0 for r in polled)  # via ...ThrottleReasons
+    assert all(r["energy_mj"] is None for r in polled)
+    assert all(
+        r["sm_clock_mhz"] == 1980.0 and r["pcie_rx_bytes_s"] == 0.0 for r in polled
+    )  # the rest goes on
+    assert [w for w in sampler.warnings if w.startswith("energy_mj")] == [
+        "energy_mj: unexpected AttributeError on GPU 0 (nvmlDeviceGetTotalEnergyConsumption); the column stays empty"
+    ]
+
+
+def test_a_binding_mismatch_in_the_process_list_is_one_typed_error() -> None:
+    fake = fake_nvml(1)
+
+    def mismatch(handle):
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called ...")
+
+    fake.module.nvmlDeviceGetComputeRunningProcesses.side_effect = mismatch
+    with pytest.raises(NvmlUnavailable, match="GPU 0: cannot list its processes"):
+        gpu_processes([0], fake.module)
+    assert fake.init_count == 0
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, pids=lambda: {1}, slow_interval_s=0.01)
+    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 3)
+    assert not _has(rows, 0, "proc_mem_bytes") and _has(rows, 0, "energy_mj")
+    assert any(w.startswith("proc_mem_bytes: unexpected NVMLLibraryMismatchError") for w in sampler.warnings)
+
+
+@pytest.mark.parametrize(
+    ("driver", "reason"),
+    [("no_library", "NVML Shared Library Not Found"), ("not_loaded", "Driver Not Loaded")],
+)
+def test_no_driver_raises_one_typed_error_at_start(driver: str, reason: str) -> None:
+    fake = fake_nvml(2, driver=driver)
+    sampler = NvmlSampler([0], nvml=fake.module)
+    with pytest.raises(NvmlUnavailable) as info:
+        sampler.start()
+    message = str(info.value)
+    assert reason in message and "\n" not in message and "run on CPU" in message
+    sampler.stop()  # harmless after a failed start
+    for call in (detect_gpus, lambda nvml: gpu_processes([0], nvml), lambda nvml: memory_used([0], nvml)):
+        with pytest.raises(NvmlUnavailable):
+            call(fake.module)
+
+
+def test_a_gpu_index_that_does_not_exist_is_refused_at_start_and_nvml_released() -> None:
+    fake = fake_nvml(2)
+    with pytest.raises(NvmlUnavailable, match=r"GPU 5 cannot be opened.*2 GPU\(s\)"):
+        NvmlSampler([0, 5], nvml=fake.module).start()
+    assert fake.init_count == 0
+
+
+def test_a_gpu_lost_mid_run_leaves_its_later_rows_empty_and_sampling_goes_on() -> None:
+    fake = fake_nvml(_gpus())
+    sampler = NvmlSampler([0, 1], interval_s=0.01, nvml=fake.module, slow_interval_s=0.02)
+    sampler.start()
+    try:
+        assert wait_until(lambda: len(_polled(sampler.rows(), 1)) >= 3)
+        fake.lose(1)
+        assert wait_until(lambda: any("GPU 1 was lost" in w for w in sampler.warnings))
+        lost_at = time.monotonic()
+        calls_at_loss = fake.module.nvmlDeviceGetUtilizationRates.call_count
+        assert wait_until(
+            lambda: len([r for r in _polled(sampler.rows(), 0) if r["t_mono_s"] > lost_at]) >= 5
+        )
+    finally:
+        sampler.stop()
+    rows = sampler.rows()
+    later1 = [r for r in rows if r["device"] == 1 and r["t_mono_s"] > lost_at]
+    assert len(later1) >= 5
+    assert all(r[c] is None for r in later1 for c in GPU_METRICS)
+    later0 = [r for r in _polled(rows, 0) if r["t_mono_s"] > lost_at]
+    assert later0 and all(r["gpu_util_pct"] == 87.0 for r in later0)
+    # the lost GPU is not asked again: only GPU 0's utilization reads happened after the loss
+    after = fake.module.nvmlDeviceGetUtilizationRates.call_args_list[calls_at_loss:]
+    assert after and all(c.args[0].index == 0 for c in after)
+    assert len([w for w in sampler.warnings if "lost" in w]) == 1
+
+
+def test_transient_errors_empty_one_sample_each_and_never_stop_the_sampler() -> None:
+    fake = fake_nvml(1)
+    real_effect = fake.module.nvmlDeviceGetPowerUsage.side_effect
+    counter = {"n": 0}
+
+    def flaky(handle):
+        counter["n"] += 1
+        if counter["n"] % 2 == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return real_effect(handle)
+
+    fake.module.nvmlDeviceGetPowerUsage.side_effect = flaky
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, driver_samples=False)
+    rows = _run(sampler, lambda rs: len(rs) >= 12)
+    powers = [r["power_w"] for r in rows]
+    assert any(p is None for p in powers) and any(p == 90.0 for p in powers)
+    assert [w for w in sampler.warnings if w.startswith("power_w:")] == [
+        "power_w: read failed on GPU 0 (Unknown Error); that sample is empty, sampling goes on"
+    ]
+
+
+def test_a_value_that_is_not_a_number_empties_only_its_cell() -> None:
+    fake = fake_nvml(1)
+    fake.module.nvmlDeviceGetTemperature.side_effect = lambda handle, sensor: "hot"
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01, gpm=False)
+    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 5)
+    polled = _polled(rows, 0)
+    assert all(r["temperature_c"] is None for r in polled)
+    assert all(r["sm_clock_mhz"] == 1980.0 for r in polled)
+    assert any("temperature_c" in w and "'hot'" in w for w in sampler.warnings)
+
+
+def test_driver_samples_become_rows_at_their_own_time_on_the_monotonic_clock() -> None:
+    util_buffer: list[tuple[int, int]] = []  # the driver's buffers, empty until filled below
+    power_buffer: list[tuple[int, int]] = []
+    gpu = FakeGpu(
+        sample_period_s=None,
+        driver_samples={
+            pynvml.NVML_GPU_UTILIZATION_SAMPLES: util_buffer,
+            pynvml.NVML_TOTAL_POWER_SAMPLES: power_buffer,
+        },
+    )
+    fake = fake_nvml([gpu])
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01, gpm=False)
+    before_us = int(time.time() * 1e6) - 5_000_000
+    sampler.start()
+    try:
+        now_us = int(time.time() * 1e6)
+        util_ts = [now_us + 1000, now_us + 2000, now_us + 3000]
+        util_buffer.extend([(before_us, 11), *[(ts, 70 + k) for k, ts in enumerate(util_ts)]])
+        power_buffer.append((now_us + 1500, 250_000))
+        offset_s = time.time() - time.monotonic()
+        assert wait_until(lambda: len([r for r in sampler.rows() if r["mem_total_bytes"] is None]) >= 4)
+        time.sleep(0.05)  # a few more reads: the same driver samples must not come back
+    finally:
+        sampler.stop()
+    subs = [r for r in sampler.rows() if r["mem_total_bytes"] is None]
+    util = sorted((r["t_wall_s"], r["gpu_util_pct"]) for r in subs if r["gpu_util_pct"] is not None)
+    assert util == [(ts / 1e6, 70.0 + k) for k, ts in enumerate(util_ts)]  # pre-start sample dropped
+    power = [r for r in subs if r["power_w"] is not None]
+    assert (
+        len(power) == 1 and power[0]["power_w"] == pytest.approx(250.0) and power[0]["gpu_util_pct"] is None
+    )
+    assert sampler.warnings == []  # an empty buffer (Not Found) is not a problem
+    for r in subs:
+        assert r["t_mono_s"] == pytest.approx(r["t_wall_s"] - offset_s, abs=0.01)
+        assert r["mem_used_bytes"] is None and r["sm_clock_mhz"] is None
+
+
+def test_power_is_polled_only_while_the_driver_buffer_delivers_nothing() -> None:
+    gpu = FakeGpu(
+        power_mw=300_000, sample_period_s=None, driver_samples={pynvml.NVML_TOTAL_POWER_SAMPLES: []}
+    )
+    fake = fake_nvml([gpu])
+    polls = fake.module.nvmlDeviceGetPowerUsage
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.05, gpm=False)
+    sampler.start()
+    try:
+        assert wait_until(lambda: polls.call_count >= 8)  # empty buffer: power polled every tick
+        gpu.driver_samples = {}  # from now on the driver fills its buffer every 5 ms
+        gpu.sample_period_s = 0.005
+        assert wait_until(
+            lambda: any(r["power_w"] is not None and r["mem_total_bytes"] is None for r in sampler.rows())
+        )
+        calls, ticks = polls.call_count, len(sampler.ticks)
+        assert wait_until(lambda: len(sampler.ticks) >= ticks + 20)
+        assert polls.call_count <= calls + 1  # at most the tick in flight; then no polling
+        gpu.sample_period_s = None  # the buffer stops delivering (Not Supported): polling resumes
+        assert wait_until(lambda: polls.call_count >= calls + 5)
+    finally:
+        sampler.stop()
+    assert [w for w in sampler.warnings if w.startswith("power_w")] == [
+        "power_w_samples: not available on GPU 0 (Not Supported); only polled values are recorded"
+    ]
+
+
+def test_a_pre_hopper_gpu_has_no_gpm_columns_and_one_warning() -> None:
+    fake = fake_nvml(
+        [FakeGpu(name="NVIDIA A10", gpm_supported=False), FakeGpu(name="NVIDIA A10", gpm_supported=False)]
+    )
+    sampler = NvmlSampler([0, 1], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01)
+    rows = _run(sampler, lambda rs: _has(rs, 1, "energy_mj"))
+    assert not any(r["gpm_sm_util_pct"] is not None for r in rows)
+    gpm_warnings = [w for w in sampler.warnings if "GPM" in w]
+    assert len(gpm_warnings) == 1 and "Hopper" in gpm_warnings[0]
+    assert fake.gpm_live_samples == 0
+    assert fake.module.nvmlGpmSampleGet.call_count == 0
+
+
+def test_process_memory_none_under_mig_and_a_failing_pid_callback_is_contained() -> None:
+    gpus = [FakeGpu(processes=[(7, None)]), FakeGpu(processes=[(7, GiB)])]
+    fake = fake_nvml(gpus)
+    sampler = NvmlSampler([0, 1], interval_s=0.01, nvml=fake.module, pids=lambda: {7}, slow_interval_s=0.01)
+    rows = _run(sampler, lambda rs: _has(rs, 1, "proc_mem_bytes"))
+    assert not _has(rows, 0, "proc_mem_bytes") and _has(rows, 1, "proc_mem_bytes")
+
+    def broken() -> set[int]:
+        raise OSError("no /proc")
+
+    fake2 = fake_nvml(1)
+    sampler2 = NvmlSampler([0], interval_s=0.01, nvml=fake2.module, pids=broken, slow_interval_s=0.01)
+    rows2 = _run(sampler2, lambda rs: len(_polled(rs, 0)) >= 5)
+    assert not _has(rows2, 0, "proc_mem_bytes") and _has(rows2, 0, "energy_mj")
+    assert len([w for w in sampler2.warnings if "pid list" in w]) == 1
+
+
+def test_stop_is_idempotent_and_a_sampler_starts_once() -> None:
+    fake = fake_nvml(1)
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module)
+    sampler.stop()  # before start: nothing to do
+    fresh = NvmlSampler([0], interval_s=0.01, nvml=fake.module)
+    with fresh:
+        assert wait_until(lambda: len(fresh.rows()) >= 2)
+    fresh.stop()
+    fresh.stop()
+    assert fake.init_count == 0
+    with pytest.raises(RuntimeError, match="started once"):
+        fresh.start()
+
+
+def test_stop_escalates_then_abandons_a_thread_stuck_in_the_driver() -> None:
+    fake = fake_nvml(1)
+    release = threading.Event()
+    entered = threading.Event()
+    real_effect = fake.module.nvmlDeviceGetUtilizationRates.side_effect
+
+    def hung(handle):
+        entered.set()
+        release.wait(10)
+        return real_effect(handle)
+
+    fake.module.nvmlDeviceGetUtilizationRates.side_effect = hung
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module)
+    sampler.start()
+    try:
+        assert entered.wait(5)
+        sampler.stop(timeout_s=0.05)
+        assert any("slow to stop" in w for w in sampler.warnings)
+        assert any("abandoned" in w for w in sampler.warnings)
+        assert fake.init_count == 1  # NVML is not shut down under a call in flight
+    finally:
+        release.set()
+    assert sampler._thread is not None
+    sampler._thread.join(5)
+    assert not sampler._thread.is_alive()  # once the call returns, the thread sees the stop flag
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_a_bad_interval_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        NvmlSampler([0], interval_s=bad)
+
+
+def test_detect_gpus_reads_the_fake_like_the_real_binding() -> None:
+    fake = fake_nvml(
+        [FakeGpu(name="NVIDIA A10", uuid="GPU-x", compute_capability=(8, 6), memory_total_bytes=24 * GiB)]
+    )
+    found = detect_gpus(fake.module)
+    assert found.driver_version == "550.54.15" and found.cuda_driver_version == "12.4"
+    (dev,) = found.devices
+    assert (dev.index, dev.name, dev.uuid, dev.memory_total_bytes, dev.compute_capability) == (
+        0,
+        "NVIDIA A10",
+        "GPU-x",
+        24 * GiB,
+        "8.6",
+    )
+    assert fake.init_count == 0
+
+
+def test_gpu_processes_and_memory_used_for_the_hygiene_check() -> None:
+    gpus = [FakeGpu(processes=[(11, 3 * GiB), (12, None)], memory_used_bytes=5 * GiB), FakeGpu()]
+    fake = fake_nvml(gpus)
+    assert gpu_processes([0, 1], fake.module) == {0: [(11, 3 * GiB), (12, None)], 1: []}
+    assert memory_used([0, 1], fake.module) == {0: 5 * GiB, 1: 2 * GiB}
+    assert fake.init_count == 0
+    fake.lose(1)
+    with pytest.raises(NvmlUnavailable, match="GPU 1: cannot list its processes"):
+        gpu_processes([0, 1], fake.module)
+    with pytest.raises(NvmlUnavailable, match="GPU 1: cannot read its memory"):
+        memory_used([1], fake.module)
+    assert fake.init_count == 0
