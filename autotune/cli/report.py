@@ -1,9 +1,46 @@
-"""`autotune report` (being written)."""
+"""``autotune report DIR``: re-render ``report.html`` and ``report.md`` from what is on disk."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add the command to the app."""
+    """Add the ``report`` command to the app."""
+
+    @app.command("report")
+    def report(
+        directory: Path = typer.Argument(
+            ..., help="A study directory (runs/<study>) or an autotune profile directory."
+        ),
+        out: Path | None = typer.Option(None, "--out", help="Write the reports here instead of into DIR."),
+        no_png: bool = typer.Option(False, "--no-png", help="Skip the markdown's PNG charts (faster)."),
+    ) -> None:
+        """Render report.html (self-contained, interactive) and report.md (+ charts/*.png) from DIR."""
+        from autotune.cli._console import say
+        from autotune.errors import UsageError
+        from reports import is_profile_dir, is_study_dir, render_profile, render_study
+
+        if not directory.is_dir():
+            raise UsageError(
+                f"{directory} is not a directory",
+                hint="Pass the runs/<study> directory that autotune search wrote",
+            )
+        if is_study_dir(directory):
+            paths = render_study(directory, out_dir=out, png=not no_png)
+        elif is_profile_dir(directory):
+            if out is not None:
+                raise UsageError(
+                    "--out applies to study directories only",
+                    hint="Drop --out; a profile report is written into its own directory",
+                )
+            paths = render_profile(directory, png=not no_png)
+        else:
+            raise UsageError(
+                f"{directory} is not a study directory (no study.json or trials/) nor a profile directory (no profile.json)",
+                hint="Pass the runs/<study> directory that autotune search wrote",
+            )
+        say(str(paths.html))
+        say(str(paths.markdown))

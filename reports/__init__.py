@@ -1,0 +1,27 @@
+"""Reports of a study (or a profiled run): ``report.html``, ``report.md`` and ``charts/``.
+
+Reads only what is on disk in the study directory; imports ``autotune.records``/``autotune.errors``
+and, when installed, ``autotune.recommend`` and ``autotune.estimate``. Never imports ``autotune.cli``.
+"""
+
+from __future__ import annotations
+
+from reports._load import StudyData, TrialData, is_profile_dir, is_study_dir, load_profile, load_study
+from reports._render import ReportPaths, render_profile, render_study
+from reports.diagnosis import Finding, Severity, diagnose, make_context
+
+__all__ = [
+    "render_study",
+    "render_profile",
+    "ReportPaths",
+    "load_study",
+    "load_profile",
+    "is_study_dir",
+    "is_profile_dir",
+    "StudyData",
+    "TrialData",
+    "Finding",
+    "Severity",
+    "diagnose",
+    "make_context",
+]

@@ -1,0 +1,721 @@
+"""Rendering a study (or a profiled run) into ``report.html`` and ``report.md`` + ``charts/*.png``.
+
+The view model is built once from the study directory; every foreign string in it has passed through
+the :class:`~reports._safety.Sanitizer`. The HTML template escapes it (Jinja autoescape); the markdown
+template escapes it with :func:`md_cell` / :func:`md_text`; chart data is embedded as escaped JSON.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.records import TrialResult, TrialStatus
+from reports import charts
+from reports._format import DASH, gib, is_num, knob_value, pct, rate, seconds, share
+from reports._load import StudyData, TrialData, load_profile, load_study
+from reports._safety import MASK, Sanitizer
+from reports.diagnosis import Finding, diagnose, make_context
+from reports.insight import best_so_far, param_importances, pareto_points
+
+__all__ = ["ReportPaths", "Winner", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
+
+GIB = 2**30
+MAX_TIMELINES = 30
+EVIDENCE_CHARS = 400
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """What a render wrote.
+
+    Attributes:
+        html: ``report.html`` (self-contained).
+        markdown: ``report.md``; its charts are PNG files in ``charts/`` beside it.
+        findings: the diagnosis, for a caller that wants to print the top of it.
+    """
+
+    html: Path
+    markdown: Path
+    charts: tuple[Path, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The recommended trial (from ``autotune.recommend`` when installed, else the same rule here)."""
+
+    trial: int
+    throughput: float
+    baseline_trial: int | None
+    baseline_throughput: float | None
+    speedup: float | None
+    headroom_bytes: list[int | None]
+    why: str
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def pick_winner(data: StudyData, min_headroom_frac: float = 0.05) -> Winner | None:
+    """The fastest healthy trial with memory headroom, as the study's recommendation rule chooses it."""
+    results = data.results
+    try:
+        from autotune.recommend import recommend
+    except ImportError:
+        recommend = None
+    if recommend is not None:
+        rec = recommend(results, data.hardware, min_headroom_frac=min_headroom_frac)
+        if rec is None:
+            return None
+        return Winner(
+            trial=rec.trial,
+            throughput=rec.throughput,
+            baseline_trial=rec.baseline_trial,
+            baseline_throughput=rec.baseline_throughput,
+            speedup=rec.speedup,
+            headroom_bytes=list(rec.headroom_bytes),
+            why=rec.why,
+            skipped=list(getattr(rec, "skipped", []) or []),
+        )
+    return _fallback_winner(results, data, min_headroom_frac)
+
+
+def _fallback_winner(
+    results: Sequence[TrialResult], data: StudyData, min_headroom_frac: float
+) -> Winner | None:
+    baseline = next((r for r in results if r.is_baseline), None)
+    base_tp = baseline.throughput if baseline and baseline.status is TrialStatus.COMPLETE else None
+    skipped: list[tuple[int, str]] = []
+    for r in sorted(
+        (r for r in results if r.status is TrialStatus.COMPLETE and r.throughput),
+        key=lambda r: -(r.throughput or 0.0),
+    ):
+        room: list[int | None] = []
+        tight = None
+        for pos in range(data.gpu_count):
+            cap = data.capacity_bytes(pos)
+            peak = r.peak_mem_bytes[pos] if pos < len(r.peak_mem_bytes) else None
+            head = cap - peak if cap is not None and peak is not None else None
+            room.append(head)
+            if head is not None and cap is not None and head < min_headroom_frac * cap and tight is None:
+                tight = f"only {head / GIB:.2f} GiB left on {data.gpu_label(pos)}"
+        if tight:
+            skipped.append((r.number, tight))
+            continue
+        tp = r.throughput or 0.0
+        speedup = tp / base_tp if base_tp else None
+        why = f"fastest healthy trial: {tp:.3g} completions/s" + (
+            f", {speedup:.2f}x the baseline" if speedup else ""
+        )
+        return Winner(
+            r.number, tp, baseline.number if baseline else None, base_tp, speedup, room, why, skipped
+        )
+    return None
+
+
+# ------------------------------------------------------------------------------------------- escaping
+
+
+def md_text(value: Any) -> str:
+    """Foreign text for a markdown paragraph: HTML-escaped, markdown emphasis and links neutralised.
+
+    Underscores inside words (``per_device_train_batch_size``) stay as they are: GitHub does not
+    emphasise them.
+    """
+    text = html.escape(str(value), quote=False)
+    text = re.sub(r"([\\`*\[\]|#~])", r"\\\1", text)
+    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def md_cell(value: Any) -> str:
+    """Foreign text for a markdown table cell (also no line breaks)."""
+    return md_text(value).replace("\r", " ")
+
+
+def compact_shell(text: str) -> str:
+    """Join ``--flag \\`` / ``value \\`` continuation lines of a ``command.sh`` into ``--flag value \\``.
+
+    Only the layout changes: the words and their order stay, so the command is the same.
+    """
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        nxt = lines[i + 1] if i + 1 < len(lines) else None
+        if (
+            nxt is not None
+            and line.endswith(" \\")
+            and line.lstrip().startswith("-")
+            and nxt.startswith("  ")
+            and not nxt.lstrip().startswith("-")
+        ):
+            out.append(line[:-2] + " " + nxt.lstrip())
+            i += 2
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def md_code(text: str) -> str:
+    """A fenced code block whose fence is longer than any backtick run inside."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}bash\n{text.rstrip()}\n{fence}"
+
+
+# ------------------------------------------------------------------------------------------ view model
+
+
+def _rel_link(path: Path, out_dir: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
+
+
+def _gpu_summary(data: StudyData) -> str:
+    hw = data.hardware
+    if hw is None:
+        return DASH
+    if not hw.gpus:
+        return "no GPU (CPU-only run)" + (f"; {hw.nvml_note}" if hw.nvml_note else "")
+    names: dict[str, int] = {}
+    for g in hw.gpus:
+        key = f"{g.name} ({gib(g.memory_total_bytes)})"
+        names[key] = names.get(key, 0) + 1
+    text = ", ".join(f"{n} × {k}" for k, n in names.items())
+    driver = []
+    if hw.driver_version:
+        driver.append(f"driver {hw.driver_version}")
+    if hw.cuda_driver_version:
+        driver.append(f"CUDA {hw.cuda_driver_version}")
+    if any(g.declared for g in hw.gpus):
+        driver.append("declared, not detected")
+    return text + (f"; {', '.join(driver)}" if driver else "")
+
+
+def _host_summary(data: StudyData) -> str:
+    hw = data.hardware
+    if hw is None:
+        return DASH
+    h = hw.host
+    cores = f"{h.cpu_cores_logical} logical cores" + (
+        f" ({h.cpu_cores_physical} physical)" if h.cpu_cores_physical else ""
+    )
+    return f"{h.hostname}: {cores}, {gib(h.ram_total_bytes, 0)} RAM, {h.platform}"
+
+
+def _status_class(status: str) -> str:
+    return status.lower()
+
+
+def _trial_rows(
+    data: StudyData,
+    ctx_signals: dict[int, Any],
+    winner: int | None,
+    out_dir: Path,
+    clean: Sanitizer,
+    knob_names: list[str],
+) -> list[dict[str, Any]]:
+    base = data.baseline
+    rows = []
+    for t in data.trials:
+        r = t.result
+        sig = ctx_signals.get(t.number)
+        tp = r.throughput
+        ci_abs = tp * r.steady.rel_ci95 if tp is not None and r.steady is not None else None
+        peaks = sig.peak_bytes if sig is not None else []
+        caps = sig.capacity_bytes if sig is not None else []
+        peak_known = [p for p in peaks if p is not None]
+        host_peak = r.host_peak_rss_bytes
+        predicted = (r.estimate or {}).get("peak_bytes") if isinstance(r.estimate, dict) else None
+        pred_err = None
+        if is_num(predicted) and peak_known:
+            pred_err = (float(predicted) - max(peak_known)) / max(peak_known)
+        steady = r.steady
+        if steady is not None:
+            steps_text = f"{steady.steady_steps} steady of {r.steps} ({steady.warmup_steps} warm-up)"
+        else:
+            steps_text = f"{r.steps}" if r.steps else "0"
+        links = {}
+        for name in ("command.sh", "stdout.log", "stderr.log", "metrics.jsonl", "result.json"):
+            path = t.files.get(name) or (
+                (t.dir / name) if t.dir is not None and (t.dir / name).is_file() else None
+            )
+            link = _rel_link(path, out_dir) if path is not None else None
+            if link is not None and not link.startswith("../"):
+                links[name] = (
+                    link  # a report written outside the study links to nothing outside its own folder
+                )
+        knobs = []
+        for k in knob_names:
+            present = k in t.params
+            value = t.params.get(k)
+            changed = base is not None and t is not base and present and base.params.get(k, object()) != value
+            knobs.append(
+                {
+                    "name": k,
+                    "text": clean.clean(knob_value(value)) if present else "",
+                    "sort": _sort_value(value) if present else "",
+                    "changed": changed,
+                }
+            )
+        util = sig.util_mean_pct if sig is not None else None
+        idle = sig.idle_share if sig is not None else None
+        if util is None:
+            host = (r.timeline_summary or {}).get("host") or {}
+            cores = host.get("cpu_cores")
+            if is_num(host.get("cpu_mean_pct")) and cores:
+                util = float(host["cpu_mean_pct"]) / cores
+        rows.append(
+            {
+                "number": t.number,
+                "is_baseline": r.is_baseline,
+                "is_winner": t.number == winner,
+                "status": r.status.value,
+                "status_class": _status_class(r.status.value),
+                "reason": clean.clean(r.reason),
+                "evidence": clean.clean(_truncate(r.evidence)) if r.evidence else "",
+                "health": [clean.clean(h) for h in r.health],
+                "knobs": knobs,
+                "throughput": tp,
+                "ci_abs": ci_abs,
+                "throughput_text": (f"{tp:.3g} ± {ci_abs:.2g}" if ci_abs is not None else f"{tp:.3g}")
+                if tp is not None
+                else DASH,
+                "tokens_text": rate(steady.tokens_per_s, " tok/s")
+                if steady is not None and steady.tokens_per_s
+                else "",
+                "peaks_text": " / ".join(gib(p) for p in peaks)
+                if peak_known
+                else (gib(host_peak) + " RSS" if host_peak else DASH),
+                "peak_max": max(peak_known) if peak_known else (host_peak or None),
+                "headroom_text": _headroom_text(peaks, caps),
+                "util_text": pct(util),
+                "util": util,
+                "idle_text": share(idle),
+                "steps_text": steps_text,
+                "steps": r.steps,
+                "predicted_text": gib(predicted) if is_num(predicted) else DASH,
+                "predicted_err_text": f"{pred_err:+.0%}" if pred_err is not None else "",
+                "duration_text": seconds(r.duration_s) if r.duration_s else DASH,
+                "duration_s": r.duration_s,
+                "links": links,
+            }
+        )
+    return rows
+
+
+def _headroom_text(peaks: Sequence[int | None], caps: Sequence[int | None]) -> str:
+    heads = [c - p for p, c in zip(peaks, caps, strict=False) if p is not None and c is not None]
+    return f"min {gib(min(heads))}" if heads else DASH
+
+
+def _sort_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if is_num(value):
+        return repr(float(value))
+    return "" if value is None else str(value)
+
+
+def _truncate(text: str | None, limit: int = EVIDENCE_CHARS) -> str:
+    if not text:
+        return ""
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _knob_names(data: StudyData) -> list[str]:
+    order: list[str] = []
+    space = data.meta.get("space")
+    if isinstance(space, list):
+        order = [k["name"] for k in space if isinstance(k, dict) and isinstance(k.get("name"), str)]
+    seen = {k for t in data.trials for k in t.params}
+    return [k for k in order if k in seen] + sorted(seen - set(order))
+
+
+def _group_findings(findings: Sequence[Finding], clean: Sanitizer) -> list[dict[str, Any]]:
+    groups: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        item = {
+            "rule": f.rule,
+            "severity": f.severity.value,
+            "title": f.title,
+            "text": clean.clean(f.text),
+            "trial": f.trial,
+        }
+        if f.rule not in groups:
+            groups[f.rule] = {**item, "also": []}
+        else:
+            groups[f.rule]["also"].append(item)
+    return list(groups.values())
+
+
+def _command_block(
+    data: StudyData, winner_trial: TrialData | None, clean: Sanitizer
+) -> tuple[str | None, str | None]:
+    """(the command that runs the winner, where it comes from)."""
+    if data.best_command:
+        return compact_shell(clean.clean(data.best_command)), "best/command.sh"
+    if winner_trial is not None and winner_trial.command:
+        return compact_shell(
+            clean.clean(winner_trial.command)
+        ), f"trials/{winner_trial.number}/command.sh (the trial itself: set max steps for a full run)"
+    return None, None
+
+
+def _count(n: float) -> str:
+    """A parameter count: ``7.62 B``, ``2.5 M``, ``107 k``."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
+
+
+def command_text(value: Any) -> str:
+    """A command line from ``study.json``/``profile.json``: a string as is, an argv list shell-quoted."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | tuple):
+        return shlex.join(str(v) for v in value)
+    return ""
+
+
+def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
+    model = meta.get("model") or {}
+    model_text = DASH
+    if isinstance(model, dict) and (model.get("name") or model.get("path_or_id")):
+        name = str(model.get("name") or "")
+        ident = str(model.get("path_or_id") or "")
+        model_text = name if not ident or ident == name else f"{name} ({ident})"
+        facts = model.get("facts") or {}
+        if isinstance(facts, dict) and is_num(facts.get("params")):
+            model_text += f", {_count(facts['params'])} parameters"
+    backend = str(meta.get("backend") or DASH)
+    if meta.get("backend_version"):
+        backend += f" {meta['backend_version']}"
+    fixed = []
+    for key in ("global_batch", "num_generations", "max_completion_length", "max_steps"):
+        if key in meta and meta[key] is not None:
+            fixed.append((key, clean.clean(knob_value(meta[key]))))
+    if isinstance(meta.get("fixed"), dict):
+        fixed += [(str(k), clean.clean(knob_value(v))) for k, v in meta["fixed"].items()]
+    passthrough = meta.get("passthrough")
+    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    dropped = meta.get("dropped_knobs") if isinstance(meta.get("dropped_knobs"), dict) else {}
+    return {
+        "model": clean.clean(model_text),
+        "backend": clean.clean(backend),
+        "fixed": fixed,
+        "passthrough": clean.clean(" ".join(str(p) for p in passthrough))
+        if isinstance(passthrough, list) and passthrough
+        else "",
+        "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
+        "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
+        "command": clean.clean(command_text(meta.get("command"))),
+        "dataset": clean.clean(meta.get("dataset") or ""),
+    }
+
+
+def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any], list[Finding], list[Path]]:
+    clean = Sanitizer.for_study(data.roots, data.env_maps)
+    winner = pick_winner(data) if data.kind == "study" else None
+    ctx = make_context(data, winner=winner.trial if winner else None)
+    findings = diagnose(ctx)
+    knob_names = _knob_names(data)
+    rows = _trial_rows(data, ctx.signals, winner.trial if winner else None, out_dir, clean, knob_names)
+    meta = _meta_pairs(data.meta, clean)
+    charts_dir = out_dir / "charts"
+    written: list[Path] = []
+    figures: list[dict[str, str]] = []
+
+    def add_figure(chart_id: str, fig: Any) -> str:
+        figures.append({"id": chart_id, "json": charts.figure_json(fig)})
+        return chart_id
+
+    cpu_only = data.hardware is not None and not data.hardware.gpus
+    outcome = data.meta.get("outcome") if isinstance(data.meta.get("outcome"), dict) else {}
+    gpu_seconds = (
+        outcome.get("gpu_seconds")
+        if is_num(outcome.get("gpu_seconds"))
+        else sum(r.gpu_seconds for r in data.results)
+    )
+    launched = sum(
+        1 for t in data.trials if t.steps or t.files.get("launch.json") or t.files.get("stdout.log")
+    )
+
+    # ---- summary: the winner
+    win: dict[str, Any] | None = None
+    winner_trial = data.trial(winner.trial) if winner else None
+    if winner is not None and winner_trial is not None:
+        sig = ctx.signals.get(winner.trial)
+        headroom = []
+        for pos, head in enumerate(winner.headroom_bytes):
+            cap = data.capacity_bytes(pos, winner_trial)
+            headroom.append(
+                {
+                    "gpu": data.gpu_label(pos),
+                    "text": gib(head),
+                    "share": share(head / cap) if head is not None and cap else DASH,
+                }
+            )
+        if not headroom and sig is not None:
+            for pos, head in enumerate(sig.headroom_bytes):
+                headroom.append({"gpu": data.gpu_label(pos), "text": gib(head), "share": DASH})
+        command, source = _command_block(data, winner_trial, clean)
+        ci = winner_trial.result.steady.rel_ci95 if winner_trial.result.steady else None
+        win = {
+            "trial": winner.trial,
+            "throughput_text": f"{winner.throughput:.3g} completions/s"
+            + (f" ± {ci:.1%}" if ci is not None else ""),
+            "tokens_text": rate(winner_trial.result.steady.tokens_per_s, " tokens/s")
+            if winner_trial.result.steady and winner_trial.result.steady.tokens_per_s
+            else "",
+            "speedup_text": f"{winner.speedup:.2f}×" if winner.speedup else DASH,
+            "baseline_trial": winner.baseline_trial,
+            "baseline_text": f"{winner.baseline_throughput:.3g} completions/s"
+            if winner.baseline_throughput
+            else "did not complete",
+            "headroom": headroom,
+            "why": clean.clean(winner.why),
+            "skipped": [(n, clean.clean(why)) for n, why in winner.skipped],
+            "knobs": [(k, clean.clean(knob_value(v))) for k, v in winner_trial.params.items()],
+            "command": command,
+            "command_source": source,
+            "masked": bool(command and MASK in command),
+        }
+    no_winner = None
+    if data.kind == "study" and win is None:
+        done = sum(1 for t in data.trials if t.status is TrialStatus.COMPLETE)
+        no_winner = (
+            "No trial can be recommended: none completed healthy with memory headroom"
+            f" ({done} completed). The diagnosis below says why the trials failed."
+        )
+
+    # ---- the single run of a profile
+    run: dict[str, Any] | None = None
+    if data.kind == "profile" and data.trials:
+        t = data.trials[0]
+        row = rows[0]
+        run = {
+            "status": row["status"],
+            "status_class": row["status_class"],
+            "reason": row["reason"],
+            "throughput_text": row["throughput_text"],
+            "peaks_text": row["peaks_text"],
+            "headroom_text": row["headroom_text"],
+            "util_text": row["util_text"],
+            "idle_text": row["idle_text"],
+            "steps_text": row["steps_text"],
+            "command": clean.clean(command_text(data.meta.get("command")) or (t.command or "")),
+        }
+
+    # ---- throughput chart
+    throughput_id = None
+    throughput_png = None
+    if data.kind == "study" and rows:
+        throughput_id = add_figure("chart-throughput", charts.throughput_figure(rows))
+        if png:
+            p = charts.throughput_png(rows, charts_dir / "throughput.png")
+            written.append(p)
+            throughput_png = _rel_link(p, out_dir)
+
+    # ---- timelines
+    order: list[TrialData] = []
+    for n in (
+        winner.baseline_trial if winner else (data.baseline.number if data.baseline else None),
+        winner.trial if winner else None,
+    ):
+        t = data.trial(n)
+        if t is not None and t not in order:
+            order.append(t)
+    order += [t for t in data.trials if t not in order]
+    timelines = []
+    omitted = []
+    for t in order:
+        series = charts.timeline_series(data, t)
+        if series.empty:
+            continue
+        if len(timelines) >= MAX_TIMELINES:
+            omitted.append(t.number)
+            continue
+        label = (
+            "baseline" if t.result.is_baseline else ("winner" if winner and t.number == winner.trial else "")
+        )
+        tp = t.result.throughput
+        title = (
+            f"Trial {t.number}"
+            + (f" ({label})" if label else "")
+            + f" · {t.status.value}"
+            + (f" · {tp:.3g}/s" if tp else "")
+        )
+        if data.kind == "profile":
+            title = f"Run · {t.status.value}" + (f" · {tp:.3g} completions/s" if tp else "")
+        item = {
+            "trial": t.number,
+            "title": title,
+            "label": label,
+            "chart": add_figure(f"chart-timeline-{t.number}", charts.timeline_figure(series, title)),
+            "png": None,
+            "phase_source": ctx.signals[t.number].phase_source,
+        }
+        if png:
+            p = charts.timeline_png(series, title, charts_dir / f"timeline-trial-{t.number}.png")
+            written.append(p)
+            item["png"] = _rel_link(p, out_dir)
+        timelines.append(item)
+    pair = [x for x in timelines if x["label"] in ("baseline", "winner")]
+    pair = sorted(pair, key=lambda x: 0 if x["label"] == "baseline" else 1)
+    rest = [x for x in timelines if x not in pair]
+
+    # ---- insight
+    insight = None
+    if data.kind == "study":
+        imp = param_importances(data.results)
+        points = pareto_points(data.results)
+        progress = best_so_far(data.results)
+        failed = []
+        for t in data.trials:
+            if t.status in (TrialStatus.OOM, TrialStatus.VLLM_INIT):
+                peaks = [p for p in ctx.signals[t.number].peak_bytes if p is not None]
+                if peaks:
+                    failed.append((t.number, t.status.value, max(peaks) / GIB))
+        caps = [data.capacity_bytes(i) for i in range(data.gpu_count)]
+        cap_gib = min(c for c in caps if c is not None) / GIB if any(c is not None for c in caps) else None
+        mem_label = "peak memory on the fullest GPU (GiB)" if not cpu_only else "peak RSS (GiB)"
+        insight = {
+            "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
+            "importance_note": clean.clean(imp.note),
+            "importance_chart": add_figure("chart-importance", charts.importance_figure(imp))
+            if imp.values
+            else None,
+            "pareto_chart": add_figure(
+                "chart-pareto", charts.pareto_figure(points, failed, cap_gib, mem_label)
+            )
+            if points
+            else None,
+            "front": [p.trial for p in points if p.on_front],
+            "progress_chart": add_figure("chart-progress", charts.progress_figure(progress))
+            if progress
+            else None,
+            "importance_png": None,
+            "pareto_png": None,
+            "progress_png": None,
+        }
+        if png:
+            if imp.values:
+                p = charts.importance_png(imp, charts_dir / "importance.png")
+                written.append(p)
+                insight["importance_png"] = _rel_link(p, out_dir)
+            if points:
+                p = charts.pareto_png(points, failed, cap_gib, mem_label, charts_dir / "pareto.png")
+                written.append(p)
+                insight["pareto_png"] = _rel_link(p, out_dir)
+            if progress:
+                p = charts.progress_png(progress, charts_dir / "progress.png")
+                written.append(p)
+                insight["progress_png"] = _rel_link(p, out_dir)
+
+    name = str(data.meta.get("name") or data.root.name)
+    view = {
+        "kind": data.kind,
+        "title": clean.clean(
+            f"autotune report — {name}" if data.kind == "study" else f"autotune profile — {name}"
+        ),
+        "name": clean.clean(name),
+        "gpus": clean.clean(_gpu_summary(data)),
+        "host": clean.clean(_host_summary(data)),
+        "meta": meta,
+        "search": clean.clean(str(data.meta.get("search") or DASH)),
+        "outcome": {k: clean.clean(str(v)) for k, v in outcome.items() if k in ("stopped", "detail")},
+        "trials_total": len(data.trials),
+        "trials_launched": launched,
+        "hours_label": "GPU-hours" if not cpu_only else "CPU-hours",
+        "util_label": "GPU util (mean)" if not cpu_only else "CPU util (mean, all cores)",
+        "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
+        "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
+        "winner": win,
+        "no_winner": no_winner,
+        "run": run,
+        "rows": rows,
+        "knob_names": knob_names,
+        "throughput_chart": throughput_id,
+        "throughput_png": throughput_png,
+        "pair": pair,
+        "timelines": rest,
+        "omitted": omitted,
+        "findings": _group_findings(findings, clean),
+        "insight": insight,
+        "problems": [clean.clean(p) for p in data.problems],
+        "figures": figures,
+    }
+    return view, findings, written
+
+
+def _env() -> Any:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html", "html.j2"), default_for_string=True),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    view, findings, written = _view(data, out_dir, png=png)
+    env = _env()
+    env.filters["md"] = md_cell
+    env.filters["mdtext"] = md_text
+    env.filters["mdcode"] = md_code
+    html_path = out_dir / "report.html"
+    md_path = out_dir / "report.md"
+    html_text = env.get_template("report.html.j2").render(r=view, plotly_js=charts.plotly_js())
+    md_text_out = env.get_template("report.md.j2").render(r=view)
+    _atomic_write(html_path, html_text)
+    _atomic_write(md_path, md_text_out)
+    return ReportPaths(html=html_path, markdown=md_path, charts=tuple(written), findings=tuple(findings))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def render_study(
+    study_dir: Path | str, *, out_dir: Path | str | None = None, png: bool = True
+) -> ReportPaths:
+    """Render ``report.html``, ``report.md`` and ``charts/`` for a study directory.
+
+    Args:
+        study_dir: ``runs/<study>`` as written by ``autotune search``.
+        out_dir: where to write (default: the study directory itself).
+        png: also draw the markdown's PNG charts (the HTML charts are always embedded).
+
+    Raises:
+        UsageError: ``study_dir`` is not a study directory.
+    """
+    data = load_study(Path(study_dir))
+    return _write(data, Path(out_dir) if out_dir is not None else Path(study_dir), png=png)
+
+
+def render_profile(out_dir: Path | str, *, png: bool = True) -> ReportPaths:
+    """Render the report of an ``autotune profile`` run directory (same charts and diagnosis, no search).
+
+    Raises:
+        UsageError: ``out_dir`` is not a profile directory.
+    """
+    data = load_profile(Path(out_dir))
+    return _write(data, Path(out_dir), png=png)

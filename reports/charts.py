@@ -1,0 +1,719 @@
+"""Charts: plotly figures for the HTML report, matplotlib (Agg, no pyplot state) PNGs for markdown.
+
+Both kinds are drawn from the same prepared series so the two reports show the same numbers. Chart
+text is made only of numbers, knob names/values and trial numbers; log text never enters a chart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from reports._load import PHASES, StudyData, TrialData
+from reports.insight import Importance, ParetoPoint, ProgressPoint
+
+__all__ = [
+    "PHASE_COLORS",
+    "STATUS_COLORS",
+    "TimelineSeries",
+    "timeline_series",
+    "figure_json",
+    "plotly_js",
+    "timeline_figure",
+    "throughput_figure",
+    "importance_figure",
+    "pareto_figure",
+    "progress_figure",
+    "timeline_png",
+    "throughput_png",
+    "importance_png",
+    "pareto_png",
+    "progress_png",
+]
+
+GIB = 2**30
+MAX_POINTS = 600  # per series; longer timelines are binned (mean utilization, max memory)
+MAX_STEP_MARKS = 60
+PHASE_COLORS = {"rollout": "#4C78A8", "train": "#F58518", "weight_sync": "#E45756", "other": "#9D9D9D"}
+STATUS_COLORS = {
+    "COMPLETE": "#2E7D32",
+    "UNHEALTHY": "#8E24AA",
+    "OOM": "#C62828",
+    "VLLM_INIT": "#D84315",
+    "HOST_OOM": "#AD1457",
+    "HANG": "#6D4C41",
+    "TIMEOUT": "#EF6C00",
+    "INVALID": "#546E7A",
+    "CRASH": "#B71C1C",
+    "PRUNED": "#90A4AE",
+    "INTERRUPTED": "#78909C",
+    "RUNNING": "#1565C0",
+}
+LINE_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+
+
+# ------------------------------------------------------------------------------------ shared data
+
+
+@dataclass
+class TimelineSeries:
+    """What a timeline chart shows, in seconds since the trial's first sample.
+
+    Attributes:
+        kind: "gpu" (utilization %, memory GiB per GPU) or "host" (CPU %, RSS GiB) or "none".
+        lines: label → (t_s, top-panel values, bottom-panel values).
+        capacity_gib: memory capacity line for the bottom panel (GPU only).
+        spans: (phase, t0_s, t1_s, open) for shading.
+        steps: (step number, t_s) step boundaries.
+    """
+
+    kind: str
+    lines: dict[str, tuple[list[float], list[float | None], list[float | None]]] = field(default_factory=dict)
+    capacity_gib: float | None = None
+    spans: list[tuple[str, float, float, bool]] = field(default_factory=list)
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    top_title: str = ""
+    bottom_title: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not self.lines
+
+
+def _bin(
+    df: pd.DataFrame, t0: float, top: str, bottom: str
+) -> tuple[list[float], list[float | None], list[float | None]]:
+    t = df["t_mono_s"].astype(float) - t0
+    frame = pd.DataFrame(
+        {
+            "t": t,
+            "top": df[top].astype(float) if top in df else np.nan,
+            "bottom": df[bottom].astype(float) if bottom in df else np.nan,
+        }
+    )
+    frame = frame.dropna(subset=["top", "bottom"], how="all")
+    if len(frame) > MAX_POINTS:
+        edges = np.linspace(frame["t"].min(), frame["t"].max() + 1e-9, MAX_POINTS + 1)
+        groups = frame.groupby(pd.cut(frame["t"], edges, include_lowest=True), observed=True)
+        frame = pd.DataFrame(
+            {"t": groups["t"].mean(), "top": groups["top"].mean(), "bottom": groups["bottom"].max()}
+        )
+    return (
+        [round(float(x), 2) for x in frame["t"]],
+        [None if pd.isna(x) else round(float(x), 1) for x in frame["top"]],
+        [None if pd.isna(x) else round(float(x), 3) for x in frame["bottom"]],
+    )
+
+
+def timeline_series(data: StudyData, trial: TrialData) -> TimelineSeries:
+    """Utilization and memory per GPU (or host CPU and RSS on a CPU-only run), phases and step marks."""
+    t0 = trial.t0_mono_s
+    gpu = trial.gpu_rows()
+    host = trial.host_rows()
+    if t0 is None or (gpu is None and host is None):
+        return TimelineSeries(kind="none")
+    if gpu is not None:
+        out = TimelineSeries(kind="gpu", top_title="GPU utilization (%)", bottom_title="memory used (GiB)")
+        for device in sorted(gpu["device"].dropna().unique()):
+            rows = gpu[gpu["device"] == device].copy()
+            rows["mem_gib"] = (
+                rows["mem_used_bytes"].astype(float) / GIB if "mem_used_bytes" in rows else np.nan
+            )
+            out.lines[f"GPU {int(device)}"] = _bin(rows, t0, "gpu_util_pct", "mem_gib")
+        caps = [data.capacity_bytes(i, trial) for i in range(max(1, data.gpu_count))]
+        caps_known = [c for c in caps if c is not None]
+        out.capacity_gib = round(min(caps_known) / GIB, 3) if caps_known else None
+    else:
+        rows = host.copy() if host is not None else pd.DataFrame()
+        cores = (trial.result.timeline_summary or {}).get("host", {}).get("cpu_cores")
+        if not cores and data.hardware is not None:
+            cores = data.hardware.host.cpu_cores_logical
+        # The trial's own process tree first: on a shared host the host-wide figure says little.
+        if "cpu_pct" in rows and rows["cpu_pct"].notna().any():
+            rows["cpu"] = rows["cpu_pct"].astype(float) / (cores or 1)
+            top = "trial CPU (% of all cores)" if cores else "trial CPU (% of one core)"
+        elif "host_cpu_pct" in rows:
+            rows["cpu"] = rows["host_cpu_pct"].astype(float)
+            top = "host CPU (% of all cores)"
+        else:
+            rows["cpu"] = np.nan
+            top = "CPU"
+        rows["rss_gib"] = rows["rss_bytes"].astype(float) / GIB if "rss_bytes" in rows else np.nan
+        out = TimelineSeries(kind="host", top_title=top, bottom_title="trial RSS (GiB)")
+        out.lines["host"] = _bin(rows, t0, "cpu", "rss_gib")
+    out.spans = [
+        (
+            s.phase if s.phase in PHASES else "other",
+            round(s.t0_mono_s - t0, 2),
+            round(s.t1_mono_s - t0, 2),
+            s.open,
+        )
+        for s in trial.spans
+    ]
+    every = max(1, -(-len(trial.steps) // MAX_STEP_MARKS))  # thin the marks of long runs
+    out.steps = [
+        (s.step, round(s.t_mono_s - t0, 2))
+        for i, s in enumerate(trial.steps)
+        if i % every == every - 1 or i == len(trial.steps) - 1
+    ]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ plotly
+# Figures are plain plotly.js specs ({"data": [...], "layout": {...}}): plotly.js draws them, and
+# building dicts costs a fraction of plotly's validated graph objects.
+
+Figure = dict[str, Any]
+
+
+def plotly_js() -> str:
+    """plotly.js itself, to inline once per report (no CDN)."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def figure_json(fig: Figure) -> str:
+    """A figure as JSON that is safe inside ``<script type="application/json">`` (no ``</script>``)."""
+    text = json.dumps(fig, separators=(",", ":"), allow_nan=False, default=_json_default)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "x": 0.01, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": 60, "r": 40, "t": 48, "b": 45},
+        "font": {
+            "family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif",
+            "size": 12,
+            "color": "#2a3f5f",
+        },
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "legend": {"orientation": "h", "y": -0.2},
+        "hovermode": "closest",
+        "modebar": {"orientation": "v"},
+    }
+    layout.update(extra)
+    return layout
+
+
+def _axis(**extra: Any) -> dict[str, Any]:
+    axis: dict[str, Any] = {
+        "gridcolor": "#EBF0F8",
+        "zerolinecolor": "#EBF0F8",
+        "linecolor": "#c8d1dc",
+        "automargin": True,
+    }
+    axis.update(extra)
+    return axis
+
+
+def _annotation(text: str, x: float, y: float) -> dict[str, Any]:
+    return {
+        "text": text,
+        "x": x,
+        "y": y,
+        "xref": "paper",
+        "yref": "paper",
+        "xanchor": "left",
+        "yanchor": "bottom",
+        "showarrow": False,
+        "font": {"size": 12},
+    }
+
+
+def timeline_figure(series: TimelineSeries, title: str) -> Figure:
+    """Two stacked panels sharing time: utilization (or CPU) above, memory (or RSS) below."""
+    data: list[dict[str, Any]] = []
+    for i, (label, (t, top, bottom)) in enumerate(series.lines.items()):
+        color = LINE_COLORS[i % len(LINE_COLORS)]
+        line = {"width": 1.2, "color": color}
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": t,
+                "y": top,
+                "name": label,
+                "legendgroup": label,
+                "line": line,
+                "xaxis": "x",
+                "yaxis": "y",
+            }
+        )
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": t,
+                "y": bottom,
+                "name": label,
+                "legendgroup": label,
+                "line": line,
+                "xaxis": "x",
+                "yaxis": "y2",
+                "showlegend": False,
+            }
+        )
+    for phase in PHASES:
+        if any(s[0] == phase for s in series.spans):
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "x": [None],
+                    "y": [None],
+                    "name": phase,
+                    "xaxis": "x",
+                    "yaxis": "y",
+                    "marker": {"symbol": "square", "size": 10, "color": PHASE_COLORS[phase], "opacity": 0.5},
+                }
+            )
+    shapes: list[dict[str, Any]] = []
+    for phase, a, b, is_open in series.spans:
+        for yref in ("y domain", "y2 domain"):
+            shapes.append(
+                {
+                    "type": "rect",
+                    "xref": "x",
+                    "yref": yref,
+                    "x0": a,
+                    "x1": b,
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": PHASE_COLORS[phase],
+                    "opacity": 0.28 if is_open else 0.13,
+                    "line": {"width": 0},
+                    "layer": "below",
+                }
+            )
+    for _, t in series.steps:
+        for yref in ("y domain", "y2 domain"):
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": yref,
+                    "x0": t,
+                    "x1": t,
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"width": 1, "dash": "dot", "color": "#555"},
+                }
+            )
+    if series.capacity_gib is not None:
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x domain",
+                "yref": "y2",
+                "x0": 0,
+                "x1": 1,
+                "y0": series.capacity_gib,
+                "y1": series.capacity_gib,
+                "line": {"width": 1, "dash": "dash", "color": "#C62828"},
+            }
+        )
+    top_mem = max(
+        [series.capacity_gib or 0.0]
+        + [v for _, (_, _, b) in series.lines.items() for v in b if v is not None]
+    )
+    layout = _layout(
+        title,
+        440,
+        xaxis=_axis(anchor="y2", domain=[0, 1], title={"text": "seconds since start"}),
+        yaxis=_axis(domain=[0.56, 1.0], range=[0, 105]),
+        yaxis2=_axis(domain=[0.0, 0.42], range=[0, top_mem * 1.08 if top_mem else 1.0], anchor="x"),
+        shapes=shapes,
+        annotations=[_annotation(series.top_title, 0, 1.0), _annotation(series.bottom_title, 0, 0.42)],
+        hovermode="x unified",
+    )
+    return {"data": data, "layout": layout}
+
+
+def throughput_figure(rows: Sequence[dict[str, Any]]) -> Figure:
+    """Throughput per trial with its 95 % interval, coloured by status; failed trials labelled at zero."""
+    bar = {
+        "type": "bar",
+        "x": [f"#{r['number']}" for r in rows],
+        "y": [r["throughput"] or 0.0 for r in rows],
+        "marker": {"color": [STATUS_COLORS.get(r["status"], "#777") for r in rows]},
+        "error_y": {"type": "data", "array": [r["ci_abs"] or 0.0 for r in rows], "visible": True},
+        "text": ["" if r["status"] == "COMPLETE" else r["status"] for r in rows],
+        "textposition": "outside",
+        "hovertext": [f"trial {r['number']}: {r['status']}" for r in rows],
+        "name": "throughput",
+    }
+    layout = _layout(
+        "Throughput per trial (completions/s)",
+        320,
+        xaxis=_axis(type="category"),
+        yaxis=_axis(title={"text": "completions/s"}),
+        showlegend=False,
+    )
+    return {"data": [bar], "layout": layout}
+
+
+def importance_figure(imp: Importance) -> Figure:
+    names = list(imp.values)[::-1]
+    bar = {
+        "type": "bar",
+        "orientation": "h",
+        "x": [imp.values[n] for n in names],
+        "y": names,
+        "marker": {"color": "#4C78A8"},
+        "name": "importance",
+    }
+    layout = _layout(
+        "Parameter importance for throughput",
+        max(220, 70 + 32 * len(names)),
+        xaxis=_axis(title={"text": "share of importance"}),
+        yaxis=_axis(),
+        showlegend=False,
+    )
+    return {"data": [bar], "layout": layout}
+
+
+def pareto_figure(
+    points: Sequence[ParetoPoint],
+    failed: Sequence[tuple[int, str, float]],
+    capacity_gib: float | None,
+    memory_label: str,
+) -> Figure:
+    """Throughput against peak memory; the Pareto front joined; memory failures as crosses at zero."""
+    front = [p for p in points if p.on_front]
+    rest = [p for p in points if not p.on_front]
+    data: list[dict[str, Any]] = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers+text",
+            "x": [round(p.peak_bytes / GIB, 3) for p in front],
+            "y": [p.throughput for p in front],
+            "text": [f"#{p.trial}" for p in front],
+            "textposition": "top center",
+            "name": "Pareto front",
+            "line": {"color": "#2E7D32"},
+            "marker": {"size": 10, "color": "#2E7D32"},
+        }
+    ]
+    if rest:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers+text",
+                "x": [round(p.peak_bytes / GIB, 3) for p in rest],
+                "y": [p.throughput for p in rest],
+                "text": [f"#{p.trial}" for p in rest],
+                "textposition": "top center",
+                "name": "dominated",
+                "marker": {"size": 9, "color": "#9E9E9E"},
+            }
+        )
+    if failed:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": [round(f[2], 3) for f in failed],
+                "y": [0.0 for _ in failed],
+                "hovertext": [f"trial {f[0]}: {f[1]}" for f in failed],
+                "name": "out of memory (trial, peak)",
+                "marker": {"symbol": "x", "size": 11, "color": "#C62828"},
+            }
+        )
+    shapes = []
+    if capacity_gib:
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": capacity_gib,
+                "x1": capacity_gib,
+                "y0": 0,
+                "y1": 1,
+                "line": {"dash": "dash", "color": "#C62828", "width": 1},
+            }
+        )
+    top = max((p.throughput for p in points), default=1.0)
+    layout = _layout(
+        "Throughput against peak memory",
+        380,
+        shapes=shapes,
+        xaxis=_axis(title={"text": memory_label}),
+        yaxis=_axis(title={"text": "completions/s"}, range=[-0.04 * top, top * 1.18]),
+    )
+    return {"data": data, "layout": layout}
+
+
+def progress_figure(points: Sequence[ProgressPoint]) -> Figure:
+    """Best-so-far throughput against trial number and against cumulative GPU-hours."""
+    data: list[dict[str, Any]] = []
+    for axis, xs in (("x", [p.trial for p in points]), ("x2", [round(p.gpu_hours, 4) for p in points])):
+        first = axis == "x"
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": xs,
+                "y": [p.best for p in points],
+                "xaxis": axis,
+                "yaxis": "y",
+                "name": "best so far",
+                "showlegend": first,
+                "line": {"shape": "hv", "color": "#2E7D32", "width": 2},
+            }
+        )
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": xs,
+                "y": [p.throughput for p in points],
+                "xaxis": axis,
+                "yaxis": "y",
+                "name": "completed trial",
+                "showlegend": first,
+                "marker": {"color": "#4C78A8", "size": 8},
+                "hovertext": [f"trial {p.trial}" for p in points],
+            }
+        )
+    layout = _layout(
+        "Best throughput so far",
+        340,
+        xaxis=_axis(domain=[0, 0.47], title={"text": "trial"}, anchor="y"),
+        xaxis2=_axis(domain=[0.53, 1], title={"text": "GPU-hours"}, anchor="y"),
+        yaxis=_axis(title={"text": "completions/s"}, rangemode="tozero"),
+        annotations=[_annotation("by trial number", 0, 1.0), _annotation("by GPU-hours spent", 0.53, 1.0)],
+    )
+    return {"data": data, "layout": layout}
+
+
+# ---------------------------------------------------------------------------------------- matplotlib
+
+
+def _mpl_figure(
+    width_in: float,
+    height_in: float,
+    nrows: int = 1,
+    ncols: int = 1,
+    margins: dict[str, float] | None = None,
+    **kw: Any,
+) -> tuple[Any, Any]:
+    """A matplotlib figure on the Agg canvas (no pyplot global state), with fixed margins.
+
+    Fixed margins instead of ``bbox_inches="tight"``: that option draws every figure twice.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, **kw)
+    fig.subplots_adjust(**{"left": 0.08, "right": 0.98, "top": 0.9, "bottom": 0.14, **(margins or {})})
+    return fig, axes
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def timeline_png(series: TimelineSeries, title: str, path: Path) -> Path:
+    fig, (top, bottom) = _mpl_figure(
+        9, 4.6, 2, 1, margins={"left": 0.08, "top": 0.93, "bottom": 0.1, "hspace": 0.12}, sharex=True
+    )
+    for i, (label, (t, a, b)) in enumerate(series.lines.items()):
+        color = LINE_COLORS[i % len(LINE_COLORS)]
+        top.plot(t, [np.nan if v is None else v for v in a], lw=0.9, color=color, label=label)
+        bottom.plot(t, [np.nan if v is None else v for v in b], lw=0.9, color=color)
+    for phase, a0, a1, is_open in series.spans:
+        for ax in (top, bottom):
+            ax.axvspan(a0, a1, color=PHASE_COLORS[phase], alpha=0.28 if is_open else 0.13, lw=0)
+    for _, t in series.steps:
+        for ax in (top, bottom):
+            ax.axvline(t, color="#555", lw=0.6, ls=":")
+    if series.capacity_gib is not None:
+        bottom.axhline(series.capacity_gib, color="#C62828", lw=0.8, ls="--")
+    top.set_ylim(0, 105)
+    top.set_ylabel(series.top_title, fontsize=8)
+    bottom.set_ylabel(series.bottom_title, fontsize=8)
+    bottom.set_xlabel("seconds since start", fontsize=8)
+    top.set_title(title, fontsize=10, loc="left")
+    from matplotlib.patches import Patch
+
+    handles, labels = top.get_legend_handles_labels()
+    for phase in PHASES:
+        if any(s[0] == phase for s in series.spans):
+            handles.append(Patch(color=PHASE_COLORS[phase], alpha=0.4))
+            labels.append(phase)
+    if handles:
+        top.legend(
+            handles,
+            labels,
+            fontsize=7,
+            ncol=min(8, len(labels)),
+            loc="lower right",
+            bbox_to_anchor=(1.0, 1.0),
+            frameon=False,
+        )
+    for ax in (top, bottom):
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.25)
+    return _save(fig, path)
+
+
+def throughput_png(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    fig, ax = _mpl_figure(9, 3.2, margins={"left": 0.07})
+    x = np.arange(len(rows))
+    y = [r["throughput"] or 0.0 for r in rows]
+    ax.bar(
+        x,
+        y,
+        color=[STATUS_COLORS.get(r["status"], "#777") for r in rows],
+        yerr=[r["ci_abs"] or 0.0 for r in rows],
+        capsize=2,
+    )
+    top = max(y + [1e-9])
+    for xi, yi, r in zip(x, y, rows, strict=True):
+        if r["status"] != "COMPLETE":
+            ax.text(xi, yi + top * 0.02, r["status"], rotation=90, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [f"#{r['number']}" for r in rows], fontsize=7)
+    ax.set_ylabel("completions/s", fontsize=8)
+    ax.set_title("Throughput per trial", fontsize=10, loc="left")
+    ax.grid(axis="y", alpha=0.25)
+    return _save(fig, path)
+
+
+def importance_png(imp: Importance, path: Path) -> Path:
+    names = list(imp.values)[::-1]
+    longest = max((len(n) for n in names), default=10)
+    height_in = max(1.8, 0.7 + 0.35 * len(names))
+    fig, ax = _mpl_figure(
+        7,
+        height_in,
+        margins={
+            "left": min(0.55, 0.04 + 0.0105 * longest),
+            "bottom": 0.5 / height_in,
+            "top": 1 - 0.35 / height_in,
+        },
+    )
+    ax.barh(names, [imp.values[n] for n in names], color="#4C78A8")
+    ax.set_xlabel("share of importance", fontsize=8)
+    ax.set_title("Parameter importance for throughput", fontsize=10, loc="left")
+    ax.tick_params(labelsize=8)
+    return _save(fig, path)
+
+
+def pareto_png(
+    points: Sequence[ParetoPoint],
+    failed: Sequence[tuple[int, str, float]],
+    capacity_gib: float | None,
+    memory_label: str,
+    path: Path,
+) -> Path:
+    fig, ax = _mpl_figure(7, 4, margins={"left": 0.1, "bottom": 0.12})
+    front = [p for p in points if p.on_front]
+    rest = [p for p in points if not p.on_front]
+    ax.plot(
+        [p.peak_bytes / GIB for p in front],
+        [p.throughput for p in front],
+        "o-",
+        color="#2E7D32",
+        label="Pareto front",
+    )
+    if rest:
+        ax.plot(
+            [p.peak_bytes / GIB for p in rest],
+            [p.throughput for p in rest],
+            "o",
+            color="#9E9E9E",
+            label="dominated",
+        )
+    for p in points:
+        ax.annotate(
+            f"#{p.trial}",
+            (p.peak_bytes / GIB, p.throughput),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=7,
+        )
+    if failed:
+        ax.plot(
+            [f[2] for f in failed],
+            [0.0] * len(failed),
+            "x",
+            color="#C62828",
+            ms=8,
+            label="out of memory: " + ", ".join(f"#{n}" for n, _, _ in failed),
+        )
+    if capacity_gib:
+        ax.axvline(capacity_gib, color="#C62828", lw=0.8, ls="--")
+    ax.set_xlabel(memory_label, fontsize=8)
+    ax.set_ylabel("completions/s", fontsize=8)
+    ax.set_title("Throughput against peak memory", fontsize=10, loc="left")
+    ax.set_ylim(
+        bottom=-0.04 * max((p.throughput for p in points), default=1.0),
+        top=1.18 * max((p.throughput for p in points), default=1.0),
+    )
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.25)
+    return _save(fig, path)
+
+
+def progress_png(points: Sequence[ProgressPoint], path: Path) -> Path:
+    fig, (a, b) = _mpl_figure(9, 3.2, 1, 2, margins={"wspace": 0.05}, sharey=True)
+    for ax, xs, label in (
+        (a, [p.trial for p in points], "trial"),
+        (b, [p.gpu_hours for p in points], "GPU-hours"),
+    ):
+        ax.step(
+            xs,
+            [np.nan if p.best is None else p.best for p in points],
+            where="post",
+            color="#2E7D32",
+            lw=2,
+            label="best so far",
+        )
+        ax.plot(
+            xs,
+            [np.nan if p.throughput is None else p.throughput for p in points],
+            "o",
+            color="#4C78A8",
+            ms=4,
+            label="completed trial",
+        )
+        ax.set_xlabel(label, fontsize=8)
+        ax.grid(alpha=0.25)
+        ax.tick_params(labelsize=7)
+    a.set_ylabel("completions/s", fontsize=8)
+    a.set_title("Best throughput so far", fontsize=10, loc="left")
+    a.legend(fontsize=7)
+    return _save(fig, path)

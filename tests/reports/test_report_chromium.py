@@ -1,0 +1,147 @@
+"""Open report.html in headless Chromium: no script errors, every chart drawn, nothing fetched.
+
+A copy of the report gets two small probe scripts: one first in <head> that records ``window.onerror``,
+unhandled rejections and ``console.error``; one that, after load, writes what it saw and how many
+charts plotly drew into the DOM, which ``--dump-dom`` prints. Skipped when Chromium is not installed
+(CI installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = next(
+    (p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None
+)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)"
+)
+
+PROBE_HEAD = """<script>
+window.__probe = {errors: []};
+window.addEventListener("error", function (e) { window.__probe.errors.push("error: " + (e.message || (e.target && (e.target.src || e.target.href)) || "resource")); }, true);
+window.addEventListener("unhandledrejection", function (e) { window.__probe.errors.push("rejection: " + e.reason); });
+(function () { var orig = console.error; console.error = function () { window.__probe.errors.push("console.error: " + Array.prototype.join.call(arguments, " ")); return orig.apply(console, arguments); }; })();
+</script>"""
+PROBE_TAIL = """<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var charts = document.querySelectorAll("div.chart");
+  var drawn = 0, svgs = 0, failed = 0;
+  for (var i = 0; i < charts.length; i++) {
+    if (charts[i].querySelector(".plot-container")) { drawn++; }
+    if (charts[i].querySelector("svg.main-svg")) { svgs++; }
+    if (charts[i].classList.contains("chart-error")) { failed++; }
+  }
+  var out = document.createElement("div");
+  out.id = "probe-result";
+  out.setAttribute("data-result", JSON.stringify({errors: window.__probe.errors, charts: charts.length, drawn: drawn, svgs: svgs, failed: failed,
+    traces: Array.prototype.slice.call(charts).map(function (c) { return c.data ? c.data.length : 0; })}));
+  document.body.appendChild(out);
+}, 1000); });
+</script>"""
+
+
+class _Result(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.result: dict | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id") == "probe-result" and a.get("data-result"):
+            self.result = json.loads(a["data-result"])
+
+
+def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    argv = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--mute-audio",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--window-size=1400,2000",
+        "--virtual-time-budget=60000",
+        *args,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _probe(report: Path, tmp_path: Path) -> dict:
+    html = report.read_text(encoding="utf-8")
+    html = html.replace("<head>", "<head>\n" + PROBE_HEAD, 1).replace("</body>", PROBE_TAIL + "\n</body>", 1)
+    probed = report.with_name("probed.html")
+    probed.write_text(html, encoding="utf-8")
+    proc = _chromium(["--dump-dom", probed.as_uri()], tmp_path)
+    parser = _Result()
+    parser.feed(proc.stdout)
+    assert parser.result is not None, f"no probe result (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    parser.result["stderr"] = proc.stderr
+    return parser.result
+
+
+def test_study_report_renders_every_chart_without_errors(rendered, tmp_path: Path) -> None:
+    expected = len(re.findall(r'<div class="chart" id=', rendered.html.read_text(encoding="utf-8")))
+    result = _probe(rendered.html, tmp_path)
+    assert result["errors"] == []
+    assert "Uncaught" not in result["stderr"]
+    assert expected >= 17
+    assert result["charts"] == expected
+    assert result["drawn"] == expected and result["svgs"] == expected and result["failed"] == 0
+    assert all(n > 0 for n in result["traces"])
+
+
+def test_profile_report_renders_in_chromium(tmp_path: Path) -> None:
+    import make_fixture as mf
+
+    from reports import render_profile
+
+    src = tmp_path / "s"
+    mf.write_study(src, [mf.spec(7)])
+    prof = tmp_path / "prof"
+    shutil.copytree(src / "trials" / "7", prof)
+    (prof / "profile.json").write_text(json.dumps({"command": "python train.py"}))
+    paths = render_profile(prof, png=False)
+    result = _probe(paths.html, tmp_path)
+    assert result["errors"] == [] and result["charts"] == 1 and result["drawn"] == 1
+
+
+def test_screenshot_of_the_report(rendered, tmp_path: Path) -> None:
+    """The page paints (a non-trivial PNG); look at tests' tmp output by hand when changing the layout."""
+    shot = tmp_path / "report.png"
+    proc = _chromium(["--hide-scrollbars", f"--screenshot={shot}", rendered.html.as_uri()], tmp_path)
+    assert shot.is_file(), proc.stderr[-2000:]
+    assert shot.stat().st_size > 50_000
+
+
+def test_the_probe_catches_a_broken_chart(tmp_path: Path) -> None:
+    """Negative control: a chart whose data cannot be parsed shows up as an error and an undrawn chart."""
+    import make_fixture as mf
+
+    from reports import render_profile
+
+    src = tmp_path / "s"
+    mf.write_study(src, [mf.spec(15)])
+    prof = tmp_path / "prof"
+    shutil.copytree(src / "trials" / "15", prof)
+    paths = render_profile(prof, png=False)
+    html = paths.html.read_text(encoding="utf-8")
+    broken = re.sub(r'(<script type="application/json" data-chart="[^"]+">)\{', r"\1{oops", html, count=1)
+    assert broken != html
+    paths.html.write_text(broken, encoding="utf-8")
+    result = _probe(paths.html, tmp_path)
+    assert result["failed"] == 1 and result["drawn"] == 0
+    assert any("console.error" in e for e in result["errors"])

@@ -1,0 +1,124 @@
+"""Search insight: parameter importance through Optuna, the Pareto front, best-so-far."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.records import SteadyEstimate, TrialResult, TrialStatus
+from reports._load import load_study
+from reports.insight import best_so_far, param_importances, pareto_points
+
+
+def result(
+    number: int,
+    throughput: float | None,
+    peak_gb: float | None = None,
+    status: TrialStatus = TrialStatus.COMPLETE,
+    gpu_s: float = 3600.0,
+    **params,
+) -> TrialResult:
+    steady = (
+        SteadyEstimate(
+            step_time_s=32 / throughput, rel_ci95=0.02, steady_steps=4, warmup_steps=1, throughput=throughput
+        )
+        if throughput
+        else None
+    )
+    return TrialResult(
+        number=number,
+        params=params,
+        status=status,
+        reason="",
+        steady=steady,
+        peak_mem_bytes=[int(peak_gb * 1e9)] if peak_gb is not None else [],
+        gpu_seconds=gpu_s,
+    )
+
+
+def test_importance_finds_the_knob_that_drives_throughput() -> None:
+    results = []
+    n = 0
+    for bs in (1, 2, 4, 8):
+        for gc in (True, False):
+            for workers in (0, 1):
+                # Throughput grows with batch size; checkpointing costs a little; workers do nothing.
+                results.append(
+                    result(
+                        n,
+                        throughput=bs * (0.9 if gc else 1.0),
+                        per_device_train_batch_size=bs,
+                        gradient_checkpointing=gc,
+                        dataloader_num_workers=workers,
+                    )
+                )
+                n += 1
+    imp = param_importances(results)
+    assert list(imp.values)[0] == "per_device_train_batch_size"
+    assert imp.values["per_device_train_batch_size"] > imp.values.get("dataloader_num_workers", 0.0)
+    assert sum(imp.values.values()) == pytest.approx(1.0)
+    assert "16 completed trials" in imp.note
+
+
+def test_importance_needs_enough_completed_trials() -> None:
+    results = [result(0, 1.0, bs=1), result(1, 2.0, bs=2), result(2, None, status=TrialStatus.OOM, bs=4)]
+    imp = param_importances(results)
+    assert imp.values == {} and "at least 3 completed trials (2 completed)" in imp.note
+
+
+def test_importance_ignores_constant_and_conditional_knobs() -> None:
+    results = [result(i, 1.0 + i, bs=i + 1, fixed="x", **({"extra": i} if i else {})) for i in range(4)]
+    imp = param_importances(results)
+    assert set(imp.values) == {"bs"}
+
+
+def test_importance_without_variation() -> None:
+    imp = param_importances([result(i, 1.0 + i, bs=1) for i in range(3)])
+    assert imp.values == {} and "no knob took two values" in imp.note
+
+
+def test_pareto_front() -> None:
+    results = [
+        result(0, 1.0, 10.0),  # front: smallest
+        result(1, 0.8, 12.0),  # dominated by 0
+        result(2, 2.0, 15.0),  # front
+        result(3, 2.0, 16.0),  # dominated by 2 (same speed, more memory)
+        result(4, None, 20.0, status=TrialStatus.OOM),  # not a completed point
+    ]
+    points = {p.trial: p for p in pareto_points(results)}
+    assert set(points) == {0, 1, 2, 3}
+    assert {n for n, p in points.items() if p.on_front} == {0, 2}
+
+
+def test_best_so_far_against_trials_and_gpu_hours() -> None:
+    results = [
+        result(0, 1.0, gpu_s=1800),
+        result(1, None, status=TrialStatus.OOM, gpu_s=900),
+        result(2, 1.5, gpu_s=1800),
+        result(3, 1.2, gpu_s=3600),
+    ]
+    pts = best_so_far(results)
+    assert [p.best for p in pts] == [1.0, 1.0, 1.5, 1.5]
+    assert [p.throughput for p in pts] == [1.0, None, 1.5, 1.2]
+    assert [round(p.gpu_hours, 2) for p in pts] == [0.5, 0.75, 1.25, 2.25]
+
+
+def test_unhealthy_trials_never_count_as_best() -> None:
+    pts = best_so_far([result(0, 1.0), result(1, 5.0, status=TrialStatus.UNHEALTHY)])
+    assert pts[-1].best == 1.0
+
+
+def test_fixture_insight(fixture_study: Path) -> None:
+    data = load_study(fixture_study)
+    front = [p.trial for p in pareto_points(data.results) if p.on_front]
+    assert front == [0, 4, 6, 3]  # the offload trial (1) is slower and larger than the baseline
+    assert best_so_far(data.results)[-1].best == pytest.approx(1.7085)
+    imp = param_importances(data.results)
+    assert set(imp.values) <= {
+        "per_device_train_batch_size",
+        "dataloader_num_workers",
+        "deepspeed",
+        "vllm_gpu_memory_utilization",
+    }
+    assert "rough hint" in imp.note
