@@ -1,9 +1,54 @@
-"""`autotune profile` (being written)."""
+"""``autotune profile``: run any training command under the probes, no search."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+HELP = """Run one training command under the GPU and host probes (no search) and write its timeline,
+phase breakdown and a report with the same charts and diagnosis as a study.
+
+Examples:
+  autotune profile -- swift rlhf --rlhf_type grpo --model Qwen/Qwen2.5-7B-Instruct ...
+  autotune profile --out runs/profile-1 -- python my_grpo.py --per_device_train_batch_size 8"""
 
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
+
+    @app.command("profile", help=HELP, context_settings={"allow_interspersed_args": False})
+    def profile(
+        command: Annotated[list[str] | None, typer.Argument(help="The training command, after --.", show_default=False)] = None,
+        out: Annotated[str | None, typer.Option("--out", help="Output directory (default runs/profile-<time>).")] = None,
+        gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs to sample (default: all detected).")] = None,
+        sample_interval: Annotated[float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")] = 0.1,
+        metrics_file: Annotated[str | None, typer.Option("--metrics-file", help="JSON-lines step file the command writes.")] = None,
+        global_batch: Annotated[int | None, typer.Option("--global-batch", help="Completions per step, for throughput.")] = None,
+        hang_floor: Annotated[str, typer.Option("--hang-floor", help="Stop the run after this long without a step.")] = "30m",
+        startup_timeout: Annotated[str, typer.Option("--startup-timeout", help="Time allowed before the first step.")] = "1h",
+    ) -> None:
+        import time
+        from pathlib import Path
+
+        from autotune.cli._console import say
+        from autotune.durations import parse_duration_s
+        from autotune.errors import UsageError
+        from autotune.hardware import resolve_hardware
+        from autotune.profile_job import ProfileRequest, run_profile
+
+        if sample_interval <= 0:
+            raise UsageError(f"--sample-interval must be positive, got {sample_interval:g}", hint="For example --sample-interval 0.1")
+        req = ProfileRequest(
+            command=tuple(command or ()),
+            out=Path(out) if out else Path("runs") / time.strftime("profile-%Y%m%d-%H%M%S"),
+            hardware=resolve_hardware(gpus),
+            sample_interval_s=sample_interval,
+            metrics_file=Path(metrics_file) if metrics_file else None,
+            global_batch=global_batch,
+            hang_floor_s=parse_duration_s(hang_floor, flag="--hang-floor"),
+            startup_timeout_s=parse_duration_s(startup_timeout, flag="--startup-timeout"),
+        )
+        code, html, md = run_profile(req)
+        say(f"report: {html}  {md}")
+        raise typer.Exit(code)
