@@ -105,7 +105,7 @@ def run_search(req: SearchRequest, console: Console) -> int:
     """Run the study the request describes; return the process exit code."""
     from autotune.backends import get_backend
     from autotune.hardware import resolve_hardware
-    from autotune.runner import EarlyStopConfig, WatchdogConfig
+    from autotune.runner import WatchdogConfig
     from autotune.search import SEARCH_KINDS
     from autotune.space import load_space
     from autotune.study import check_budget
@@ -159,15 +159,17 @@ def run_search(req: SearchRequest, console: Console) -> int:
     space = space.restrict(gpu_present=gpu_present)
     if req.backend == "command":
         backend.check_template(space)  # type: ignore[attr-defined]
-    fixed_args: dict[str, Any] = {}
+    from autotune.fixed import coerce_knob_values, load_fixed, split_baseline
+
+    # The YAML file, then the flags after -- (which win). Knob flags among them are the user's own
+    # current configuration: trial 0, unless --baseline names one.
+    fixed_args = load_fixed(req.fixed, argv=req.command if req.backend != "command" else ())
     passthrough: tuple[str, ...] = ()
-    if req.fixed:
-        fixed_args = _load_mapping_file(req.fixed, "--fixed")
-    if req.backend != "command":
-        passthrough = req.command
-    user_baseline = _load_mapping_file(req.baseline, "--baseline") if req.baseline else None
+    fixed_args, flag_baseline = split_baseline(fixed_args, [*space.names, *space.dropped])
+    user_baseline = _load_mapping_file(req.baseline, "--baseline") if req.baseline else (flag_baseline or None)
     if user_baseline is not None:
-        space.validate_params({k: v for k, v in user_baseline.items() if k in space or k not in space.dropped})
+        user_baseline = coerce_knob_values(user_baseline, space)
+        space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
     from autotune.models import resolve_model
 
     model = resolve_model(req.model) if req.backend != "command" else _command_model(req.model)
@@ -179,6 +181,8 @@ def run_search(req: SearchRequest, console: Console) -> int:
             trial_timeout_s=trial_timeout_s,
         )
     out = Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}"
+    for notice in backend.check_flags(space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)):
+        console.print(f"note: {notice}", markup=False, style="yellow")
     from autotune.studydir import ensure_writable
 
     ensure_writable(out)
@@ -202,7 +206,7 @@ def _run(req, console, backend, info, hardware, space, fixed_args, passthrough, 
     from autotune.cli._live import RichView
     from autotune.execute import Executor, ProbeSettings, make_samplers
     from autotune.runner import EarlyStopConfig, reap_orphan
-    from autotune.study import Study, StudyConfig, summary_line
+    from autotune.study import Study, StudyConfig
 
     for name, why in space.dropped.items():
         console.print(f"note: knob {name} dropped: {why}", markup=False, style="yellow")
@@ -284,15 +288,11 @@ def _default_beta(backend: str) -> float | None:
     return {"trl": 0.0, "swift": 0.04}.get(backend)
 
 
-def _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough):  # noqa: ANN001, ANN202
-    """The estimator-backed pre-screen, when the GPUs and the model's facts are known."""
-    if not hardware.gpus or not model.facts or req.backend == "command":
-        return None
+def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_args: dict[str, Any]) -> Any:
+    """A study-level TrialContext (no trial directory yet) for checks that need the study's facts."""
     from autotune.backends import TrialContext
-    from autotune.memory_gate import EstimatorGate
-    from autotune.studydir import StudyDir
 
-    ctx = TrialContext(
+    return TrialContext(
         study_dir=out,
         trial_dir=out / "trials",
         model=model,
@@ -302,8 +302,19 @@ def _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough):  
         max_steps=req.max_steps,
         max_completion_length=req.max_completion_length,
         fixed=dict(fixed_args),
-        passthrough=passthrough,
+        dataset=req.dataset,
+        seed=req.seed,
     )
+
+
+def _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough):  # noqa: ANN001, ANN202
+    """The estimator-backed pre-screen, when the GPUs and the model's facts are known."""
+    if not hardware.gpus or not model.facts or req.backend == "command":
+        return None
+    from autotune.memory_gate import EstimatorGate
+    from autotune.studydir import StudyDir
+
+    ctx = _context(req, out, model, hardware, fixed_args)
     job = {
         **fixed_args,
         "global_batch": req.global_batch,

@@ -11,7 +11,15 @@ import pytest
 
 from autotune.backends import Backend, BackendInfo, ModelRef, RuleViolation, StepParser, TrialContext
 from autotune.errors import UsageError
-from autotune.records import Hardware, HostInfo, LaunchPlan, SteadyEstimate, TrialResult, TrialSpec, TrialStatus
+from autotune.records import (
+    Hardware,
+    HostInfo,
+    LaunchPlan,
+    SteadyEstimate,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+)
 from autotune.space import canonical_key, load_space
 from autotune.study import Study, StudyConfig
 

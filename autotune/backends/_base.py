@@ -184,6 +184,14 @@ class Backend(ABC):
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
         """A fresh parser for one trial."""
 
+    def check_flags(self, params: dict[str, Any], fixed: dict[str, Any], ctx: TrialContext | None = None) -> list[str]:
+        """Check, before any launch, that every flag a trial would pass exists in the installed framework.
+
+        Returns notices for the user; raises :class:`~autotune.errors.BackendError` for a flag the
+        installed version does not know. The default accepts everything.
+        """
+        return []
+
     def failure_patterns(self) -> tuple[FailurePattern, ...]:
         """Failure text specific to this framework, on top of the common patterns."""
         return ()

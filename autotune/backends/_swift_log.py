@@ -1,0 +1,278 @@
+"""Step records from ms-swift's training log: the stdout dict lines and ``logging.jsonl``.
+
+On every logging step rank 0 appends the record to ``<output_dir>/logging.jsonl`` (numbers) and *then*
+prints it on stdout as a Python dict literal. The stdout form differs by version:
+
+- 3.x (transformers 4): numbers, ``{'loss': 1.47077751, ..., 'global_step/max_steps': '1/94',
+  'percentage': '1.06%', 'elapsed_time': '2s', ..., 'train_speed(iter/s)': 0.345807}``;
+- 4.x (transformers 5 formats floats with ``.4g``): text, ``{'loss': '6e-08', ..., 'train_speed(s/it)':
+  '0.07121'}``.
+
+A tqdm bar may share the line through a carriage return. ``nan``/``inf`` appear as bare names.
+
+Rank 0 writes the JSONL line before it prints the stdout line, so the parser reads the file when a stdout
+record arrives and takes the file's full-precision numbers with the stdout line's arrival time. With
+several processes on CPU every rank prints the dict (transformers 5 does not see the process group), so
+another rank's line may come first: such a record waits (at most ``grace_s``, checked at every
+:meth:`~SwiftLogParser.poll`) for rank 0's file line. The stdout values serve alone when the file never
+shows the step (PAI jobs, an unwritable output directory). Each step is returned once.
+
+Values are normalised so that 3.x and 4.x logs give the same records: ``memory(GiB)`` → ``memory_gib``,
+both speed keys → ``train_speed_s_per_it``, plus ``elapsed_s`` rebuilt from the speed (seconds since
+training began, ms-swift's own clock). ``duration_s`` of a step is the difference of ``elapsed_s`` between
+consecutive records, so it covers the whole step (data loading, generation, optimizer), unlike the
+trainer's ``step_time`` (the ``training_step`` call only).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.backends._base import StepParser
+from autotune.records import StepMetrics
+
+__all__ = ["SwiftLogParser", "is_step_record", "parse_dict_literal", "record_values"]
+
+STEP_KEY = "global_step/max_steps"
+_ANNOUNCE_RE = re.compile(r"The logging file will be saved in: (.+?logging\.jsonl)\s*$")
+_SKIP_KEYS = frozenset(
+    {
+        STEP_KEY,
+        "percentage",
+        "elapsed_time",
+        "remaining_time",
+        "train_speed(s/it)",
+        "train_speed(iter/s)",
+        "memory(GiB)",
+    }
+)
+_NAMES = {"nan": math.nan, "inf": math.inf, "None": None, "True": True, "False": False}
+
+
+def _node_value(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _NAMES:
+        return _NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _node_value(node.operand)
+        if isinstance(inner, (int, float)) and not isinstance(inner, bool):
+            return -inner if isinstance(node.op, ast.USub) else inner
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_node_value(e) for e in node.elts]
+    raise ValueError("not a literal")
+
+
+def parse_dict_literal(text: str) -> dict[str, Any] | None:
+    """The dict printed in ``text`` (a Python literal, ``nan``/``inf`` allowed), or None."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        tree = ast.parse(text[start : end + 1], mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    if not isinstance(tree.body, ast.Dict):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in zip(tree.body.keys, tree.body.values, strict=True):
+        if not isinstance(key, ast.Constant) or not isinstance(key.value, str):
+            return None
+        try:
+            out[key.value] = _node_value(value)
+        except ValueError:
+            continue  # a value we cannot read (an object repr) does not lose the record
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _step_of(record: Mapping[str, Any]) -> int | None:
+    raw = record.get(STEP_KEY)
+    if not isinstance(raw, str):
+        return None
+    m = re.match(r"^\s*(\d+)\s*/\s*(\d+)\s*$", raw)
+    return int(m.group(1)) if m else None
+
+
+def is_step_record(record: Mapping[str, Any]) -> bool:
+    """A training step: has a step counter and is neither an eval record nor the end-of-training summary."""
+    if _step_of(record) is None:
+        return False
+    return "train_runtime" not in record and not any(k.startswith("eval_") for k in record)
+
+
+def record_values(record: Mapping[str, Any], *, start_step: int = 0) -> dict[str, float]:
+    """Every numeric value of one record, with version-specific keys normalised (see module docstring)."""
+    values: dict[str, float] = {}
+    for key, raw in record.items():
+        if key in _SKIP_KEYS:
+            continue
+        num = _number(raw)
+        if num is not None:
+            values[key] = num
+    mem = _number(record.get("memory(GiB)"))
+    if mem is not None:
+        values["memory_gib"] = mem
+    step = _step_of(record)
+    s_per_it = _number(record.get("train_speed(s/it)"))
+    it_per_s = _number(record.get("train_speed(iter/s)"))
+    if step is not None and s_per_it is not None and s_per_it > 0:
+        # 3.12.5+: elapsed / (global_step - start_step)
+        values["train_speed_s_per_it"] = s_per_it
+        values["elapsed_s"] = s_per_it * (step - start_step)
+    elif step is not None and it_per_s is not None and it_per_s > 0:
+        # up to 3.12.4: global_step / elapsed
+        values["train_speed_s_per_it"] = 1.0 / it_per_s
+        values["elapsed_s"] = step / it_per_s
+    return values
+
+
+class SwiftLogParser(StepParser):
+    """Parser of one ms-swift trial. Not thread-safe (the runner calls it from one thread).
+
+    Args:
+        jsonl_path: where ``logging.jsonl`` will appear, when known in advance; the path ms-swift
+            announces on its log replaces it.
+        samples: completions per optimizer step (the global batch), for :attr:`StepMetrics.samples`.
+        start_step: the step training starts from (0 unless resumed).
+    """
+
+    def __init__(
+        self,
+        *,
+        jsonl_path: Path | None = None,
+        samples: int | None = None,
+        start_step: int = 0,
+        grace_s: float = 1.0,
+    ) -> None:
+        self._jsonl_path = jsonl_path
+        self._offset = 0
+        self._samples = samples
+        self._start_step = start_step
+        self._grace_s = grace_s
+        self._seen: set[int] = set()
+        # step -> (stdout record, t_mono_s, t_wall_s): seen on stdout, waiting for the file's line
+        self._pending: dict[int, tuple[dict[str, Any], float, float]] = {}
+        self._last: tuple[int, float] | None = None  # (step, elapsed_s) of the last returned step
+
+    @property
+    def jsonl_path(self) -> Path | None:
+        return self._jsonl_path
+
+    def feed(self, stream: str, line: str, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        out: list[StepMetrics] = []
+        for segment in line.split("\r"):
+            m = _ANNOUNCE_RE.search(segment)
+            if m:
+                path = Path(m.group(1).strip())
+                if path != self._jsonl_path:
+                    self._jsonl_path, self._offset = path, 0
+                continue
+            if STEP_KEY not in segment:
+                continue
+            record = parse_dict_literal(segment)
+            if record is None or not is_step_record(record):
+                continue
+            number = _step_of(record)
+            if number is None or number in self._seen or number in self._pending:
+                continue
+            self._pending[number] = (record, t_mono_s, t_wall_s)
+            out.extend(self._read_jsonl(t_mono_s, t_wall_s))  # rank 0 wrote it before printing
+            if self._jsonl_path is None:
+                out.extend(self._flush(t_mono_s, force=True))
+        out.extend(self._flush(t_mono_s, force=False))
+        return out
+
+    def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        out = self._read_jsonl(t_mono_s, t_wall_s)
+        return out + self._flush(t_mono_s, force=False)
+
+    def finish(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        out = self._read_jsonl(t_mono_s, t_wall_s)
+        return out + self._flush(t_mono_s, force=True)
+
+    def _flush(self, t_mono_s: float, *, force: bool) -> list[StepMetrics]:
+        """Return pending stdout records whose file line did not come within the grace period."""
+        out: list[StepMetrics] = []
+        for number in sorted(self._pending):
+            record, t_seen, t_wall_seen = self._pending[number]
+            if force or t_mono_s - t_seen >= self._grace_s:
+                del self._pending[number]
+                step = self._make_step(record, t_seen, t_wall_seen)
+                if step is not None:
+                    out.append(step)
+        return out
+
+    def _read_jsonl(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        path = self._jsonl_path
+        if path is None:
+            return []
+        try:
+            with path.open("rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except OSError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []  # only a partial line so far
+        self._offset += end + 1
+        out: list[StepMetrics] = []
+        for raw in chunk[:end].splitlines():
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and is_step_record(record):
+                number = _step_of(record)
+                seen_at = self._pending.pop(number, None) if number is not None else None
+                t_mono, t_wall = (seen_at[1], seen_at[2]) if seen_at is not None else (t_mono_s, t_wall_s)
+                step = self._make_step(record, t_mono, t_wall)
+                if step is not None:
+                    out.append(step)
+        return out
+
+    def _make_step(self, record: Mapping[str, Any], t_mono_s: float, t_wall_s: float) -> StepMetrics | None:
+        step = _step_of(record)
+        if step is None or step in self._seen:
+            return None
+        self._seen.add(step)
+        values = record_values(record, start_step=self._start_step)
+        duration_s: float | None = None
+        elapsed = values.get("elapsed_s")
+        if elapsed is not None:
+            prev_step, prev_elapsed = self._last if self._last is not None else (self._start_step, 0.0)
+            if step > prev_step and elapsed >= prev_elapsed:
+                duration_s = (elapsed - prev_elapsed) / (step - prev_step)
+            self._last = (step, elapsed)
+        tokens = None
+        mean_len = values.get("completions/mean_length")
+        if mean_len is not None and self._samples is not None and math.isfinite(mean_len):
+            tokens = mean_len * self._samples
+        return StepMetrics(
+            step=step,
+            t_mono_s=t_mono_s,
+            t_wall_s=t_wall_s,
+            duration_s=duration_s,
+            samples=self._samples,
+            tokens=tokens,
+            values=values,
+        )

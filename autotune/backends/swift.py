@@ -1,0 +1,703 @@
+"""The ms-swift backend: trials are real ``swift rlhf --rlhf_type grpo`` runs.
+
+Every knob of ``search_spaces/swift.yaml`` is an ms-swift flag (``num_processes`` becomes
+``NPROC_PER_NODE`` on CPU runs). Everything else about the user's job is fixed for all trials
+(:mod:`autotune.fixed`): the dataset, reward functions, template, LoRA settings, beta … When the user
+gives none, a CPU demo job is filled in: the tiny model's ``--model_type qwen2 --template qwen
+--check_model false --tuner_type full``, autotune's generated prompts and its demo reward plugin.
+
+A trial's knob values win over the fixed arguments, which win over ms-swift's defaults: knob flags among
+the fixed arguments (the user's current setting) hold where the knob is not tuned. Flags that only mean
+something with vLLM are left out of a trial without vLLM, and flags autotune controls (``--max_steps``,
+``--logging_steps 1``, ``--output_dir`` in the trial directory …) replace the user's.
+
+Flags are rendered for the installed ms-swift version (:mod:`autotune.backends._swift_args`): a flag
+the version does not accept is reported by :meth:`SwiftBackend.check_flags` before any launch, and the
+start-up validity rules ms-swift enforces (generation batch vs. ``num_generations``, vLLM TP vs. world
+size, vLLM without a mode …) by :meth:`SwiftBackend.check_rules`, so an invalid combination never
+costs a trial. Step records come from the stdout dict lines and ``logging.jsonl``
+(:mod:`autotune.backends._swift_log`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from importlib.resources import as_file, files
+from pathlib import Path
+from typing import Any, ClassVar
+
+from autotune.backends._base import (
+    Backend,
+    BackendInfo,
+    FailurePattern,
+    RuleViolation,
+    StepParser,
+    TrialContext,
+)
+from autotune.backends._swift_args import (
+    MIN_VERSION,
+    SwiftFlags,
+    flag_items,
+    introspect_flag_names,
+    parse_version,
+)
+from autotune.backends._swift_log import SwiftLogParser
+from autotune.errors import BackendError, UsageError
+from autotune.fixed import flag_name, parse_flag_argv
+from autotune.records import LaunchPlan, TrialSpec
+
+__all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
+
+INSTALL_HINT = "Install it with: pip install 'autotune-grpo[swift]' (or pass the path of `swift`)"
+DEMO_REWARD = "autotune_demo"
+PLUGIN_ASSET = "swift_reward_plugin.py"
+
+#: knob order of search_spaces/swift.yaml; ``num_processes`` is not an ms-swift flag.
+_KNOBS: tuple[str, ...] = (
+    "per_device_train_batch_size",
+    "gradient_checkpointing",
+    "dataloader_num_workers",
+    "num_processes",
+    "deepspeed",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_gpu_memory_utilization",
+    "vllm_tensor_parallel_size",
+    "sleep_level",
+    "offload_optimizer",
+    "offload_model",
+    "move_model_batches",
+)
+
+#: flags autotune sets for every trial; a fixed value for them is replaced (with a notice).
+CONTROLLED_FLAGS: tuple[str, ...] = (
+    "gradient_accumulation_steps",
+    "max_steps",
+    "logging_steps",
+    "save_strategy",
+    "eval_strategy",
+    "report_to",
+    "output_dir",
+    "add_version",
+    "seed",
+)
+
+#: flags that only mean something with vLLM; dropped from a trial that runs without it.
+VLLM_ONLY_FLAGS: frozenset[str] = frozenset(
+    {"vllm_mode", "sleep_level", "offload_optimizer", "offload_model", "move_model_batches", "async_generate"}
+)
+
+#: the tiny model's flags (ms-swift cannot infer a model type from a locally built folder).
+_TINY_DEFAULTS: dict[str, Any] = {
+    "model_type": "qwen2",
+    "template": "qwen",
+    "check_model": False,
+    "tuner_type": "full",
+}
+
+_VERSIONS_SCRIPT = """
+import importlib.metadata as m, json
+out = {}
+for name in ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch"):
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+print("AUTOTUNE_VERSIONS " + json.dumps(out))
+"""
+
+
+def _is_vllm_only(name: str) -> bool:
+    return name in VLLM_ONLY_FLAGS or name.startswith("vllm_")
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    return bool(value)
+
+
+def _as_int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        return None
+
+
+def _shebang_python(executable: str) -> str | None:
+    """The interpreter named on the first line of a console script, when it names one directly."""
+    try:
+        with open(executable, "rb") as fh:
+            first = fh.readline(4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    parts = first[2:].split()
+    if not parts or os.path.basename(parts[0]) == "env":
+        return None
+    return parts[0]
+
+
+class SwiftBackend(Backend):
+    """ms-swift GRPO through the ``swift`` command.
+
+    Args:
+        executable: path of the ``swift`` command; default: ``swift`` on PATH.
+        version: the ms-swift version to render for; default: detected by :meth:`probe` (or, without a
+            probe, from the current interpreter's installed packages).
+        python: the interpreter of that ms-swift; default: the one on the ``swift`` script's first line.
+        flag_names: the flags the installed ms-swift accepts; default: asked from the installation
+            once (10–20 s) and cached under ``flag_cache_dir``.
+        flag_cache_dir: where the accepted-flags list is cached; default ``<autotune cache>/swift``.
+        cpu_threads: ``OMP_NUM_THREADS`` per process on CPU runs; default 1.
+        environ: the environment trials inherit (read only, for ``MODELSCOPE_CACHE``); default ``os.environ``.
+        introspect: a function listing the flags of an installation (tests pass a fake).
+    """
+
+    name: ClassVar[str] = "swift"
+    knob_names: ClassVar[frozenset[str] | None] = frozenset(_KNOBS)
+
+    def __init__(
+        self,
+        executable: str | None = None,
+        *,
+        version: str | None = None,
+        python: str | None = None,
+        flag_names: Iterable[str] | None = None,
+        flag_cache_dir: Path | None = None,
+        cpu_threads: int | None = None,
+        environ: Mapping[str, str] | None = None,
+        introspect: Callable[[str], frozenset[str]] = introspect_flag_names,
+    ) -> None:
+        if cpu_threads is not None and cpu_threads < 1:
+            raise UsageError(
+                f"cpu_threads {cpu_threads} is below 1", hint="Give at least 1 thread per process"
+            )
+        if version is not None:
+            parse_version(version)  # fail early on garbage
+        self._executable = executable
+        self._version = version
+        self._python = python
+        self._flag_names = frozenset(flag_names) if flag_names is not None else None
+        self._flag_cache_dir = flag_cache_dir
+        self._cpu_threads = cpu_threads
+        self._environ = environ
+        self._introspect = introspect
+        self._info: BackendInfo | None = None
+
+    # ------------------------------------------------------------------ discovery
+    def probe(self) -> BackendInfo:
+        """Find ``swift`` and the ms-swift version; refuse a version older than 3.5.
+
+        Raises:
+            BackendError: ``swift`` is not found, its version cannot be read, or it is too old.
+        """
+        exe = self._find_executable()
+        python = self._python or _shebang_python(exe) or sys.executable
+        versions = self._installed_versions(python)
+        version = self._version or versions.get("ms-swift")
+        if not version:
+            raise BackendError(
+                f"ms-swift is not installed for {python} (the interpreter of {exe})", hint=INSTALL_HINT
+            )
+        if parse_version(version) < MIN_VERSION:
+            raise BackendError(
+                f"ms-swift {version} is too old for autotune (needs {'.'.join(map(str, MIN_VERSION))} or newer)",
+                hint="Upgrade it with: pip install -U ms-swift",
+            )
+        extra = {"python": python}
+        extra.update({k: v for k, v in versions.items() if v and k != "ms-swift"})
+        self._python = python
+        self._version = version
+        self._info = BackendInfo(name=self.name, version=version, executable=exe, extra=extra)
+        return self._info
+
+    def _find_executable(self) -> str:
+        if self._executable:
+            path = Path(self._executable).expanduser()
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+            found = shutil.which(self._executable)
+            if found:
+                return found
+            raise BackendError(
+                f"the swift executable {self._executable!r} does not exist or is not executable",
+                hint=INSTALL_HINT,
+            )
+        found = shutil.which("swift")
+        if found:
+            return found
+        # autotune run from a virtual environment that is not activated: its bin/ is not on PATH
+        beside = Path(sys.executable).parent / "swift"
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return str(beside)
+        raise BackendError("ms-swift's `swift` command is not on PATH", hint=INSTALL_HINT)
+
+    @staticmethod
+    def _installed_versions(python: str) -> dict[str, str | None]:
+        names = ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch")
+        if Path(python).resolve() == Path(sys.executable).resolve():
+            out: dict[str, str | None] = {}
+            for n in names:
+                try:
+                    out[n] = importlib.metadata.version(n)
+                except importlib.metadata.PackageNotFoundError:
+                    out[n] = None
+            return out
+        try:
+            proc = subprocess.run(
+                [python, "-c", _VERSIONS_SCRIPT], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BackendError(
+                f"cannot run {python} to read the ms-swift version: {exc}", hint=INSTALL_HINT
+            ) from None
+        for line in proc.stdout.splitlines():
+            if line.startswith("AUTOTUNE_VERSIONS "):
+                return json.loads(line.split(" ", 1)[1])
+        raise BackendError(f"cannot read the ms-swift version with {python}", hint=INSTALL_HINT)
+
+    def flags(self) -> SwiftFlags:
+        """The flag vocabulary of the ms-swift version trials are rendered for.
+
+        Raises:
+            BackendError: no version given, probed, or installed in this interpreter.
+        """
+        if self._version is None:
+            try:
+                self._version = importlib.metadata.version("ms-swift")
+            except importlib.metadata.PackageNotFoundError:
+                raise BackendError(
+                    "the ms-swift version is unknown",
+                    hint="Call probe() first, or pass version= to SwiftBackend",
+                ) from None
+        return SwiftFlags.for_version(self._version)
+
+    def accepted_flag_names(self) -> frozenset[str]:
+        """Every flag the installed ``swift rlhf`` accepts (asked once, then cached on disk).
+
+        Raises:
+            BackendError: the installation cannot be asked.
+        """
+        if self._flag_names is not None:
+            return self._flag_names
+        python = self._python or (self.probe().extra["python"])
+        version = self.flags().label
+        key = hashlib.sha1(str(Path(python).resolve()).encode()).hexdigest()[:12]
+        cache_dir = self._flag_cache_dir
+        if cache_dir is None:
+            from autotune.tinymodels import default_cache_dir
+
+            cache_dir = default_cache_dir() / "swift"
+        cache = cache_dir / f"flags-{version}-{key}.json"
+        try:
+            names = frozenset(json.loads(cache.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            names = self._introspect(python)
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps(sorted(names)), encoding="utf-8")
+            except OSError:
+                pass  # a cache that cannot be written only costs time next run
+        self._flag_names = names
+        return names
+
+    # ------------------------------------------------------------------ configuration
+    @staticmethod
+    def _fixed(ctx: TrialContext) -> dict[str, Any]:
+        """The user's fixed flags with normalised names; those after ``--`` win over the file's."""
+        fixed = {flag_name(k): v for k, v in ctx.fixed.items()}
+        fixed.update(parse_flag_argv(ctx.passthrough))
+        # one spelling for the tuner flag (3.x: train_type); the installed version's is chosen at render
+        return {("tuner_type" if k == "train_type" else k): v for k, v in fixed.items()}
+
+    def _effective(self, params: Mapping[str, Any], ctx: TrialContext) -> dict[str, Any]:
+        """Fixed flags overlaid with the trial's knobs (knobs win)."""
+        eff = self._fixed(ctx)
+        eff.update(params)
+        return eff
+
+    @staticmethod
+    def _world_size(params: Mapping[str, Any], ctx: TrialContext) -> int:
+        if ctx.cpu_only:
+            return max(1, _as_int(params.get("num_processes", 1)) or 1)
+        return len(ctx.gpus)
+
+    def derive(self, params: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
+        world = self._world_size(params, ctx)
+        pdbs = _as_int(self._effective(params, ctx).get("per_device_train_batch_size", 1)) or 1
+        derived: dict[str, Any] = {"world_size": world}
+        if pdbs > 0 and ctx.global_batch % (pdbs * world) == 0 and ctx.global_batch >= pdbs * world:
+            derived["gradient_accumulation_steps"] = ctx.global_batch // (pdbs * world)
+        return derived
+
+    def baseline(self, defaults: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
+        """ms-swift's defaults, with the per-device batch lowered until it divides the global batch."""
+        params = dict(defaults)
+        world = self._world_size(params, ctx)
+        pdbs = _as_int(params.get("per_device_train_batch_size", 1)) or 1
+        while pdbs > 1 and ctx.global_batch % (pdbs * world) != 0:
+            pdbs -= 1
+        if "per_device_train_batch_size" in params:
+            params["per_device_train_batch_size"] = pdbs
+        return params
+
+    def check_rules(
+        self, params: dict[str, Any], derived: dict[str, Any], ctx: TrialContext
+    ) -> list[RuleViolation]:
+        """ms-swift's start-up validity rules (each would raise ``ValueError`` at launch), by stable name."""
+        eff = self._effective(params, ctx)
+        out: list[RuleViolation] = []
+        world = int(derived.get("world_size") or self._world_size(params, ctx))
+        pdbs = _as_int(eff.get("per_device_train_batch_size", 1)) or 1
+        per_step = pdbs * world
+        G = ctx.num_generations
+        if ctx.global_batch % per_step != 0 or ctx.global_batch < per_step:
+            out.append(
+                RuleViolation(
+                    "global_batch_divisible",
+                    f"global batch {ctx.global_batch} is not a multiple of per_device_train_batch_size {pdbs} "
+                    f"× world size {world} = {per_step}",
+                )
+            )
+        ga = ctx.global_batch // per_step if ctx.global_batch % per_step == 0 else None
+        gen_batch = _as_int(eff.get("generation_batch_size"))
+        steps_per_gen = _as_int(eff.get("steps_per_generation"))
+        if gen_batch is not None and steps_per_gen is not None:
+            expected = per_step * steps_per_gen
+            if gen_batch != expected:
+                out.append(
+                    RuleViolation(
+                        "generation_batch_matches_steps",
+                        f"generation_batch_size {gen_batch} must equal per_device_train_batch_size {pdbs} × world "
+                        f"size {world} × steps_per_generation {steps_per_gen} = {expected}",
+                    )
+                )
+        elif gen_batch is not None and gen_batch % per_step != 0:
+            out.append(
+                RuleViolation(
+                    "generation_batch_divisible_by_batch",
+                    f"generation_batch_size {gen_batch} is not divisible by per_device_train_batch_size {pdbs} "
+                    f"× world size {world} = {per_step}",
+                )
+            )
+        if gen_batch is None:
+            spg = steps_per_gen if steps_per_gen is not None else ga
+            gen_batch = per_step * spg if spg is not None else None
+        if G < 2:
+            out.append(RuleViolation("num_generations_min", f"num_generations is {G}; GRPO needs at least 2"))
+        elif gen_batch is not None and gen_batch % G != 0:
+            out.append(
+                RuleViolation(
+                    "generation_batch_divisible_by_num_generations",
+                    f"generation batch {gen_batch} (completions per generation round) is not divisible by "
+                    f"num_generations {G}",
+                )
+            )
+        use_vllm = _as_bool(eff.get("use_vllm", False))
+        mode = eff.get("vllm_mode")
+        if use_vllm:
+            if ctx.cpu_only:
+                out.append(
+                    RuleViolation("vllm_needs_gpu", "use_vllm true needs GPUs; vLLM does not run on CPU")
+                )
+            if mode is None and self.flags().vllm_mode_required:
+                out.append(
+                    RuleViolation(
+                        "vllm_mode_required",
+                        f"use_vllm true needs vllm_mode colocate or server (ms-swift {self.flags().label} has no default)",
+                    )
+                )
+            if mode == "server" and not (eff.get("vllm_server_host") or eff.get("vllm_server_base_url")):
+                out.append(
+                    RuleViolation(
+                        "vllm_server_address",
+                        "vllm_mode server needs vllm_server_host or vllm_server_base_url among the fixed arguments "
+                        "(a running `swift rollout` server)",
+                    )
+                )
+            tp = _as_int(eff.get("vllm_tensor_parallel_size", 1)) or 1
+            if mode in (None, "colocate") and world % tp != 0:
+                out.append(
+                    RuleViolation(
+                        "vllm_tp_divides_world",
+                        f"vllm_tensor_parallel_size {tp} does not divide the world size {world}",
+                    )
+                )
+            if self._info is not None and not self._info.extra.get("vllm"):
+                out.append(
+                    RuleViolation(
+                        "vllm_not_installed", "use_vllm true but vLLM is not installed beside ms-swift"
+                    )
+                )
+        if _as_bool(eff.get("async_generate", False)) and not (use_vllm and mode == "server"):
+            out.append(
+                RuleViolation(
+                    "async_generate_needs_server", "async_generate needs use_vllm true and vllm_mode server"
+                )
+            )
+        deepspeed = eff.get("deepspeed")
+        if deepspeed not in (None, "", "none"):
+            if eff.get("fsdp"):
+                out.append(RuleViolation("deepspeed_with_fsdp", "deepspeed and fsdp cannot both be set"))
+            if self._info is not None and not self._info.extra.get("deepspeed"):
+                out.append(
+                    RuleViolation(
+                        "deepspeed_not_installed",
+                        f"deepspeed {deepspeed} but DeepSpeed is not installed beside ms-swift",
+                    )
+                )
+        mmb = _as_int(eff.get("move_model_batches"))
+        if eff.get("move_model_batches") is not None and (mmb is None or mmb < 1):
+            out.append(
+                RuleViolation("move_model_batches_positive", "move_model_batches must be a positive integer")
+            )
+        return out
+
+    def check_flags(
+        self, params: Mapping[str, Any], fixed: Mapping[str, Any], ctx: TrialContext | None = None
+    ) -> list[str]:
+        """Check every flag a trial would pass against the installed ms-swift, before any launch.
+
+        Args:
+            params: knob values (any trial's; only the names matter).
+            fixed: the user's fixed flags.
+            ctx: the study context, to compare fixed values with the study's own (num_generations ...).
+
+        Returns:
+            Notices for the user (fixed flags that trials replace).
+
+        Raises:
+            BackendError: a flag this version removed or never had, or a fixed flag that conflicts with
+                what autotune controls.
+        """
+        flags = self.flags()
+        names = {flag_name(k) for k in fixed}
+        if ctx is not None:
+            names |= set(parse_flag_argv(ctx.passthrough))
+        norm_fixed = {flag_name(k): v for k, v in fixed.items()}
+        if "rlhf_type" in norm_fixed and str(norm_fixed["rlhf_type"]) != "grpo":
+            raise BackendError(
+                f"--rlhf_type {norm_fixed['rlhf_type']} is fixed, but autotune tunes GRPO runs",
+                hint="Remove --rlhf_type from the fixed arguments",
+            )
+        if "model" in norm_fixed:
+            raise BackendError(
+                "--model is among the fixed arguments",
+                hint="Give the model with autotune's own --model option",
+            )
+        if ctx is not None:
+            for name, own in (
+                ("num_generations", ctx.num_generations),
+                ("max_completion_length", ctx.max_completion_length),
+            ):
+                if name in norm_fixed and _as_int(norm_fixed[name]) != own:
+                    raise BackendError(
+                        f"--{name} {norm_fixed[name]} in the fixed arguments differs from the study's {own}",
+                        hint=f"Set it with autotune's --{name.replace('_', '-')} option instead",
+                    )
+        knob_flags = {k for k in params if k != "num_processes"}
+        emitted = (
+            names
+            | knob_flags
+            | set(CONTROLLED_FLAGS)
+            | {"rlhf_type", "model", "num_generations", "max_completion_length"}
+        )
+        emitted = {flags.translate(n) for n in emitted}
+        for name in sorted(emitted):
+            refusal = flags.refusal(name)
+            if refusal:
+                raise BackendError(refusal, hint="Fix the flag in the fixed arguments or upgrade ms-swift")
+        accepted = self.accepted_flag_names()
+        unknown = sorted(n for n in emitted if n not in accepted)
+        if unknown:
+            raise BackendError(
+                f"ms-swift {flags.label} does not accept --{unknown[0]}"
+                + (f" (nor {', '.join('--' + u for u in unknown[1:])})" if len(unknown) > 1 else ""),
+                hint="Check the flag's spelling against `swift rlhf --help` for this version",
+            )
+        notes = []
+        for name in CONTROLLED_FLAGS:
+            if name in norm_fixed:
+                notes.append(
+                    f"--{name} from the fixed arguments is replaced by autotune's own value in trials"
+                )
+        for name in sorted(knob_flags & set(norm_fixed)):
+            notes.append(
+                f"--{name} is a tuned knob: trials set their own value (the fixed one holds where it is not tuned)"
+            )
+        return notes
+
+    # ------------------------------------------------------------------ rendering
+    def render(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
+        """``swift rlhf --rlhf_type grpo ...`` for one trial; writes only inside ``ctx.trial_dir``
+        (the generated prompts and a copy of the demo reward plugin, when the job needs them)."""
+        flags = self.flags()
+        exe = (
+            self._info.executable
+            if self._info is not None and self._info.executable
+            else (self._executable or "swift")
+        )
+        params = dict(spec.params)
+        world = int(spec.derived.get("world_size") or self._world_size(params, ctx))
+        derived_ga = spec.derived.get("gradient_accumulation_steps")
+        fixed = self._fixed(ctx)
+        use_vllm = _as_bool(params.get("use_vllm", fixed.get("use_vllm", False)))
+
+        args: list[str] = [exe, "rlhf", "--rlhf_type", "grpo"]
+        emitted: set[str] = {"rlhf_type"}
+
+        def add(name: str, value: Any) -> None:
+            name = flags.translate(name)
+            if name in emitted:
+                return
+            emitted.add(name)
+            args.extend(flag_items(name, value))
+
+        add("model", ctx.model.path_or_id)
+        if self._is_tiny(ctx):
+            for name, value in _TINY_DEFAULTS.items():
+                add(name, fixed.get(name, value))
+        add("dataset", fixed.get("dataset") or ctx.dataset or str(self._write_prompts(ctx)))
+        if "reward_funcs" not in fixed and "reward_model" not in fixed:
+            plugins = fixed.get("external_plugins") or []
+            plugins = [plugins] if isinstance(plugins, str) else list(plugins)
+            add("external_plugins", [*plugins, str(self._copy_plugin(ctx))])
+            add("reward_funcs", [DEMO_REWARD])
+        else:
+            add("external_plugins", fixed.get("external_plugins"))
+            add("reward_funcs", fixed.get("reward_funcs"))
+        add("num_generations", ctx.num_generations)
+        add("max_completion_length", ctx.max_completion_length)
+        for name in _KNOBS:
+            if name == "num_processes" or name not in params:
+                continue
+            if not use_vllm and _is_vllm_only(name):
+                continue
+            add(name, params[name])
+        if use_vllm and "vllm_mode" not in params and "vllm_mode" not in fixed and flags.vllm_mode_required:
+            add("vllm_mode", "colocate")  # ms-swift ≥ 3.11.1 refuses use_vllm without a mode
+        if derived_ga is not None:
+            add("gradient_accumulation_steps", int(derived_ga))
+        controlled = {
+            "max_steps": ctx.max_steps,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "eval_strategy": "no",
+            "report_to": ["none"],
+            "output_dir": str(self._output_dir(ctx)),
+            "add_version": False,
+            "seed": ctx.seed,
+        }
+        for name, value in fixed.items():
+            if name in controlled or name in (
+                "gradient_accumulation_steps",
+                "num_generations",
+                "max_completion_length",
+            ):
+                continue
+            if name == "num_processes":
+                continue  # a knob of autotune's (NPROC_PER_NODE), not an ms-swift flag
+            if not use_vllm and _is_vllm_only(name):
+                continue
+            add(name, value)
+        for name, value in controlled.items():
+            add(name, value)
+
+        return LaunchPlan(
+            argv=tuple(args),
+            env=self._env(ctx, world),
+            cwd=str(ctx.trial_dir),
+            metrics_paths=(str(self._output_dir(ctx) / "logging.jsonl"),),
+            world_size=world,
+            unset_env=("NNODES", "NODE_RANK", "MASTER_ADDR") + (("NPROC_PER_NODE",) if world == 1 else ()),
+        )
+
+    @staticmethod
+    def _is_tiny(ctx: TrialContext) -> bool:
+        from autotune.tinymodels import is_tiny
+
+        return is_tiny(ctx.model.name)
+
+    @staticmethod
+    def _output_dir(ctx: TrialContext) -> Path:
+        return ctx.trial_dir / "output"
+
+    def _env(self, ctx: TrialContext, world: int) -> dict[str, str]:
+        environ = self._environ if self._environ is not None else os.environ
+        env = {"MASTER_PORT": str(ctx.master_port), "PYTHONUNBUFFERED": "1"}
+        if world > 1:
+            # ms-swift wraps itself in torchrun only when NPROC_PER_NODE is set; one process runs plain
+            # (≈ 8 s less start-up on CPU) and an inherited NPROC_PER_NODE is removed (see unset_env).
+            env["NPROC_PER_NODE"] = str(world)
+        if ctx.cpu_only:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            # One thread per process by default: with the tiny models, on 2 shared cores, 2 OpenMP
+            # threads per process made steps 10-20x slower (3-8 s against 0.3-0.5 s, measured).
+            env["OMP_NUM_THREADS"] = str(self._cpu_threads or 1)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
+        if not environ.get("MODELSCOPE_CACHE"):
+            env["MODELSCOPE_CACHE"] = str(ctx.study_dir / "cache" / "modelscope")
+        return env
+
+    def _write_prompts(self, ctx: TrialContext) -> Path:
+        from autotune.datasets import write_prompts
+
+        per_step = max(1, -(-ctx.global_batch // max(1, ctx.num_generations)))
+        n = max(32, ctx.max_steps * per_step + 16)
+        return write_prompts(ctx.trial_dir / "prompts.jsonl", n, seed=ctx.seed, style="swift")
+
+    @staticmethod
+    def _copy_plugin(ctx: TrialContext) -> Path:
+        target = ctx.trial_dir / PLUGIN_ASSET
+        with as_file(files("autotune").joinpath("assets", PLUGIN_ASSET)) as src:
+            shutil.copyfile(src, target)
+        return target
+
+    # ------------------------------------------------------------------ parsing
+    def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
+        return SwiftLogParser(jsonl_path=self._output_dir(ctx) / "logging.jsonl", samples=ctx.global_batch)
+
+    def failure_patterns(self) -> tuple[FailurePattern, ...]:
+        """ms-swift's own start-up refusals (argument checks that raise before training)."""
+        return (
+            FailurePattern(
+                "INVALID", r"ValueError: remaining_argv: \[", "ms-swift does not accept an argument"
+            ),
+            FailurePattern(
+                "INVALID", r"vllm_mode is required when use_vllm is true", "use_vllm without vllm_mode"
+            ),
+            FailurePattern(
+                "INVALID", r"vllm_mode is not supported when use_vllm is false", "vllm_mode without use_vllm"
+            ),
+            FailurePattern(
+                "INVALID",
+                r"generation_batch_size \(\d+\) must be (?:evenly )?divisible by|generation_batch_size \(\d+\) must equal",
+                "generation batch does not fit the batch or num_generations",
+            ),
+            FailurePattern(
+                "INVALID",
+                r"vllm_tensor_parallel_size \(\d+\) must divide world size",
+                "vLLM TP does not divide the world size",
+            ),
+            FailurePattern("INVALID", r"num_generations must be greater than 1", "num_generations below 2"),
+            FailurePattern(
+                "INVALID", r"is not compatible with `device_map`", "set NPROC_PER_NODE to the number of GPUs"
+            ),
+            FailurePattern(
+                "INVALID",
+                r"The '?deepspeed'? distribution was not found|No module named '?deepspeed'?",
+                "DeepSpeed is not installed beside ms-swift",
+            ),
+        )
