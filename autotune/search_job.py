@@ -157,6 +157,9 @@ def run_search(req: SearchRequest, console: Console) -> int:
     space = load_space(space_src, backend=req.backend, known_knobs=backend.knob_names)
     gpu_present = bool(hardware.gpus)
     space = space.restrict(gpu_present=gpu_present)
+    space, adapt_notices = backend.adapt_space(space)
+    for notice in adapt_notices:
+        console.print(f"note: {notice}", markup=False, style="yellow")
     if req.backend == "command":
         backend.check_template(space)  # type: ignore[attr-defined]
     from autotune.fixed import coerce_knob_values, load_fixed, split_baseline

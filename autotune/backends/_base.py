@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.records import GpuInfo, LaunchPlan, StepMetrics, TrialSpec
+from autotune.space import SearchSpace
 
 __all__ = [
     "Backend",
@@ -184,7 +185,16 @@ class Backend(ABC):
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
         """A fresh parser for one trial."""
 
-    def check_flags(self, params: dict[str, Any], fixed: dict[str, Any], ctx: TrialContext | None = None) -> list[str]:
+    def adapt_space(self, space: SearchSpace) -> tuple[SearchSpace, list[str]]:
+        """Narrow the space to what can run with the packages installed here; return notices.
+
+        Called once by the study set-up after :meth:`probe`. The default keeps the space as it is.
+        """
+        return space, []
+
+    def check_flags(
+        self, params: dict[str, Any], fixed: dict[str, Any], ctx: TrialContext | None = None
+    ) -> list[str]:
         """Check, before any launch, that every flag a trial would pass exists in the installed framework.
 
         Returns notices for the user; raises :class:`~autotune.errors.BackendError` for a flag the

@@ -1,0 +1,1 @@
+"""Search-space YAML files shipped with autotune, one per backend (package data)."""
