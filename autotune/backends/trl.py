@@ -471,8 +471,11 @@ class TrlBackend(Backend):
         if ctx.master_port:
             env["MASTER_PORT"] = str(ctx.master_port)
         if "TORCH_EXTENSIONS_DIR" not in os.environ:
-            # DeepSpeed compiles its CPU ops (cpu_adam, ...) on first use: once per study, not per trial.
-            env["TORCH_EXTENSIONS_DIR"] = str(ctx.study_dir / "cache" / "torch_extensions")
+            # DeepSpeed compiles its CPU ops (cpu_adam, ...) on first use (minutes): keep them in the
+            # user's autotune cache so they compile once per machine, not once per study or trial.
+            from autotune.tinymodels import default_cache_dir
+
+            env["TORCH_EXTENSIONS_DIR"] = str(default_cache_dir() / "torch_extensions")
         if ctx.cpu_only:
             if "OMP_NUM_THREADS" not in os.environ:  # a user's own setting is inherited
                 env["OMP_NUM_THREADS"] = str(max(1, _cpu_cores() // max(1, world)))

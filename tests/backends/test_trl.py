@@ -266,7 +266,9 @@ def test_render_one_process_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert plan.cwd == str(ctx.trial_dir)
     assert plan.metrics_paths == (str(ctx.trial_dir / "metrics.jsonl"),)
     assert plan.env["AUTOTUNE_PHASES_FILE"] == str(ctx.trial_dir / "phases.jsonl")
-    assert plan.env["TORCH_EXTENSIONS_DIR"] == str(ctx.study_dir / "cache" / "torch_extensions")
+    from autotune.tinymodels import default_cache_dir
+
+    assert plan.env["TORCH_EXTENSIONS_DIR"] == str(default_cache_dir() / "torch_extensions")
     assert plan.env["OMP_NUM_THREADS"] == "4"  # all cores for the one process
     plan2, _ = render(b, ctx, {"per_device_train_batch_size": 4, "num_processes": 2})
     assert plan2.env["OMP_NUM_THREADS"] == "2"  # split between the two
