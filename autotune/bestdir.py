@@ -1,41 +1,55 @@
-"""``best/``: the winner of a study as a re-runnable command and a JSON of its knobs."""
+"""``best/``: the winner of a study in its own backend's format, written when the study ends.
+
+``best/`` is autotune's own directory: it is emptied and rewritten. It holds ``knobs.json`` (the json
+export) and the export of the study's backend: for ms-swift ``command.sh`` (the ``swift rlhf`` script);
+for TRL ``command.sh`` + ``grpo.yaml`` + ``accelerate.yaml`` (+ ``ds_config.json``); for the command
+backend ``command.sh`` (the trial's own command). Every one is written by :mod:`autotune.export`, so
+``best/`` and ``autotune export`` never disagree.
+"""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-from autotune.studydir import StudyDir, write_json_atomic
+from autotune.errors import UsageError
+from autotune.studydir import StudyDir
 
 __all__ = ["write_best"]
 
 
 def write_best(study_dir: Path, outcome: Any) -> Path | None:
-    """Write ``best/command.sh`` and ``best/knobs.json`` for the recommended trial (None if there is none)."""
-    rec = outcome.recommendation
+    """Write ``best/`` for the recommended trial of ``outcome`` (None when there is none).
+
+    A backend format that cannot express the winner (an ms-swift study exported by hand with a custom
+    DeepSpeed JSON, say) leaves ``best/`` with ``knobs.json`` and a ``README.txt`` saying why, instead of
+    failing the study at its end.
+
+    Args:
+        study_dir: the study directory.
+        outcome: the study's outcome (``recommendation`` with the winner's trial number).
+    """
+    from autotune.export import MARKER, default_format, export_winner, load_winner, write_export
+
+    rec = getattr(outcome, "recommendation", None)
     if rec is None:
         return None
-    sd = StudyDir(study_dir)
-    result = next(r for r in outcome.results if r.number == rec.trial)
+    sd = StudyDir(Path(study_dir))
     best = sd.best_dir
     best.mkdir(parents=True, exist_ok=True)
-    src = sd.trial_dir(rec.trial) / "command.sh"
-    if src.exists():
-        shutil.copyfile(src, best / "command.sh")
-        (best / "command.sh").chmod(0o755)
-    write_json_atomic(
-        best / "knobs.json",
-        {
-            "trial": rec.trial,
-            "params": result.params,
-            "derived": result.derived,
-            "throughput_completions_per_s": rec.throughput,
-            "rel_ci95": result.steady.rel_ci95 if result.steady else None,
-            "speedup_over_baseline": rec.speedup,
-            "baseline_trial": rec.baseline_trial,
-            "peak_mem_bytes": result.peak_mem_bytes,
-            "headroom_bytes": rec.headroom_bytes,
-        },
-    )
+    for stale in best.iterdir():  # a resumed study's earlier winner may have had other files
+        if stale.is_file():
+            stale.unlink()
+    fmt = "json"
+    try:
+        winner = load_winner(sd.root)  # the recommendation, with its reason
+        if winner.number != rec.trial:
+            winner = load_winner(sd.root, trial=rec.trial)
+        write_export(export_winner(winner, "json"), best, overwrite=True)
+        fmt = default_format(winner.backend)
+        write_export(export_winner(winner, fmt), best, overwrite=True)
+    except UsageError as exc:  # the study's results stand; only best/ is incomplete
+        (best / "README.txt").write_text(
+            f"{MARKER}: no {fmt} export for trial {rec.trial}: {exc.one_line()}\n", encoding="utf-8"
+        )
     return best

@@ -2,6 +2,7 @@
 # Installs everything the tests need from scratch and runs them.
 #   .venv        autotune + TRL + DeepSpeed (CPU) + dev tools
 #   .venv-swift  autotune + ms-swift (it pins its own trl/transformers, so it gets its own environment)
+#   .venv-verl   verl's config files + hydra, to compose exported overrides (no training)
 # Chromium (Debian) renders report.html in the report tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,9 +22,14 @@ fi
 .venv-swift/bin/pip install -q torch==2.13.0
 .venv-swift/bin/pip install -q -e '.[swift,dev]'
 
+# verl only to check exported hydra overrides (compose needs no torch and no verl Python import).
+[ -x .venv-verl/bin/python ] || "$PY" -m venv .venv-verl
+.venv-verl/bin/pip install -q verl==0.9.1 --no-deps hydra-core omegaconf
+
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export AUTOTUNE_CACHE_DIR=${AUTOTUNE_CACHE_DIR:-$PWD/.cache/autotune}
 export AUTOTUNE_SWIFT_PYTHON=$PWD/.venv-swift/bin/python
+export AUTOTUNE_VERL_PYTHON=$PWD/.venv-verl/bin/python
 
 .venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests
 .venv/bin/python -m pytest -q -m "not swift" tests

@@ -542,6 +542,49 @@ class SwiftBackend(Backend):
     def render(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
         """``swift rlhf --rlhf_type grpo ...`` for one trial; writes only inside ``ctx.trial_dir``
         (the generated prompts and a copy of the demo reward plugin, when the job needs them)."""
+        world = int(spec.derived.get("world_size") or self._world_size(dict(spec.params), ctx))
+        args = self._argv(spec, ctx, trial=True)
+        return LaunchPlan(
+            argv=tuple(args),
+            env=self._env(ctx, world),
+            cwd=str(ctx.trial_dir),
+            metrics_paths=(str(self._output_dir(ctx) / "logging.jsonl"),),
+            world_size=world,
+            unset_env=("NNODES", "NODE_RANK", "MASTER_ADDR") + (("NPROC_PER_NODE",) if world == 1 else ()),
+        )
+
+    def job_plan(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
+        """The user's real job with the knobs of ``spec``: the trial's command without what only a trial needs.
+
+        ``--max_steps``, ``--logging_steps 1``, ``--save_strategy no``, ``--eval_strategy no``, ``--report_to
+        none``, the trial's ``--output_dir``, ``--add_version false`` and the study's ``--seed`` are left out;
+        the user's own values for them (among the fixed arguments) are kept. autotune's generated prompts and
+        demo reward plugin, when the job used them, are referenced where the trial wrote them in
+        ``ctx.trial_dir``. Pure: nothing is written.
+
+        Returns:
+            argv and the environment the job needs (``NPROC_PER_NODE``, ``CUDA_VISIBLE_DEVICES``, and
+            ``OMP_NUM_THREADS`` on a CPU-only run); ``cwd`` is the trial directory.
+        """
+        world = int(spec.derived.get("world_size") or self._world_size(dict(spec.params), ctx))
+        env: dict[str, str] = {}
+        if world > 1:
+            env["NPROC_PER_NODE"] = str(world)
+        if ctx.cpu_only:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env["OMP_NUM_THREADS"] = str(self._cpu_threads or 1)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
+        return LaunchPlan(
+            argv=tuple(self._argv(spec, ctx, trial=False)),
+            env=env,
+            cwd=str(ctx.trial_dir),
+            world_size=world,
+        )
+
+    def _argv(self, spec: TrialSpec, ctx: TrialContext, *, trial: bool) -> list[str]:
+        """The ``swift rlhf`` argv of a trial (``trial=True``: writes prompts/plugin, adds the controlled
+        flags) or of the user's job (``trial=False``: pure, the user's own controlled flags kept)."""
         flags = self.flags()
         exe = (
             self._info.executable
@@ -549,7 +592,6 @@ class SwiftBackend(Backend):
             else (self._executable or "swift")
         )
         params = dict(spec.params)
-        world = int(spec.derived.get("world_size") or self._world_size(params, ctx))
         derived_ga = spec.derived.get("gradient_accumulation_steps")
         fixed = self._fixed(ctx)
         use_vllm = _as_bool(params.get("use_vllm", fixed.get("use_vllm", False)))
@@ -568,11 +610,13 @@ class SwiftBackend(Backend):
         if self._is_tiny(ctx):
             for name, value in _TINY_DEFAULTS.items():
                 add(name, fixed.get(name, value))
-        add("dataset", fixed.get("dataset") or ctx.dataset or str(self._write_prompts(ctx)))
+        demo_prompts = self._write_prompts if trial else self._prompts_path
+        add("dataset", fixed.get("dataset") or ctx.dataset or str(demo_prompts(ctx)))
         if "reward_funcs" not in fixed and "reward_model" not in fixed:
             plugins = fixed.get("external_plugins") or []
             plugins = [plugins] if isinstance(plugins, str) else list(plugins)
-            add("external_plugins", [*plugins, str(self._copy_plugin(ctx))])
+            plugin = self._copy_plugin(ctx) if trial else ctx.trial_dir / PLUGIN_ASSET
+            add("external_plugins", [*plugins, str(plugin)])
             add("reward_funcs", [DEMO_REWARD])
         else:
             add("external_plugins", fixed.get("external_plugins"))
@@ -600,7 +644,7 @@ class SwiftBackend(Backend):
             "seed": ctx.seed,
         }
         for name, value in fixed.items():
-            if name in controlled or name in (
+            if (trial and name in controlled) or name in (
                 "gradient_accumulation_steps",
                 "num_generations",
                 "max_completion_length",
@@ -611,17 +655,10 @@ class SwiftBackend(Backend):
             if not use_vllm and _is_vllm_only(name):
                 continue
             add(name, value)
-        for name, value in controlled.items():
-            add(name, value)
-
-        return LaunchPlan(
-            argv=tuple(args),
-            env=self._env(ctx, world),
-            cwd=str(ctx.trial_dir),
-            metrics_paths=(str(self._output_dir(ctx) / "logging.jsonl"),),
-            world_size=world,
-            unset_env=("NNODES", "NODE_RANK", "MASTER_ADDR") + (("NPROC_PER_NODE",) if world == 1 else ()),
-        )
+        if trial:
+            for name, value in controlled.items():
+                add(name, value)
+        return args
 
     @staticmethod
     def _is_tiny(ctx: TrialContext) -> bool:
@@ -656,7 +693,11 @@ class SwiftBackend(Backend):
 
         per_step = max(1, -(-ctx.global_batch // max(1, ctx.num_generations)))
         n = max(32, ctx.max_steps * per_step + 16)
-        return write_prompts(ctx.trial_dir / "prompts.jsonl", n, seed=ctx.seed, style="swift")
+        return write_prompts(self._prompts_path(ctx), n, seed=ctx.seed, style="swift")
+
+    @staticmethod
+    def _prompts_path(ctx: TrialContext) -> Path:
+        return ctx.trial_dir / "prompts.jsonl"
 
     @staticmethod
     def _copy_plugin(ctx: TrialContext) -> Path:

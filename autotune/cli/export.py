@@ -1,9 +1,59 @@
-"""`autotune export` (being written)."""
+"""``autotune export DIR``: the winner of a study in a framework's own format."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add the command to the app."""
+    """Add the ``export`` command to the app."""
+
+    @app.command("export")
+    def export(
+        directory: Path = typer.Argument(
+            ..., help="A study directory (runs/<study>) written by autotune search."
+        ),
+        fmt: str | None = typer.Option(
+            None,
+            "--format",
+            "-f",
+            help="swift, trl, verl, deepspeed, json or command. Default: the study's own backend.",
+        ),
+        trial: int | None = typer.Option(
+            None, "--trial", help="Export this COMPLETE trial instead of the recommendation."
+        ),
+        out: Path | None = typer.Option(
+            None,
+            "--out",
+            "-o",
+            help="Write the files here (a directory for multi-file formats) instead of printing the main file.",
+        ),
+    ) -> None:
+        """Write the recommended configuration as a runnable script or config file."""
+        from autotune.cli._console import notice, say
+        from autotune.errors import UsageError
+        from autotune.export import EXPORT_FORMATS, default_format, export_winner, load_winner, write_export
+
+        if fmt is not None and fmt not in EXPORT_FORMATS:
+            raise UsageError(
+                f"unknown export format {fmt!r}",
+                hint=f"Use --format with one of: {', '.join(EXPORT_FORMATS)}",
+            )
+        if not directory.is_dir():
+            raise UsageError(
+                f"{directory} is not a directory",
+                hint="Pass the runs/<study> directory autotune search wrote",
+            )
+        winner = load_winner(directory, trial=trial)
+        result = export_winner(winner, fmt or default_format(winner.backend))
+        for note in result.notes:
+            notice(note)
+        if out is None:
+            say(result.files[result.main].rstrip("\n"))
+            if result.others:
+                notice(f"--out DIR would also write: {', '.join(result.others)}")
+            return
+        for path in write_export(result, out):
+            say(str(path))

@@ -1,0 +1,95 @@
+"""Facts about the winner's job that every format needs: data, rewards, precision, a header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.export._common import MARKER
+from autotune.export._translate import as_bool
+from autotune.export._winner import Winner
+
+__all__ = [
+    "DEMO_PROMPTS",
+    "demo_prompts",
+    "header",
+    "precision",
+    "user_dataset",
+    "uses_demo_reward",
+]
+
+DEMO_PROMPTS = "prompts.jsonl"
+
+
+def user_dataset(w: Winner, fixed: dict[str, Any]) -> Any:
+    """The dataset the user named (``--dataset`` or a fixed ``dataset``), or None for autotune's prompts."""
+    return fixed.get("dataset") or w.settings.get("dataset") or None
+
+
+def demo_prompts(w: Winner, fixed: dict[str, Any]) -> Path | None:
+    """autotune's generated prompts the trial trained on (in its directory), or None when the user gave data."""
+    if user_dataset(w, fixed) is not None:
+        return None
+    return w.trial_dir / DEMO_PROMPTS
+
+
+def uses_demo_reward(w: Winner, fixed: dict[str, Any]) -> bool:
+    """True when the trial scored completions with autotune's demo reward."""
+    if w.backend == "trl":
+        rewards = fixed.get("reward_funcs") or ["autotune"]
+        rewards = [rewards] if isinstance(rewards, str) else list(rewards)
+        return "autotune" in rewards
+    return "reward_funcs" not in fixed and "reward_model" not in fixed
+
+
+def precision(w: Winner, fixed: dict[str, Any]) -> tuple[bool, bool]:
+    """``(bf16, fp16)`` of the job: off on a CPU-only study; else the user's choice; else bf16 where
+    every GPU supports it (compute capability ≥ 8.0) and fp16 otherwise, as ms-swift's ``auto`` does."""
+    if w.cpu_only:
+        return False, False
+    if "bf16" in fixed or "fp16" in fixed:
+        return as_bool(fixed.get("bf16", False)), as_bool(fixed.get("fp16", False))
+    dtype = str(fixed.get("torch_dtype") or fixed.get("dtype") or "").lower()
+    if dtype in ("bfloat16", "bf16"):
+        return True, False
+    if dtype in ("float16", "fp16", "half"):
+        return False, True
+    caps = [g.compute_capability for g in w.hardware.gpus] if w.hardware is not None else []
+    old = [c for c in caps if c and _major(c) is not None and (_major(c) or 0) < 8]
+    return (False, True) if old else (True, False)
+
+
+def _major(capability: str) -> int | None:
+    try:
+        return int(capability.split(".")[0])
+    except ValueError:
+        return None
+
+
+def header(w: Winner, fmt: str) -> list[str]:
+    """Comment lines that open every exported text file: the marker, the trial, what was measured."""
+    name = w.setting("name", w.study_dir.name)
+    lines = [f"{MARKER} (--format {fmt}) from study {name}, trial {w.number}: {w.why}."]
+    r = w.result
+    measured = []
+    if r.throughput:
+        measured.append(f"{r.throughput:.3g} completions/s")
+    if r.steady is not None and r.steady.tokens_per_s:
+        measured.append(f"{r.steady.tokens_per_s:.4g} tokens/s")
+    peaks = [p for p in r.peak_mem_bytes if p is not None]
+    if peaks:
+        measured.append(f"peak GPU memory {max(peaks) / 2**30:.1f} GiB")
+    where = "CPU only"
+    if w.hardware is not None and w.hardware.gpus:
+        names = sorted({g.name for g in w.hardware.gpus})
+        where = f"{len(w.hardware.gpus)}x {' / '.join(names)}"
+    gb = w.setting("global_batch")
+    g = w.setting("num_generations")
+    version = w.setting("backend_version")
+    label = {"swift": "ms-swift", "trl": "TRL"}.get(w.backend, w.backend)
+    ran = f"{label} {version}" if version else label
+    lines.append(
+        f"Measured {', '.join(measured) or 'no throughput'} at a global batch of {gb} completions "
+        f"({g} per prompt) on {where}, with {ran}."
+    )
+    return lines

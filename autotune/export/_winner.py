@@ -1,0 +1,163 @@
+"""Which trial an export describes: the study's recommendation, or a COMPLETE trial the user names.
+
+:func:`load_winner` reads a study directory (``study.json``, the trials' ``result.json`` and, when there,
+``launch.json``) and returns a :class:`Winner`: everything an exporter needs, read once, typed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from autotune.records import Hardware, LaunchPlan, TrialResult, TrialStatus
+from autotune.studydir import StudyDir
+
+__all__ = ["Winner", "load_winner"]
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The trial an export describes and the study it belongs to.
+
+    Attributes:
+        study_dir: the study directory, where it is now (trial files are referenced from here).
+        settings: ``study.json`` as written by the study.
+        result: the trial's ``result.json``.
+        recommended: True when the trial is the study's recommendation (not picked with ``--trial``).
+        launch: the trial's ``launch.json`` when it exists (None for trials never launched).
+        hardware: the study's hardware (None when ``study.json`` lacks it).
+        why: one sentence on why this trial (the recommendation's reason or "chosen with --trial N").
+    """
+
+    study_dir: Path
+    settings: dict[str, Any]
+    result: TrialResult
+    recommended: bool
+    launch: LaunchPlan | None = None
+    hardware: Hardware | None = None
+    why: str = ""
+
+    @property
+    def number(self) -> int:
+        return self.result.number
+
+    @property
+    def backend(self) -> str:
+        return str(self.settings.get("backend") or "")
+
+    @property
+    def trial_dir(self) -> Path:
+        return StudyDir(self.study_dir).trial_dir(self.result.number)
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.hardware is None or not self.hardware.gpus
+
+    @property
+    def world_size(self) -> int:
+        """Processes the trial ran: its derived world size, else the GPU count, else 1."""
+        derived = self.result.derived.get("world_size")
+        if isinstance(derived, int) and not isinstance(derived, bool) and derived > 0:
+            return derived
+        if self.hardware is not None and self.hardware.gpus:
+            return len(self.hardware.gpus)
+        return 1
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.hardware.gpus) if self.hardware is not None else ()
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        value = self.settings.get(name)
+        return default if value is None else value
+
+
+def _hardware(settings: dict[str, Any]) -> Hardware | None:
+    data = settings.get("hardware")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Hardware.model_validate(data)
+    except ValueError:
+        return None
+
+
+def _launch(path: Path) -> LaunchPlan | None:
+    try:
+        return LaunchPlan.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
+    """Read a study directory and pick the trial to export.
+
+    Args:
+        study_dir: a directory written by ``autotune search``.
+        trial: a trial number to export instead of the recommendation; it must be COMPLETE.
+
+    Raises:
+        UsageError: not a study directory; the trial does not exist or is not COMPLETE; no trial is
+            recommended (no healthy trial with memory headroom).
+    """
+    from autotune.recommend import recommend
+
+    sd = StudyDir(Path(study_dir).expanduser().absolute())
+    if not sd.root.is_dir():
+        raise UsageError(
+            f"{sd.root} is not a directory", hint="Pass the runs/<study> directory autotune search wrote"
+        )
+    settings = sd.read_settings()  # raises a one-line UsageError without study.json
+    if not isinstance(settings, dict):
+        raise UsageError(
+            f"{sd.study_json} does not hold a JSON object", hint="Start a new study with another --out"
+        )
+    try:
+        results = sd.results()
+    except ValueError as exc:
+        raise UsageError(
+            f"a result.json in {sd.trials_dir} cannot be read ({exc.__class__.__name__})",
+            hint="Restore it, or remove that trial's directory",
+        ) from None
+    hardware = _hardware(settings)
+    by_number = {r.number: r for r in results}
+    if trial is not None:
+        result = by_number.get(trial)
+        if result is None:
+            known = ", ".join(str(n) for n in sorted(by_number)) or "none"
+            raise UsageError(
+                f"trial {trial} is not in {sd.root}", hint=f"Pick one of the trials on disk: {known}"
+            )
+        if result.status is not TrialStatus.COMPLETE:
+            raise UsageError(
+                f"trial {trial} is {result.status.value} ({result.reason}), not COMPLETE",
+                hint="Export the recommendation (no --trial) or a COMPLETE trial",
+            )
+        rec = recommend(results, hardware)
+        recommended = rec is not None and rec.trial == trial
+        why = f"chosen with --trial {trial}" + (" (also the recommendation)" if recommended else "")
+    else:
+        rec = recommend(results, hardware)
+        if rec is None:
+            counts: dict[str, int] = {}
+            for r in results:
+                counts[r.status.value] = counts.get(r.status.value, 0) + 1
+            seen = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trial results on disk"
+            raise UsageError(
+                f"{sd.root} has no recommendation: no healthy trial with memory headroom ({seen})",
+                hint="Run more trials, or export a COMPLETE trial with --trial N",
+            )
+        result = by_number[rec.trial]
+        recommended = True
+        why = rec.why
+    return Winner(
+        study_dir=sd.root,
+        settings=settings,
+        result=result,
+        recommended=recommended,
+        launch=_launch(sd.trial_dir(result.number) / "launch.json"),
+        hardware=hardware,
+        why=why,
+    )
