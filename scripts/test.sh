@@ -31,5 +31,7 @@ export AUTOTUNE_CACHE_DIR=${AUTOTUNE_CACHE_DIR:-$PWD/.cache/autotune}
 export AUTOTUNE_SWIFT_PYTHON=$PWD/.venv-swift/bin/python
 export AUTOTUNE_VERL_PYTHON=$PWD/.venv-verl/bin/python
 
-.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests
-.venv/bin/python -m pytest -q -m "not swift" tests
+status=0
+.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests || status=$?
+.venv/bin/python -m pytest -q -m "not swift" -p no:cacheprovider tests || status=$?
+exit $status
