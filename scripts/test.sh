@@ -24,7 +24,8 @@ fi
 
 # verl only to check exported hydra overrides (compose needs no torch and no verl Python import).
 [ -x .venv-verl/bin/python ] || "$PY" -m venv .venv-verl
-.venv-verl/bin/pip install -q verl==0.9.1 --no-deps hydra-core omegaconf
+.venv-verl/bin/pip install -q verl==0.9.1 --no-deps
+.venv-verl/bin/pip install -q hydra-core omegaconf
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export AUTOTUNE_CACHE_DIR=${AUTOTUNE_CACHE_DIR:-$PWD/.cache/autotune}
@@ -33,5 +34,5 @@ export AUTOTUNE_VERL_PYTHON=$PWD/.venv-verl/bin/python
 
 status=0
 .venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests || status=$?
-.venv/bin/python -m pytest -q -m "not swift" -p no:cacheprovider tests || status=$?
+.venv/bin/python -m pytest -q -m "not swift" -p no:cacheprovider --durations=12 tests || status=$?
 exit $status
