@@ -14,18 +14,33 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "note: chromium could not be installed; the browser test will be skipped"
 fi
 
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e '.[trl,deepspeed,dev]'
-
-[ -x .venv-swift/bin/python ] || "$PY" -m venv .venv-swift
-.venv-swift/bin/pip install -q torch==2.13.0
-.venv-swift/bin/pip install -q -e '.[swift,dev]'
-
+setup_main() {
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/pip install -q torch==2.13.0
+  .venv/bin/pip install -q -e '.[trl,deepspeed,dev]'
+}
+setup_swift() {
+  [ -x .venv-swift/bin/python ] || "$PY" -m venv .venv-swift
+  .venv-swift/bin/pip install -q torch==2.13.0
+  .venv-swift/bin/pip install -q -e '.[swift,dev]'
+}
 # verl only to check exported hydra overrides (compose needs no torch and no verl Python import).
-[ -x .venv-verl/bin/python ] || "$PY" -m venv .venv-verl
-.venv-verl/bin/pip install -q verl==0.9.1 --no-deps
-.venv-verl/bin/pip install -q hydra-core omegaconf
+setup_verl() {
+  [ -x .venv-verl/bin/python ] || "$PY" -m venv .venv-verl
+  .venv-verl/bin/pip install -q verl==0.9.1 --no-deps
+  .venv-verl/bin/pip install -q hydra-core omegaconf
+}
+# The three environments install side by side (mostly download and unpack time).
+setup_main > .setup-main.log 2>&1 & main_pid=$!
+setup_swift > .setup-swift.log 2>&1 & swift_pid=$!
+setup_verl > .setup-verl.log 2>&1 & verl_pid=$!
+for job in "main:$main_pid" "swift:$swift_pid" "verl:$verl_pid"; do
+  if ! wait "${job#*:}"; then
+    echo "installing the ${job%%:*} environment failed:" >&2
+    cat ".setup-${job%%:*}.log" >&2
+    exit 1
+  fi
+done
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export AUTOTUNE_CACHE_DIR=${AUTOTUNE_CACHE_DIR:-$PWD/.cache/autotune}
