@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,10 +18,10 @@ from typing import Any, Protocol
 import optuna
 
 from autotune.backends import Backend, ModelRef, TrialContext
-from autotune.errors import StudyError, UsageError
+from autotune.errors import UsageError
+from autotune.recommend import Recommendation, headroom_bytes, recommend
 from autotune.records import Hardware, TrialResult, TrialSpec, TrialStatus
-from autotune.recommend import Recommendation, recommend
-from autotune.search import SearchStrategy, oom_dominated
+from autotune.search import SearchStrategy, infer_infeasible
 from autotune.space import SearchSpace, canonical_key
 from autotune.studydir import StudyDir
 
@@ -72,13 +72,25 @@ class StudyConfig:
 
 @dataclass(frozen=True)
 class StudyOutcome:
-    """How a study ended."""
+    """How a study ended.
+
+    Attributes:
+        results: every trial, by number.
+        recommendation: the winner, or None.
+        stopped: budget | converged | exhausted | interrupted.
+        detail: one line saying why it stopped (and, when early, how much of the budget it used).
+        trials_run_now: trials launched by this run (a resumed study counts only its own).
+        trials_run: trials launched in the whole study.
+        budget_trials: the trial budget.
+    """
 
     results: list[TrialResult]
     recommendation: Recommendation | None
-    stopped: str  # budget | converged | exhausted | interrupted
+    stopped: str
     detail: str
     trials_run_now: int
+    trials_run: int = 0
+    budget_trials: int = 0
 
 
 class StudyView(Protocol):
@@ -114,7 +126,12 @@ class MemoryGate(Protocol):
     """Pre-screens candidates with the memory estimate and learns from measured peaks."""
 
     def check(self, params: Mapping[str, Any], derived: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
-        """(reason to prune or None, the predicted breakdown or None)."""
+        """(reason to prune or None, the predicted breakdown or None).
+
+        The search reads ``peak_bytes``, ``capacity_bytes``, ``vllm_startup_deficit_bytes`` and
+        ``kv_deficit_bytes`` from the breakdown when present (``MemoryEstimate.to_dict()``) to weigh
+        the risk of running out of memory.
+        """
         ...
 
     def rank(self, params: Mapping[str, Any]) -> float | None:
@@ -191,6 +208,7 @@ class Study:
         hygiene: Callable[[], None] | None = None,
         interrupted: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        strategy: SearchStrategy | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
@@ -203,12 +221,15 @@ class Study:
         self.interrupted = interrupted
         self.clock = clock
         self.dir = StudyDir(cfg.study_dir)
-        self.strategy = SearchStrategy(
+        self.strategy = strategy or SearchStrategy(
             space,
             cfg.search,
             seed=cfg.seed,
             rank=memory_gate.rank if memory_gate else None,
+            valid=self._valid,
             feasible=self._cheap_feasible,
+            memory_load=self._memory_load if memory_gate else None,
+            usable=self.usable,
         )
         self.pruner = SlowerThanBest()
         self._results: dict[int, TrialResult] = {}
@@ -261,7 +282,9 @@ class Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
             return optuna.create_study(
-                storage=url,
+                # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial
+                # results still land in the study directory, but Optuna's own history does not persist
+                storage=None if url == ":memory:" else url,
                 study_name=self.cfg.study_dir.name,
                 direction="maximize",
                 sampler=self.strategy.sampler(),
@@ -301,16 +324,48 @@ class Study:
             seed=c.seed,
         )
 
+    def _valid(self, params: Mapping[str, Any]) -> bool:
+        """The framework's start-up rules hold (static: the same answer for the whole study)."""
+        ctx = self._context(self.dir.trials_dir)
+        return not self.backend.check_rules(dict(params), self.backend.derive(dict(params), ctx), ctx)
+
     def _cheap_feasible(self, params: Mapping[str, Any]) -> bool:
         ctx = self._context(self.dir.trials_dir)
         derived = self.backend.derive(dict(params), ctx)
         if self.backend.check_rules(dict(params), derived, ctx):
             return False
-        if oom_dominated(self.space, params, self._results.values()):
+        if infer_infeasible(self.space, params, self._results.values()):
             return False
         if self.memory_gate is not None:
             reason, _ = self.memory_gate.check(params, derived)
             return reason is None
+        return True
+
+    def _memory_load(self, params: Mapping[str, Any]) -> float | None:
+        """Predicted peak ÷ capacity per GPU (above 1 by the deficit when vLLM's checks fail), or None."""
+        if self.memory_gate is None:
+            return None
+        derived = self.backend.derive(dict(params), self._context(self.dir.trials_dir))
+        _, breakdown = self.memory_gate.check(params, derived)
+        if not breakdown:
+            return None
+        capacity = float(breakdown.get("capacity_bytes") or 0)
+        peak = breakdown.get("peak_bytes")
+        if capacity <= 0 or peak is None:
+            return None
+        deficit = max(float(breakdown.get("vllm_startup_deficit_bytes") or 0), float(breakdown.get("kv_deficit_bytes") or 0))
+        if deficit > 0:
+            return max(float(peak) / capacity, 1.0 + deficit / capacity)
+        return float(peak) / capacity
+
+    def usable(self, result: TrialResult) -> bool:
+        """Whether a result may be recommended: complete, with a throughput and the headroom asked for."""
+        if result.status is not TrialStatus.COMPLETE or not result.throughput:
+            return False
+        gpus = self.cfg.hardware.gpus
+        for i, room in enumerate(headroom_bytes(result, self.cfg.hardware)):
+            if room is not None and room < self.cfg.min_headroom_frac * gpus[i].memory_total_bytes:
+                return False
         return True
 
     def _prescreen(self, number: int, params: dict[str, Any], is_baseline: bool) -> TrialResult | None:
@@ -321,16 +376,9 @@ class Study:
         if violations:
             text = "; ".join(f"{v.rule}: {v.message}" for v in violations)
             return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched, breaks {text}")
-        dominated = oom_dominated(self.space, params, self._results.values())
-        if dominated is not None:
-            diff = ", ".join(
-                f"{k} {params[k]!r} vs {dominated.params[k]!r}" for k in params if params[k] != dominated.params.get(k)
-            )
-            return TrialResult(
-                **base,
-                status=TrialStatus.PRUNED,
-                reason=f"not launched: needs more GPU memory than trial {dominated.number}, which ran out of memory ({diff})",
-            )
+        inferred = infer_infeasible(self.space, params, self._results.values())
+        if inferred is not None:
+            return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched: {inferred.reason}")
         if self.memory_gate is not None:
             reason, breakdown = self.memory_gate.check(params, derived)
             if reason is not None:
@@ -398,7 +446,6 @@ class Study:
         start = self.clock()
         self.view.study_started(self.cfg, launched_total, self.cfg.n_trials)
         run_now, duplicates, stopped, detail = 0, 0, "budget", ""
-        seeded = False
         while True:
             if self.interrupted():
                 stopped, detail = "interrupted", "stopped by the user"
@@ -410,19 +457,18 @@ class Study:
             if self.cfg.time_budget_s is not None and elapsed >= self.cfg.time_budget_s:
                 stopped, detail = "budget", f"time budget of {self.cfg.time_budget_s:.0f}s reached"
                 break
-            reason = self.strategy.converged(list(self._results.values()), self.cfg.n_trials - launched_total)
-            if reason:
-                stopped, detail = "converged", reason
-                break
-            if not pending and not seeded and baseline_done_or(self._results):
-                seeded = True
-                pending.extend((p, False) for p in self.strategy.seeds(visited))
-            if not pending and self.cfg.search == "grid":
-                nxt = self.strategy.next_unvisited(visited)
-                if nxt is None:
+            history = list(self._results.values())
+            if not pending and baseline_done_or(self._results):
+                reason = self.strategy.converged(history, self.cfg.n_trials - launched_total, visited)
+                if reason:
+                    stopped, detail = "converged", f"{reason}; used {launched_total} of {self.cfg.n_trials} trials"
+                    break
+                nxt = self.strategy.propose(history, visited)
+                if nxt is not None:
+                    pending.append((nxt, False))
+                elif self.strategy.kind == "grid":
                     stopped, detail = "exhausted", "every configuration of the space has been tried"
                     break
-                pending.append((nxt, False))
             fixed_params, is_baseline = pending.pop(0) if pending else (None, False)
             if fixed_params is not None:
                 study.enqueue_trial(fixed_params, skip_if_exists=False)
@@ -483,7 +529,15 @@ class Study:
         if self.memory_gate is not None:
             settings["calibration"] = self.memory_gate.state()
         self.dir.write_settings(settings)
-        return StudyOutcome(results=results, recommendation=rec, stopped=stopped, detail=detail, trials_run_now=run_now)
+        return StudyOutcome(
+            results=results,
+            recommendation=rec,
+            stopped=stopped,
+            detail=detail,
+            trials_run_now=run_now,
+            trials_run=launched_total,
+            budget_trials=self.cfg.n_trials,
+        )
 
     def _launch(
         self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], is_baseline: bool, time_left_s: float | None
@@ -543,5 +597,7 @@ def summary_line(outcome: StudyOutcome) -> str:
         line += f", speedup {rec.speedup:.2f}x over the baseline (trial {rec.baseline_trial})"
     else:
         line += "; the baseline did not complete, so no speedup can be given"
+    if outcome.stopped == "converged" and outcome.budget_trials:
+        line += f"; stopped early after {outcome.trials_run} of {outcome.budget_trials} trials (further trials unlikely to gain more)"
     return line
 

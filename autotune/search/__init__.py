@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from autotune.search._inference import oom_dominated
-from autotune.search._strategy import SEARCH_KINDS, SearchStrategy
+from autotune.search._inference import Inference, infer_infeasible, oom_dominated
+from autotune.search._strategy import SEARCH_KINDS, Proposal, SearchStrategy, launched, usable_complete
+from autotune.search._sweep import DeepSpeedSweep
 
-__all__ = ["SEARCH_KINDS", "SearchStrategy", "oom_dominated"]
+__all__ = [
+    "SEARCH_KINDS",
+    "DeepSpeedSweep",
+    "Inference",
+    "Proposal",
+    "SearchStrategy",
+    "infer_infeasible",
+    "launched",
+    "oom_dominated",
+    "usable_complete",
+]
