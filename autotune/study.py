@@ -353,7 +353,10 @@ class Study:
         peak = breakdown.get("peak_bytes")
         if capacity <= 0 or peak is None:
             return None
-        deficit = max(float(breakdown.get("vllm_startup_deficit_bytes") or 0), float(breakdown.get("kv_deficit_bytes") or 0))
+        deficit = max(
+            float(breakdown.get("vllm_startup_deficit_bytes") or 0),
+            float(breakdown.get("kv_deficit_bytes") or 0),
+        )
         if deficit > 0:
             return max(float(peak) / capacity, 1.0 + deficit / capacity)
         return float(peak) / capacity
@@ -461,7 +464,8 @@ class Study:
             if not pending and baseline_done_or(self._results):
                 reason = self.strategy.converged(history, self.cfg.n_trials - launched_total, visited)
                 if reason:
-                    stopped, detail = "converged", f"{reason}; used {launched_total} of {self.cfg.n_trials} trials"
+                    used = f"used {launched_total} of {self.cfg.n_trials} trials"
+                    stopped, detail = "converged", f"{reason}; {used}"
                     break
                 nxt = self.strategy.propose(history, visited)
                 if nxt is not None:

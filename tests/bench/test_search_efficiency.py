@@ -1,0 +1,103 @@
+"""The search-efficiency bench's own pieces: surfaces, the simulated executor, one study end to end.
+
+A narrowed TRL setting keeps the estimator table to a few hundred rows, so this runs in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import search_efficiency as se  # noqa: E402
+from _surfaces import SETTINGS, RawTable, Surface  # noqa: E402
+
+from autotune.backends import TrialContext  # noqa: E402
+from autotune.records import TrialSpec, TrialStatus  # noqa: E402
+
+NARROW = {
+    "per_device_train_batch_size": (2, 4, 8, 16),
+    "dataloader_num_workers": (0, 2),
+    "vllm_gpu_memory_utilization": (0.3, 0.5, 0.7),
+    "vllm_tensor_parallel_size": (1, 2, 4),
+}
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> RawTable:
+    setting = replace(SETTINGS[0], narrow=NARROW)  # trl Qwen2.5-1.5B on 4 x A10
+    tmp = tmp_path_factory.mktemp("bench")
+    return RawTable(setting, setting.space(), setting.make_backend(), setting.context(tmp / "ctx" / "0"))
+
+
+def test_surfaces_are_deterministic_per_seed_and_differ_between_seeds(table: RawTable) -> None:
+    a, b, c = Surface(table, 1), Surface(table, 1), Surface(table, 2)
+    params = {**table.configs[len(table.configs) // 2], "dataloader_num_workers": 2}
+    assert a.truth(params) == b.truth(params)
+    assert (a.f_act, a.f_roll) != (c.f_act, c.f_roll)
+
+
+def test_the_optimum_beats_every_configuration(table: RawTable) -> None:
+    surface = Surface(table, 3)
+    best, optimum, info = surface.optimum()
+    assert surface.usable_throughput(best) == pytest.approx(optimum)
+    for core in table.configs:
+        for workers in table.worker_values:
+            assert surface.usable_throughput({**core, "dataloader_num_workers": workers}) <= optimum * (
+                1 + 1e-9
+            )
+    assert 0 < info["usable_frac"] < 1  # some of the space fails: the bench is not trivial
+
+
+def _run(surface: Surface, params: dict, number: int = 1):
+    setting = surface.setting
+    ctx: TrialContext = setting.context(Path("/nonexistent") / "trials" / str(number))
+    steps: list[tuple[int, float | None]] = []
+
+    def on_step(step: int, tp: float | None, optimistic: float) -> str | None:
+        steps.append((step, tp))
+        return None
+
+    ex = se.SimulatedExecutor(surface, setting.n_gpus)
+    spec = TrialSpec(number=number, params=params, derived={})
+    return ex.execute(spec, ctx, on_step=on_step, time_left_s=None), steps
+
+
+def test_the_simulated_executor_reports_what_the_surface_says(table: RawTable) -> None:
+    surface = Surface(table, 4)
+    by_status: dict[TrialStatus, dict] = {}
+    for core in table.configs:
+        params = {**core, "dataloader_num_workers": 2}
+        by_status.setdefault(surface.truth(params).status, params)
+    assert TrialStatus.COMPLETE in by_status and TrialStatus.OOM in by_status
+    good = by_status[TrialStatus.COMPLETE]
+    result, steps = _run(surface, good)
+    truth = surface.truth(good)
+    assert result.status is TrialStatus.COMPLETE and steps  # the study's pruning hook saw steady steps
+    assert result.throughput == pytest.approx(truth.throughput, rel=0.06)  # ±2 % noise per step
+    assert result.gpu_seconds == pytest.approx(result.duration_s * surface.setting.n_gpus)
+    assert result.duration_s > truth.startup_s
+    oom_params = by_status[TrialStatus.OOM]
+    oom, _ = _run(surface, oom_params)
+    assert oom.status is TrialStatus.OOM and oom.reason == "CUDA out of memory" and oom.steady is None
+    # an OOM costs its start-up and part of a step, less than running the trial would have
+    oom_truth = surface.truth(oom_params)
+    assert oom_truth.startup_s < oom.duration_s < oom_truth.startup_s + oom_truth.step_s
+
+
+def test_one_study_per_strategy_through_the_real_loop(table: RawTable, tmp_path: Path) -> None:
+    setting = table.setting
+    space = setting.space()
+    for strategy in ("autotune", "random", "ds-sweep"):
+        m = se.run_one(strategy, setting, space, table, 5, 12, tmp_path / strategy)
+        assert 0 < m.trials_used <= 12
+        assert 0.0 <= m.failed_gpu_share <= 1.0 and 0.0 <= m.final_regret <= 1.0
+        assert math.isinf(m.trials_to_target) or 1 <= m.trials_to_target <= m.trials_used
+    text = se.render([m], ["ds-sweep"], 12, [5])
+    assert "trials to 3%" in text and setting.name in text
