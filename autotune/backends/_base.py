@@ -39,6 +39,7 @@ __all__ = [
     "RuleViolation",
     "StepParser",
     "TrialContext",
+    "as_number",
 ]
 
 
@@ -213,6 +214,20 @@ class Backend(ABC):
     def describe_command(self, plan: LaunchPlan) -> str:
         """The command a person would type to run ``plan`` (for reports)."""
         return plan.to_shell()
+
+
+def as_number(value: Any) -> float | None:
+    """A log value as a float: numbers and numeric text ('6e-08'); None for booleans and anything else."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
 
 
 def trial_path(ctx: TrialContext, *parts: str) -> Path:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._base import StepParser
+from autotune.backends._base import StepParser, as_number
 from autotune.records import StepMetrics
 
 __all__ = ["SwiftLogParser", "is_step_record", "parse_dict_literal", "record_values"]
@@ -91,17 +91,6 @@ def parse_dict_literal(text: str) -> dict[str, Any] | None:
     return out
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
 
 
 def _step_of(record: Mapping[str, Any]) -> int | None:
@@ -125,15 +114,15 @@ def record_values(record: Mapping[str, Any], *, start_step: int = 0) -> dict[str
     for key, raw in record.items():
         if key in _SKIP_KEYS:
             continue
-        num = _number(raw)
+        num = as_number(raw)
         if num is not None:
             values[key] = num
-    mem = _number(record.get("memory(GiB)"))
+    mem = as_number(record.get("memory(GiB)"))
     if mem is not None:
         values["memory_gib"] = mem
     step = _step_of(record)
-    s_per_it = _number(record.get("train_speed(s/it)"))
-    it_per_s = _number(record.get("train_speed(iter/s)"))
+    s_per_it = as_number(record.get("train_speed(s/it)"))
+    it_per_s = as_number(record.get("train_speed(iter/s)"))
     if step is not None and s_per_it is not None and s_per_it > 0:
         # 3.12.5+: elapsed / (global_step - start_step)
         values["train_speed_s_per_it"] = s_per_it

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.backends._base import Backend, BackendInfo, RuleViolation, StepParser, TrialContext
+from autotune.backends._base import Backend, BackendInfo, RuleViolation, StepParser, TrialContext, as_number
 from autotune.errors import BackendError, SpaceError, UsageError
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.space import SearchSpace
@@ -117,17 +117,6 @@ class _Value:
         return format(self.value, spec) if spec else _text(self.value)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
 
 
 class CommandParser(StepParser):
@@ -156,20 +145,20 @@ class CommandParser(StepParser):
         nested = obj.get("values")
         if isinstance(nested, Mapping):
             for key, value in nested.items():
-                num = _number(value)
+                num = as_number(value)
                 if num is not None:
                     values[str(key)] = num
         for key, value in obj.items():
             if key in _RESERVED_FIELDS:
                 continue
-            num = _number(value)
+            num = as_number(value)
             if num is not None:
                 values[key] = num
-        t_mono = _number(obj.get("t_mono_s"))
-        t_wall = _number(obj.get("t_wall_s"))
-        duration = _number(obj.get("duration_s"))
-        samples = _number(obj.get("samples"))
-        tokens = _number(obj.get("tokens"))
+        t_mono = as_number(obj.get("t_mono_s"))
+        t_wall = as_number(obj.get("t_wall_s"))
+        duration = as_number(obj.get("duration_s"))
+        samples = as_number(obj.get("samples"))
+        tokens = as_number(obj.get("tokens"))
         self._seen.add(step)
         return StepMetrics(
             step=step,

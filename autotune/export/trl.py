@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from autotune.backends.swift import SwiftBackend
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, drop_secrets, json_text, refuse, shell_script
 from autotune.export._job import demo_prompts, header, precision, user_dataset, uses_demo_reward
@@ -84,26 +85,11 @@ _FROM_WINNER = frozenset(
     }
 )
 #: ms-swift knob flags, carried by the knob translation instead.
-_SWIFT_KNOB_ARGS = frozenset(
-    {
-        "per_device_train_batch_size",
-        "gradient_checkpointing",
-        "dataloader_num_workers",
-        "num_processes",
-        "deepspeed",
-        "use_vllm",
-        "vllm_mode",
-        "vllm_gpu_memory_utilization",
-        "vllm_tensor_parallel_size",
-        "sleep_level",
-        "offload_optimizer",
-        "offload_model",
-        "move_model_batches",
-        "rlhf_type",
-        "num_generations",  # the study's own (ms-swift's check_flags refused a different one)
-        "max_completion_length",
-    }
-)
+_SWIFT_KNOB_ARGS = frozenset(SwiftBackend.knob_names or ()) | {
+    "rlhf_type",
+    "num_generations",  # the study's own (ms-swift's check_flags refused a different one)
+    "max_completion_length",
+}
 _DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
