@@ -338,6 +338,7 @@ class _Device:
     gpm_have_prev: bool = False
     last_sample_us: dict[int, int] = field(default_factory=dict)  # sampling type -> newest timestamp
     power_from_buffer: bool = False  # the driver's power buffer delivered at the last slow read
+    util_from_buffer: bool = False  # the driver's utilization buffer delivered at the last slow read
     slow_reads: int = 0
 
 
@@ -597,7 +598,9 @@ class NvmlSampler:
         row = self._buffer.blank(t_mono, t_wall, i)
         call = gate.call
         put = self._put
-        util = call(i, "gpu_util_pct", "nvmlDeviceGetUtilizationRates", h)
+        # While the driver's utilization buffer delivers (finer than polling), utilization is polled on
+        # slow ticks only (for memory utilization): the buffer's samples carry GPU utilization.
+        util = call(i, "gpu_util_pct", "nvmlDeviceGetUtilizationRates", h) if slow or not dev.util_from_buffer else None
         if util is not None:
             put(row, i, "gpu_util_pct", getattr(util, "gpu", None))
             put(row, i, "mem_util_pct", getattr(util, "memory", None))
@@ -722,9 +725,13 @@ class NvmlSampler:
             got = gate.call(
                 dev.index, metric, "nvmlDeviceGetSamples", dev.handle, kind, last, missing_ok=True
             )
+            # power and utilization are polled on every tick only while their buffer is not delivering
             if column == "power_w":
-                # power is polled on every tick only while the buffer is not delivering
                 dev.power_from_buffer = bool(got and got[1])
+            elif not gate.enabled(dev.index, metric):  # unsupported (switched off): poll every tick
+                dev.util_from_buffer = False
+            elif got and got[1]:  # delivering; "no new sample" (NotFound) keeps the last answer
+                dev.util_from_buffer = True
             if not got:
                 continue
             value_type, samples = got
