@@ -183,7 +183,8 @@ def run_search(req: SearchRequest, console: Console) -> int:
             hang_floor_s=hang_floor_s,
             trial_timeout_s=trial_timeout_s,
         )
-    out = Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}"
+    # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
+    out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
     for notice in backend.check_flags(space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)):
         console.print(f"note: {notice}", markup=False, style="yellow")
     from autotune.studydir import ensure_writable

@@ -22,12 +22,13 @@ def test_real_trl_study_recommends_reports_and_resumes(cli, tmp_path: Path) -> N
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     out = tmp_path / "study"
+    # a relative --out, as people type it: trials run in their own directories, so paths must hold
     args = (
-        "search", "--model", "tiny-qwen2", "--backend", "trl", "--space", str(space), "--out", str(out),
+        "search", "--model", "tiny-qwen2", "--backend", "trl", "--space", str(space), "--out", "study",
         "--trials", "3", "--max-steps", "8", "--global-batch", "8", "--num-generations", "4",
         "--max-completion-length", "8",
     )  # fmt: skip
-    first = cli(*args)
+    first = cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     trial_dirs = sorted(p.name for p in (out / "trials").iterdir() if p.is_dir())
     assert len(trial_dirs) == 3
@@ -50,7 +51,7 @@ def test_real_trl_study_recommends_reports_and_resumes(cli, tmp_path: Path) -> N
         assert f"trial {winner}" in text.lower() or f"trial&nbsp;{winner}" in text.lower(), report
     assert (out / "best" / "knobs.json").exists()
     before = {d: (out / "trials" / d / "result.json").read_bytes() for d in trial_dirs}
-    again = cli(*args)
+    again = cli(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert sorted(p.name for p in (out / "trials").iterdir() if p.is_dir()) == trial_dirs
     assert {d: (out / "trials" / d / "result.json").read_bytes() for d in trial_dirs} == before
