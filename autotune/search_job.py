@@ -19,7 +19,7 @@ from rich.console import Console
 from autotune.durations import format_duration, parse_duration_s
 from autotune.errors import UsageError
 
-__all__ = ["SearchRequest", "run_search", "default_startup_timeout_s", "collect_versions"]
+__all__ = ["SearchRequest", "run_search", "collect_versions"]
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,6 @@ class SearchRequest:
     early_stop: bool = True
     metrics_file: str | None = None
     executable: str | None = None
-
-
-def default_startup_timeout_s(params_count: float | None) -> float:
-    """Start-up budget before the first step: model loading (and vLLM start-up) grow with size."""
-    if not params_count:
-        return 600.0
-    billions = params_count / 1e9
-    return float(min(3600.0, 300.0 + 60.0 * billions))
 
 
 def collect_versions(backend: str) -> dict[str, str]:
@@ -105,7 +97,7 @@ def run_search(req: SearchRequest, console: Console) -> int:
     """Run the study the request describes; return the process exit code."""
     from autotune.backends import get_backend
     from autotune.hardware import resolve_hardware
-    from autotune.runner import WatchdogConfig
+    from autotune.runner import WatchdogConfig, default_startup_timeout_s
     from autotune.search import SEARCH_KINDS
     from autotune.space import load_space
     from autotune.study import check_budget
@@ -144,12 +136,6 @@ def run_search(req: SearchRequest, console: Console) -> int:
     elif req.backend == "swift" and req.executable:
         backend_options = {"executable": req.executable}
     backend = get_backend(req.backend, **backend_options)
-    watchdog = WatchdogConfig(
-        startup_timeout_s=startup_s or 600.0,
-        hang_k=req.hang_k,
-        hang_floor_s=hang_floor_s,
-        trial_timeout_s=trial_timeout_s,
-    )
     # 2. hardware, framework, space, fixed arguments, model.
     hardware = resolve_hardware(req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib)
     info = backend.probe()
@@ -176,13 +162,12 @@ def run_search(req: SearchRequest, console: Console) -> int:
     from autotune.models import resolve_model
 
     model = resolve_model(req.model) if req.backend != "command" else _command_model(req.model)
-    if startup_s is None:
-        watchdog = WatchdogConfig(
-            startup_timeout_s=default_startup_timeout_s(model.facts.get("params")),
-            hang_k=req.hang_k,
-            hang_floor_s=hang_floor_s,
-            trial_timeout_s=trial_timeout_s,
-        )
+    watchdog = WatchdogConfig(
+        startup_timeout_s=startup_s if startup_s is not None else default_startup_timeout_s(model.facts.get("params")),
+        hang_k=req.hang_k,
+        hang_floor_s=hang_floor_s,
+        trial_timeout_s=trial_timeout_s,
+    )
     # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
     out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
     for notice in backend.check_flags(space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)):
