@@ -1,13 +1,15 @@
 """CPU cost of the NVML sampler: 8 fake GPUs at 10 Hz, plus the host sampler at 4 Hz.
 
-    python bench/probe_overhead.py [--gpus 8] [--interval 0.1] [--seconds 20]
+    python bench/probe_overhead.py [--gpus 8] [--interval 0.1] [--seconds 10] [--rounds 3]
 
 The GPUs are ``probes.testing.fake_nvml`` fakes answering instantly from memory (driver sample
 buffers, GPM and per-process memory all on). While a sampler runs the main thread sleeps, so the
 process's CPU time over the run is the sampler's. Printed:
 
-- CPU as % of one core with the ``create_autospec`` fake (the figure the target is about), and the
-  same run against the fake's plain behaviour functions (no signature check, no call recording): the
+- CPU as % of one core with the ``create_autospec`` fake (the figure the target is about: the median
+  of ``--rounds`` runs, each round running the autospec and the plain fake back to back so that both
+  see the same machine load; the spread of the rounds is printed too), and the same run against the
+  fake's plain behaviour functions (no signature check, no call recording): the
   difference is ``unittest.mock``'s own cost, the rest is the sampler plus the fake's behaviour
   (building the real ctypes structures). A real driver call costs CPU too, but a different amount;
 - NVML calls per second, the achieved polling rate against the requested one, and the jitter of the
@@ -50,28 +52,39 @@ def _run(sampler: NvmlSampler, seconds: float) -> tuple[float, float]:
     return time.process_time() - cpu0, time.monotonic() - wall0
 
 
-def bench_nvml(gpus: int, interval_s: float, seconds: float) -> None:
-    fake = _fake(gpus)
-    sampler = NvmlSampler(range(gpus), interval_s=interval_s, nvml=fake.module, pids=lambda: {os.getpid()})
-    cpu_s, wall_s = _run(sampler, seconds)
-    calls = sum(getattr(fake.module, name).call_count for name in USED_FUNCTIONS)
+def _sampler(fake, nvml, gpus: int, interval_s: float) -> NvmlSampler:
+    return NvmlSampler(range(gpus), interval_s=interval_s, nvml=nvml, pids=lambda: {os.getpid()})
 
-    plain = _fake(gpus)
-    plain_sampler = NvmlSampler(
-        range(gpus), interval_s=interval_s, nvml=plain_functions(plain), pids=lambda: {os.getpid()}
-    )
-    plain_cpu_s, plain_wall_s = _run(plain_sampler, seconds)
 
-    ticks = sampler.ticks
+def bench_nvml(gpus: int, interval_s: float, seconds: float, rounds: int) -> None:
+    autospec_pct, plain_pct = [], []
+    for _ in range(rounds):
+        fake = _fake(gpus)
+        sampler = _sampler(fake, fake.module, gpus, interval_s)
+        cpu_s, wall_s = _run(sampler, seconds)
+        autospec_pct.append(100 * cpu_s / wall_s)
+        calls = sum(getattr(fake.module, name).call_count for name in USED_FUNCTIONS)
+        plain = _fake(gpus)
+        plain_cpu_s, plain_wall_s = _run(_sampler(plain, plain_functions(plain), gpus, interval_s), seconds)
+        plain_pct.append(100 * plain_cpu_s / plain_wall_s)
+
+    ticks = sampler.ticks  # of the last autospec round
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
     dev = sorted(abs(g - interval_s) for g in gaps)
     rate_hz = (len(ticks) - 1) / (ticks[-1] - ticks[0])
     rows = sampler.rows()
     sub = sum(1 for r in rows if r["mem_total_bytes"] is None)
-    print(f"NVML sampler: {gpus} fake GPUs, requested {1 / interval_s:.1f} Hz, {wall_s:.1f} s per run")
-    print(f"  CPU with the autospec fake: {100 * cpu_s / wall_s:.2f} % of one core (target <= 1 %)")
+    spread = ", ".join(f"{p:.2f}" for p in autospec_pct)
     print(
-        f"  CPU with the plain fake:    {100 * plain_cpu_s / plain_wall_s:.2f} % of one core "
+        f"NVML sampler: {gpus} fake GPUs, requested {1 / interval_s:.1f} Hz, {rounds} rounds of "
+        f"{wall_s:.1f} s per fake"
+    )
+    print(
+        f"  CPU with the autospec fake: {statistics.median(autospec_pct):.2f} % of one core, median "
+        f"(rounds: {spread}; target <= 1 %)"
+    )
+    print(
+        f"  CPU with the plain fake:    {statistics.median(plain_pct):.2f} % of one core "
         "(sampler + fake behaviour, no unittest.mock)"
     )
     print(f"  NVML calls: {calls / wall_s:.0f} /s ({calls / wall_s / gpus:.1f} per GPU per second)")
@@ -112,11 +125,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--interval", type=float, default=0.1, help="GPU polling interval, seconds")
-    parser.add_argument("--seconds", type=float, default=20.0, help="length of each sampler run")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each sampler run")
+    parser.add_argument("--rounds", type=int, default=3, help="autospec + plain runs, back to back")
     parser.add_argument("--host-interval", type=float, default=0.25)
     args = parser.parse_args()
     print(f"machine load average (1 min): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    bench_nvml(args.gpus, args.interval, args.seconds)
+    bench_nvml(args.gpus, args.interval, args.seconds, max(1, args.rounds))
     bench_host(args.host_interval, min(args.seconds, 10.0))
 
 

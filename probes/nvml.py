@@ -8,11 +8,23 @@ exist) raise one :class:`NvmlUnavailable` at ``start()``, whose ``str()`` the CL
 
 GPU indices are NVML indices (the order of ``nvidia-smi``), not indices inside ``CUDA_VISIBLE_DEVICES``.
 
-Cadence (``NvmlSampler``): utilization and memory every ``interval_s`` (10 Hz by default); the
-slow-changing or expensive reads - SM clock, temperature, clock-event reasons, energy counter, PCIe
-throughput (the driver measures it over 20 ms *inside the call*), per-process memory, GPM metrics and
-the driver's sample buffer - every ``slow_interval_s`` (1 s by default), staggered so that each tick
-reads them for a few GPUs at most; the enforced power limit (a setting) every tenth of those.
+Cadence (``NvmlSampler``), per GPU, chosen so that 8 GPUs at 10 Hz cost under 1 % of one core:
+
+* every tick (``interval_s``, 10 Hz by default): memory used/total; GPU utilization and power only
+  while the driver's sample buffer does not deliver them (see below);
+* every slow read (``slow_interval_s``, 1 s by default, staggered so that a tick holds the slow reads
+  of a few GPUs at most): utilization (memory utilization; GPU utilization too), the energy and PCIe
+  byte counters in one ``nvmlDeviceGetFieldValues`` call, and the driver's sample buffers;
+* one "state" read per slow read, in rotation: per-process memory, GPM (SM utilization, occupancy,
+  tensor activity: averages over the window between two GPM samples, so a longer window loses no
+  activity), SM clock, temperature, clock-event reasons, enforced power limit. With all six on, each
+  is read every 6 s by default; metrics switched off leave the rotation.
+
+PCIe traffic comes from the driver's byte counters (``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES``): the rate
+stored is the average since the previous counter read, so bytes per step are exact. Where the driver
+refuses a counter field, that metric falls back to its own call: ``nvmlDeviceGetTotalEnergyConsumption``
+or ``nvmlDeviceGetPcieThroughput`` (which measures 20 ms *inside the call* and blocks the thread that
+long - the reason counters come first).
 
 The driver's buffer (``nvmlDeviceGetSamples``) holds utilization and power at the driver's own rate;
 those samples become extra rows at their own timestamps, converted from the driver's wall clock
@@ -50,7 +62,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _PCIE_UNIT_BYTES = 1024  # NVML reports PCIe throughput in KB/s; nvitop and nvidia-smi read KiB
-_POWER_LIMIT_EVERY = 10  # the enforced power limit is a setting: read it every 10th slow read
+# column -> NVML field id of the counter read in one nvmlDeviceGetFieldValues call on slow reads
+_COUNTER_FIELDS = (
+    ("energy_mj", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
+    ("pcie_tx_bytes_s", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES"),
+    ("pcie_rx_bytes_s", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"),
+)
+_BUFFER_PROBE_US = 2_000_000  # at start, ask the driver's buffers for the last 2 s to see if they deliver
+_RATE_COLUMNS = frozenset({"pcie_tx_bytes_s", "pcie_rx_bytes_s"})  # counters stored as bytes per second
 
 
 class NvmlUnavailable(Exception):
@@ -270,13 +289,22 @@ class NvmlGate:
         """Stop asking for ``metric`` on ``device`` (e.g. GPM on a pre-Hopper GPU)."""
         self._off.add((device, metric))
 
-    def call(self, device: int, metric: str, fn_name: str, *args: Any, missing_ok: bool = False) -> Any:
+    def call(
+        self,
+        device: int,
+        metric: str,
+        fn_name: str,
+        *args: Any,
+        missing_ok: bool = False,
+        fallback: str | None = None,
+    ) -> Any:
         """``nvml.<fn_name>(*args)`` or None; see the class docstring for what each failure does.
 
         The function is looked up inside the gate, so one missing from an older ``nvidia-ml-py``
-        switches its metric off like a function missing from the driver.
+        switches its metric off like a function missing from the driver. ``fallback`` is what the
+        warning says happens instead when the metric is switched off (default: the column stays empty).
         """
-        if device in self.lost or (device, metric) in self._off:
+        if (self._off or self.lost) and (device in self.lost or (device, metric) in self._off):
             return None
         try:
             return getattr(self.nvml, fn_name)(*args)
@@ -285,7 +313,7 @@ class NvmlGate:
             self.warn_once(("lost", device), f"GPU {device} was lost ({exc}); its later samples are empty")
         except self._permanent as exc:
             self._off.add((device, metric))
-            consequence = (
+            consequence = fallback or (
                 "only polled values are recorded" if metric.endswith("_samples") else "the column stays empty"
             )
             self.warn_once(
@@ -306,9 +334,20 @@ class NvmlGate:
             self._off.add((device, metric))
             self.warn_once(
                 (metric, "error", type(exc).__name__),
-                f"{metric}: unexpected {type(exc).__name__} on GPU {device} ({exc}); the column stays empty",
+                f"{metric}: unexpected {type(exc).__name__} on GPU {device} ({exc}); "
+                f"{fallback or 'the column stays empty'}",
             )
         return None
+
+
+def _overflowed(last_us: int, stamps: list[int]) -> bool:
+    """True when the oldest new sample is much later than the last one taken: the driver's ring buffer
+    wrapped between two reads and samples were lost (needs >= 3 new samples to know their spacing)."""
+    if len(stamps) < 3:
+        return False
+    gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
+    spacing = gaps[len(gaps) // 2]
+    return spacing > 0 and stamps[0] - last_us > 3 * spacing
 
 
 # ----------------------------------------------------------------------------------------- sampler
@@ -339,7 +378,11 @@ class _Device:
     last_sample_us: dict[int, int] = field(default_factory=dict)  # sampling type -> newest timestamp
     power_from_buffer: bool = False  # the driver's power buffer delivered at the last slow read
     util_from_buffer: bool = False  # the driver's utilization buffer delivered at the last slow read
-    slow_reads: int = 0
+    counters_off: set[str] = field(default_factory=set)  # columns read by their own call instead
+    counter_prev: dict[str, tuple[int, float]] = field(default_factory=dict)  # column -> (t_us, bytes)
+    state_cursor: int = 0  # position in the rotation of state reads
+    slow_count: int = 0  # slow reads so far
+    buffer_every: int = 2  # slow reads between two reads of the driver's buffers (1 after an overflow)
 
 
 class NvmlSampler:
@@ -400,7 +443,9 @@ class NvmlSampler:
         self._wall_minus_mono_s = 0.0
         self._start_wall_us = 0
         self._pid_cache: set[int] | None = None
-        self._slow_reads: tuple[tuple[str, str, tuple[Any, ...], float], ...] = ()
+        self._counter_fields: tuple[tuple[str, int], ...] = ()
+        self._own_reads: dict[str, tuple[str, tuple[Any, ...], float]] = {}
+        self._state_reads: tuple[tuple[str, str, tuple[Any, ...], float], ...] = ()
         self._pid_cache_tick = -(10**9)
 
     # -- public API -----------------------------------------------------------------------------
@@ -444,24 +489,29 @@ class NvmlSampler:
         reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         if not hasattr(nvml, reasons_fn):  # nvidia-ml-py before 12.535
             reasons_fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        # counter fields this binding knows: (column, field id)
+        self._counter_fields = tuple(
+            (column, getattr(nvml, const)) for column, const in _COUNTER_FIELDS if hasattr(nvml, const)
+        )
         # (column, NVML function, arguments after the handle, scale to the column's unit)
-        self._slow_reads = (
-            ("sm_clock_mhz", "nvmlDeviceGetClockInfo", (nvml.NVML_CLOCK_SM,), 1.0),
-            ("temperature_c", "nvmlDeviceGetTemperature", (nvml.NVML_TEMPERATURE_GPU,), 1.0),
-            ("clock_event_reasons", reasons_fn, (), 1.0),
-            ("energy_mj", "nvmlDeviceGetTotalEnergyConsumption", (), 1.0),
-            (
-                "pcie_tx_bytes_s",
+        self._own_reads = {
+            "energy_mj": ("nvmlDeviceGetTotalEnergyConsumption", (), 1.0),
+            "pcie_tx_bytes_s": (
                 "nvmlDeviceGetPcieThroughput",
                 (nvml.NVML_PCIE_UTIL_TX_BYTES,),
                 _PCIE_UNIT_BYTES,
             ),
-            (
-                "pcie_rx_bytes_s",
+            "pcie_rx_bytes_s": (
                 "nvmlDeviceGetPcieThroughput",
                 (nvml.NVML_PCIE_UTIL_RX_BYTES,),
                 _PCIE_UNIT_BYTES,
             ),
+        }
+        self._state_reads = (
+            ("sm_clock_mhz", "nvmlDeviceGetClockInfo", (nvml.NVML_CLOCK_SM,), 1.0),
+            ("temperature_c", "nvmlDeviceGetTemperature", (nvml.NVML_TEMPERATURE_GPU,), 1.0),
+            ("clock_event_reasons", reasons_fn, (), 1.0),
+            ("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", (), 1e-3),  # mW -> W
         )
         n = max(1, len(self.indices))
         self._devices = [
@@ -477,6 +527,8 @@ class NvmlSampler:
         for dev in self._devices:
             for kind in (nvml.NVML_GPU_UTILIZATION_SAMPLES, nvml.NVML_TOTAL_POWER_SAMPLES):
                 dev.last_sample_us[kind] = self._start_wall_us
+            if self._driver_samples:  # learn now whether the buffers deliver, rather than poll until then
+                self._read_driver_samples(dev, since_us=self._start_wall_us - _BUFFER_PROBE_US)
         self._state = "running"
         self._thread = threading.Thread(target=self._run, name="autotune-nvml-sampler", daemon=True)
         self._thread.start()
@@ -598,12 +650,10 @@ class NvmlSampler:
         row = self._buffer.blank(t_mono, t_wall, i)
         call = gate.call
         put = self._put
-        # While the driver's utilization buffer delivers (finer than polling), utilization is polled on
-        # slow ticks only (for memory utilization): the buffer's samples carry GPU utilization.
-        util = call(i, "gpu_util_pct", "nvmlDeviceGetUtilizationRates", h) if slow or not dev.util_from_buffer else None
-        if util is not None:
-            put(row, i, "gpu_util_pct", getattr(util, "gpu", None))
-            put(row, i, "mem_util_pct", getattr(util, "memory", None))
+        # While the driver's utilization buffer delivers (finer than polling), utilization is polled in
+        # the rotation of state reads only (for memory utilization): the buffer carries GPU utilization.
+        if not dev.util_from_buffer:
+            self._read_utilization(dev, row)
         mem = call(i, "mem_used_bytes", "nvmlDeviceGetMemoryInfo", h)
         if mem is not None:
             put(row, i, "mem_used_bytes", getattr(mem, "used", None))
@@ -611,26 +661,91 @@ class NvmlSampler:
         if not dev.power_from_buffer:
             put(row, i, "power_w", call(i, "power_w", "nvmlDeviceGetPowerUsage", h), 1e-3)  # mW -> W
         if slow and i not in gate.lost:
-            self._read_slow(dev, row, tick)
+            self._read_counters(dev, row, t_wall)
+            self._read_state(dev, row, tick)
         self._buffer.append(row)
-        if slow and self._driver_samples and i not in gate.lost:
-            self._read_driver_samples(dev)
+        if slow:
+            dev.slow_count += 1
+            if self._driver_samples and i not in gate.lost and dev.slow_count % dev.buffer_every == 0:
+                self._read_driver_samples(dev)
 
-    def _read_slow(self, dev: _Device, row: list[float], tick: int) -> None:
+    def _read_counters(self, dev: _Device, row: list[float], t_wall: float) -> None:
+        """Energy and PCIe bytes from the driver's counters in one call; refused fields by their own call."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
-        i, h, call, put = dev.index, dev.handle, gate.call, self._put
-        if dev.slow_reads % _POWER_LIMIT_EVERY == 0:
-            limit_mw = call(i, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", h)
-            put(row, i, "power_limit_w", limit_mw, 1e-3)
-        dev.slow_reads += 1
-        for column, fn_name, extra, scale in self._slow_reads:
-            put(row, i, column, call(i, column, fn_name, h, *extra), scale)
-        if self._pids is not None:
-            self._read_process_memory(dev, row, tick)
-        if dev.gpm:
-            self._read_gpm(dev, row)
+        i, h = dev.index, dev.handle
+        wanted = [(c, f) for c, f in self._counter_fields if c not in dev.counters_off]
+        if wanted and gate.enabled(i, "counters"):
+            got = gate.call(
+                i,
+                "counters",
+                "nvmlDeviceGetFieldValues",
+                h,
+                [f for _, f in wanted],
+                fallback="energy and PCIe are read with their own calls",
+            )
+            if got is not None:
+                for (column, _), value in zip(wanted, got, strict=False):
+                    self._store_counter(dev, row, column, value, t_wall)
+        by_counter = (
+            {c for c, _ in self._counter_fields} - dev.counters_off if gate.enabled(i, "counters") else set()
+        )
+        for column, (fn_name, extra, scale) in self._own_reads.items():
+            if column not in by_counter:  # (a refused counter field is read this way on the same tick)
+                self._put(row, i, column, gate.call(i, column, fn_name, h, *extra), scale)
+
+    def _store_counter(self, dev: _Device, row: list[float], column: str, value: Any, t_wall: float) -> None:
+        attr = _VALUE_FIELDS.get(int(value.valueType))
+        if int(value.nvmlReturn) != 0 or attr is None:  # no such counter here: its own call from now on
+            dev.counters_off.add(column)
+            return
+        number = float(getattr(value.value, attr))
+        if column not in _RATE_COLUMNS:
+            self._put(row, dev.index, column, number)
+            return
+        t_us = int(value.timestamp) or int(t_wall * 1e6)
+        prev = dev.counter_prev.get(column)
+        dev.counter_prev[column] = (t_us, number)
+        if prev is not None and t_us > prev[0] and number >= prev[1]:  # a wrapped counter gives no rate
+            self._put(row, dev.index, column, (number - prev[1]) * 1e6 / (t_us - prev[0]))
+
+    def _read_state(self, dev: _Device, row: list[float], tick: int) -> None:
+        """One read of the rotation: process memory, GPM, then the slow-changing settings and states."""
+        nvml, gate = self._nvml, self._gate
+        if nvml is None or gate is None:
+            return
+        i, h = dev.index, dev.handle
+        slots = 3 + len(self._state_reads)
+        for _ in range(slots):  # the next slot still switched on; an empty one is skipped
+            slot = dev.state_cursor % slots
+            dev.state_cursor += 1
+            if slot == 0:
+                if dev.util_from_buffer and gate.enabled(i, "gpu_util_pct"):  # else polled every tick
+                    self._read_utilization(dev, row)
+                    return
+            elif slot == 1:
+                if self._pids is not None and gate.enabled(i, "proc_mem_bytes"):
+                    self._read_process_memory(dev, row, tick)
+                    return
+            elif slot == 2:
+                if dev.gpm and gate.enabled(i, "gpm_sm_util_pct"):
+                    self._read_gpm(dev, row)
+                    return
+            else:
+                column, fn_name, extra, scale = self._state_reads[slot - 3]
+                if gate.enabled(i, column):
+                    self._put(row, i, column, gate.call(i, column, fn_name, h, *extra), scale)
+                    return
+
+    def _read_utilization(self, dev: _Device, row: list[float]) -> None:
+        gate = self._gate
+        if gate is None:
+            return
+        util = gate.call(dev.index, "gpu_util_pct", "nvmlDeviceGetUtilizationRates", dev.handle)
+        if util is not None:
+            self._put(row, dev.index, "gpu_util_pct", getattr(util, "gpu", None))
+            self._put(row, dev.index, "mem_util_pct", getattr(util, "memory", None))
 
     def _put(self, row: list[float], device: int, column: str, value: Any, scale: float = 1.0) -> None:
         """Store ``value * scale`` in ``column``; a value that is not a number leaves it empty (warned once)."""
@@ -710,7 +825,9 @@ class NvmlSampler:
         dev.gpm.reverse()  # the current sample becomes the previous one
         dev.gpm_have_prev = True
 
-    def _read_driver_samples(self, dev: _Device) -> None:
+    def _read_driver_samples(self, dev: _Device, since_us: int | None = None) -> None:
+        """Rows from the driver's buffers newer than the last ones taken; ``since_us`` widens the query
+        (not the rows kept) to learn at start whether a buffer delivers at all."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
@@ -723,15 +840,22 @@ class NvmlSampler:
             metric = f"{column}_samples"
             last = dev.last_sample_us[kind]
             got = gate.call(
-                dev.index, metric, "nvmlDeviceGetSamples", dev.handle, kind, last, missing_ok=True
+                dev.index,
+                metric,
+                "nvmlDeviceGetSamples",
+                dev.handle,
+                kind,
+                last if since_us is None else since_us,
+                missing_ok=True,
             )
-            # power and utilization are polled on every tick only while their buffer is not delivering
-            if column == "power_w":
-                dev.power_from_buffer = bool(got and got[1])
-            elif not gate.enabled(dev.index, metric):  # unsupported (switched off): poll every tick
-                dev.util_from_buffer = False
-            elif got and got[1]:  # delivering; "no new sample" (NotFound) keeps the last answer
-                dev.util_from_buffer = True
+            # power and utilization are polled on every tick only while their buffer is not delivering;
+            # "no new sample" (NotFound) keeps the last answer, switched off (unsupported) means polling
+            if not gate.enabled(dev.index, metric) or got is not None:
+                delivering = bool(got and got[1])
+                if column == "power_w":
+                    dev.power_from_buffer = delivering
+                else:
+                    dev.util_from_buffer = delivering
             if not got:
                 continue
             value_type, samples = got
@@ -740,15 +864,21 @@ class NvmlSampler:
                 gate.disable(dev.index, metric)
                 gate.warn_once((metric, "type"), f"{metric}: unknown sample value type {value_type}; ignored")
                 continue
-            newest = last
             col = _COL[column]
+            blank = self._buffer.blank
+            rows = []
+            stamps = []
             for sample in samples:
                 ts = int(sample.timeStamp)
                 if ts <= last:
                     continue
-                newest = max(newest, ts)
+                stamps.append(ts)
                 t_wall = ts / 1e6
-                row = self._buffer.blank(t_wall - offset, t_wall, dev.index)
+                row = blank(t_wall - offset, t_wall, dev.index)
                 row[col] = float(getattr(sample.sampleValue, attr)) * scale
-                self._buffer.append(row)
-            dev.last_sample_us[kind] = newest
+                rows.append(row)
+            self._buffer.extend(rows)
+            if stamps:
+                dev.last_sample_us[kind] = max(stamps)
+                if since_us is None and _overflowed(last, sorted(stamps)):
+                    dev.buffer_every = 1  # the driver's buffer is shorter than our reading interval

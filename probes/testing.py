@@ -64,6 +64,10 @@ class FakeGpu:
     pcie_tx_kb_s: int = 0
     pcie_rx_kb_s: int = 0
     energy_mj: int = 0
+    # NVML field ids that ``nvmlDeviceGetFieldValues`` answers with NVML_ERROR_NOT_SUPPORTED
+    unsupported_fields: set[int] = field(default_factory=set)
+    # the PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES) integrate ``pcie_*_kb_s`` over time
+    pcie_counters: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0, "t": -1.0})
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, used bytes)
     gpm_supported: bool = True
     gpm_sm_util_pct: float = 0.0
@@ -74,6 +78,7 @@ class FakeGpu:
     # value (``gpu_util_pct`` or ``power_mw``), as the driver's ring buffer would.
     driver_samples: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     sample_period_s: float | None = 1 / 6
+    sample_buffer_len: int = 100  # samples the driver's ring buffer holds (per sampling type)
     not_supported: set[str] = field(default_factory=set)
     lost: bool = False
 
@@ -127,6 +132,7 @@ USED_FUNCTIONS: tuple[str, ...] = (
     "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons",
     "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetSamples",
     "nvmlGpmQueryDeviceSupport",
@@ -300,14 +306,29 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
     device("nvmlDeviceGetCudaComputeCapability", lambda g: g.compute_capability)
 
     # -- sampled metrics
-    device(
-        "nvmlDeviceGetUtilizationRates",
-        lambda g: real.c_nvmlUtilization_t(gpu=g.gpu_util_pct, memory=g.mem_util_pct),
-    )
+    # An instant fake: a structure is built once per distinct value and handed out again while the
+    # GPU's state is unchanged (callers only read it), so the fake's own cost stays out of benchmarks.
+    built: dict[tuple[Any, ...], Any] = {}
+
+    def once(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        value = built.get(key)
+        if value is None:
+            if len(built) > 4096:  # a long scripted timeline: forget old values
+                built.clear()
+            value = built[key] = make()
+        return value
+
+    def utilization(g: FakeGpu) -> Any:
+        gpu, mem = g.gpu_util_pct, g.mem_util_pct
+        return once(("util", gpu, mem), lambda: real.c_nvmlUtilization_t(gpu=gpu, memory=mem))
+
+    device("nvmlDeviceGetUtilizationRates", utilization)
 
     def memory_info(g: FakeGpu, version: Any = None) -> Any:
-        used = g.memory_used_bytes
-        return real.c_nvmlMemory_t(total=g.memory_total_bytes, free=g.memory_total_bytes - used, used=used)
+        total, used = g.memory_total_bytes, g.memory_used_bytes
+        return once(
+            ("mem", total, used), lambda: real.c_nvmlMemory_t(total=total, free=total - used, used=used)
+        )
 
     device("nvmlDeviceGetMemoryInfo", memory_info)
     device("nvmlDeviceGetPowerUsage", lambda g: g.power_mw)
@@ -334,6 +355,37 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
 
     device("nvmlDeviceGetPcieThroughput", pcie)
 
+    def pcie_counts(g: FakeGpu, now_s: float) -> tuple[int, int]:
+        c = g.pcie_counters
+        if c["t"] >= 0:
+            c["tx"] += g.pcie_tx_kb_s * 1024 * (now_s - c["t"])
+            c["rx"] += g.pcie_rx_kb_s * 1024 * (now_s - c["t"])
+        c["t"] = now_s
+        return int(c["tx"]), int(c["rx"])
+
+    def field_values(g: FakeGpu, field_ids: Sequence[Any]) -> Any:
+        now_s = time.time()
+        tx, rx = pcie_counts(g, now_s)
+        known = {
+            real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: g.energy_mj,
+            real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: tx,
+            real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: rx,
+        }
+        values = (real.c_nvmlFieldValue_t * len(field_ids))()
+        for k, field_id in enumerate(field_ids):
+            value = values[k]
+            value.fieldId = field_id
+            value.timestamp = int(now_s * 1e6)
+            if field_id in g.unsupported_fields or field_id not in known:
+                value.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
+                continue
+            value.nvmlReturn = real.NVML_SUCCESS
+            value.valueType = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            value.value.ullVal = int(known[field_id])
+        return values
+
+    device("nvmlDeviceGetFieldValues", field_values)
+
     def processes(g: FakeGpu) -> list[Any]:
         return [real.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": used}) for pid, used in g.processes]
 
@@ -344,11 +396,13 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
         if explicit is not None:
             points = [(ts, v) for ts, v in explicit if ts > last_us]
         elif g.sample_period_s and kind in (real.NVML_GPU_UTILIZATION_SAMPLES, real.NVML_TOTAL_POWER_SAMPLES):
+            # a ring buffer of ``sample_buffer_len`` samples, one every period, holding the current value
             value = g.gpu_util_pct if kind == real.NVML_GPU_UTILIZATION_SAMPLES else g.power_mw
             period_us = int(g.sample_period_s * 1e6)
             newest = int(time.time() * 1e6) // period_us * period_us
-            points = [(newest - k * period_us, value) for k in range(100)]
-            points = sorted((ts, v) for ts, v in points if ts > last_us)
+            depth = max(1, g.sample_buffer_len)
+            oldest = max(newest - (depth - 1) * period_us, (last_us // period_us + 1) * period_us)
+            points = [(ts, value) for ts in range(oldest, newest + 1, period_us)]
         else:
             raise_(real.NVML_ERROR_NOT_SUPPORTED)
             points = []

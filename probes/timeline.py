@@ -63,7 +63,7 @@ GPU_METRICS: tuple[str, ...] = (
     "power_w",  # power.draw
     "power_limit_w",  # enforced.power.limit
     "sm_clock_mhz",  # clocks.sm
-    "pcie_tx_bytes_s",  # NVML PCIe throughput (KiB/s over 20 ms) x 1024
+    "pcie_tx_bytes_s",  # bytes/s between two reads of the PCIe byte counters (else NVML 20 ms KiB/s x 1024)
     "pcie_rx_bytes_s",
     "temperature_c",  # temperature.gpu
     "clock_event_reasons",  # clocks_event_reasons.active (bitmask)
@@ -123,6 +123,15 @@ class RowBuffer:
             raise ValueError(f"row has {len(row)} values, the buffer {self.width}")
         with self._lock:
             self._data.extend(row)
+
+    def extend(self, rows: Sequence[Sequence[float]]) -> None:
+        """Store several rows under one lock (each ``len(row) == width``)."""
+        width = self.width
+        if any(len(row) != width for row in rows):
+            raise ValueError(f"a row does not have the buffer's {width} values")
+        with self._lock:
+            for row in rows:
+                self._data.extend(row)
 
     def __len__(self) -> int:
         return len(self._data) // self.width

@@ -81,6 +81,10 @@ def _has(rows: list[dict], device: int, column: str) -> bool:
     return any(r["device"] == device and r[column] is not None for r in rows)
 
 
+def _values(rows: list[dict], device: int, column: str) -> set:
+    return {r[column] for r in rows if r["device"] == device and r[column] is not None}
+
+
 @pytest.mark.parametrize("full_module", [False, True], ids=["used-functions", "whole-module"])
 def test_every_metric_supported_is_sampled_with_units_converted(full_module: bool) -> None:
     fake = fake_nvml(_gpus(), full_module=full_module)
@@ -93,30 +97,36 @@ def test_every_metric_supported_is_sampled_with_units_converted(full_module: boo
     for dev in (0, 1):
         for column in GPU_METRICS:
             assert _has(rows, dev, column), (dev, column)
-    full0 = next(r for r in _polled(rows, 0) if r["gpm_sm_util_pct"] is not None)
-    assert full0["gpu_util_pct"] == 87.0 and full0["mem_util_pct"] == 41.0
-    assert full0["mem_used_bytes"] == 30 * GiB and full0["mem_total_bytes"] == 80 * GiB
-    assert {r["power_w"] for r in rows if r["device"] == 0 and r["power_w"] is not None} == {412.0}
-    assert {r["power_limit_w"] for r in rows if r["device"] == 0 and r["power_limit_w"] is not None} == {
-        700.0
+    expected = {
+        0: {
+            "gpu_util_pct": 87.0,
+            "mem_util_pct": 41.0,
+            "mem_used_bytes": 30.0 * GiB,
+            "mem_total_bytes": 80.0 * GiB,
+            "power_w": 412.0,
+            "power_limit_w": 700.0,
+            "sm_clock_mhz": 1755.0,
+            "temperature_c": 61.0,
+            "clock_event_reasons": 4.0,
+            "energy_mj": 123_456.0,
+            "proc_mem_bytes": 14.0 * GiB,  # pids 101 + 102, not 999
+            "gpm_sm_util_pct": 55.5,
+            "gpm_sm_occupancy_pct": 22.0,
+            "gpm_tensor_util_pct": 31.0,
+        },
+        1: {
+            "gpu_util_pct": 12.0,  # the device index in each row is the GPU that was read
+            "power_limit_w": 350.0,
+            "proc_mem_bytes": 1.0 * GiB,
+            "gpm_sm_util_pct": 9.0,  # GPM metrics come from GPU 1's own samples
+        },
     }
-    assert full0["sm_clock_mhz"] == 1755.0 and full0["temperature_c"] == 61.0
-    assert full0["clock_event_reasons"] == 4.0 and full0["energy_mj"] == 123_456.0
-    assert full0["pcie_tx_bytes_s"] == 1000 * 1024 and full0["pcie_rx_bytes_s"] == 250_000 * 1024
-    assert full0["proc_mem_bytes"] == 14 * GiB  # pids 101 + 102, not 999
-    assert (full0["gpm_sm_util_pct"], full0["gpm_sm_occupancy_pct"], full0["gpm_tensor_util_pct"]) == (
-        55.5,
-        22.0,
-        31.0,
-    )
-    full1 = next(r for r in _polled(rows, 1) if r["gpm_sm_util_pct"] is not None)
-    assert full1["proc_mem_bytes"] == 1 * GiB
-    assert {r["power_limit_w"] for r in rows if r["device"] == 1 and r["power_limit_w"] is not None} == {
-        350.0
-    }
-    assert full1["gpm_sm_util_pct"] == 9.0  # GPM metrics come from GPU 1's own samples
-    # the device index in each row is the GPU that was read
-    assert {r["gpu_util_pct"] for r in _polled(rows, 1)} == {12.0}
+    for dev, columns in expected.items():
+        for column, value in columns.items():
+            assert _values(rows, dev, column) == {value}, (dev, column)
+    # PCIe bytes/s from the driver's byte counters: the average between two counter reads
+    for column, kb_s in (("pcie_tx_bytes_s", 1000), ("pcie_rx_bytes_s", 250_000)):
+        assert all(v == pytest.approx(kb_s * 1024, rel=1e-3) for v in _values(rows, 0, column)), column
     # NVML released and GPM buffers freed
     assert fake.init_count == 0
     assert fake.gpm_live_samples == 0
@@ -136,9 +146,17 @@ def test_a_call_with_the_wrong_signature_fails_on_the_fake_and_is_contained_by_t
 def test_not_supported_and_function_not_found_become_empty_columns_warned_once() -> None:
     gpus = _gpus()
     gpus[0].not_supported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetPcieThroughput"}
+    # GPU 0's driver has no PCIe byte counters either: PCIe falls back to its own call, then stays empty
+    gpus[0].unsupported_fields = {
+        pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    }
     fake = fake_nvml(gpus, missing={"nvmlDeviceGetSamples", "nvmlGpmQueryDeviceSupport"})
     sampler = NvmlSampler([0, 1], interval_s=0.01, nvml=fake.module, slow_interval_s=0.02)
-    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 10 and _has(rs, 0, "energy_mj"))
+    rows = _run(
+        sampler,
+        lambda rs: len(_polled(rs, 0)) >= 10 and _has(rs, 0, "energy_mj") and _has(rs, 1, "pcie_rx_bytes_s"),
+    )
 
     assert not _has(rows, 0, "power_w") and not _has(rows, 0, "pcie_tx_bytes_s")
     assert _has(rows, 1, "power_w") and _has(rows, 1, "pcie_rx_bytes_s")  # GPU 1 supports them
@@ -154,21 +172,32 @@ def test_not_supported_and_function_not_found_become_empty_columns_warned_once()
     # an unsupported metric is asked once, not on every tick
     power_calls_gpu0 = [c for c in fake.module.nvmlDeviceGetPowerUsage.call_args_list if c.args[0].index == 0]
     assert len(power_calls_gpu0) == 1
+    # energy still comes from the counters call on GPU 0; PCIe is asked of the counters once only
+    counter_calls = [
+        c.args[1] for c in fake.module.nvmlDeviceGetFieldValues.call_args_list if c.args[0].index == 0
+    ]
+    all_ids = [
+        pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+        pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    ]
+    assert len(counter_calls) >= 2 and counter_calls[0] == all_ids
+    assert all(ids == [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION] for ids in counter_calls[1:])
 
 
 def test_functions_an_older_binding_lacks_are_contained_and_reasons_fall_back() -> None:
     fake = fake_nvml(1)
     del fake.module.nvmlDeviceGetCurrentClocksEventReasons  # nvidia-ml-py before 12.535
     del fake.module.nvmlDeviceGetTotalEnergyConsumption
+    del fake.module.nvmlDeviceGetFieldValues  # and the counters call: energy and PCIe by their own calls
     fake.gpus[0].clock_event_reasons = 0x40  # HW thermal slowdown
     sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01)
-    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 4)
-    polled = _polled(rows, 0)
-    assert all(r["clock_event_reasons"] == 64.0 for r in polled)  # via ...ThrottleReasons
-    assert all(r["energy_mj"] is None for r in polled)
-    assert all(
-        r["sm_clock_mhz"] == 1980.0 and r["pcie_rx_bytes_s"] == 0.0 for r in polled
-    )  # the rest goes on
+    columns = ("clock_event_reasons", "sm_clock_mhz", "pcie_rx_bytes_s")
+    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 4 and all(_has(rs, 0, c) for c in columns))
+    assert _values(rows, 0, "clock_event_reasons") == {64.0}  # via ...ThrottleReasons
+    assert not _has(rows, 0, "energy_mj")
+    assert _values(rows, 0, "sm_clock_mhz") == {1980.0} and _values(rows, 0, "pcie_rx_bytes_s") == {0.0}
+    assert any(w.startswith("counters: unexpected AttributeError") for w in sampler.warnings)
     assert [w for w in sampler.warnings if w.startswith("energy_mj")] == [
         "energy_mj: unexpected AttributeError on GPU 0 (nvmlDeviceGetTotalEnergyConsumption); the column stays empty"
     ]
@@ -223,9 +252,20 @@ def test_a_gpu_lost_mid_run_leaves_its_later_rows_empty_and_sampling_goes_on() -
         fake.lose(1)
         assert wait_until(lambda: any("GPU 1 was lost" in w for w in sampler.warnings))
         lost_at = time.monotonic()
-        calls_at_loss = fake.module.nvmlDeviceGetUtilizationRates.call_count
+        calls_at_loss = fake.module.nvmlDeviceGetMemoryInfo.call_count
+
+        def later_util0(rows: list[dict]) -> list[float]:
+            return [
+                r["gpu_util_pct"]
+                for r in rows
+                if r["device"] == 0 and r["t_mono_s"] > lost_at and r["gpu_util_pct"] is not None
+            ]
+
         assert wait_until(
-            lambda: len([r for r in _polled(sampler.rows(), 0) if r["t_mono_s"] > lost_at]) >= 5
+            lambda: (
+                len([r for r in _polled(sampler.rows(), 0) if r["t_mono_s"] > lost_at]) >= 5
+                and len(later_util0(sampler.rows())) >= 2
+            )
         )
     finally:
         sampler.stop()
@@ -236,10 +276,10 @@ def test_a_gpu_lost_mid_run_leaves_its_later_rows_empty_and_sampling_goes_on() -
     later0 = [r for r in _polled(rows, 0) if r["t_mono_s"] > lost_at]
     assert later0 and all(r["mem_used_bytes"] is not None for r in later0)
     # utilization comes from polling (slow ticks, while the driver buffer delivers) or the buffer
-    util0 = [r["gpu_util_pct"] for r in rows if r["device"] == 0 and r["t_mono_s"] > lost_at and r["gpu_util_pct"] is not None]
+    util0 = later_util0(rows)
     assert util0 and all(u == 87.0 for u in util0)
-    # the lost GPU is not asked again: only GPU 0's utilization reads happened after the loss
-    after = fake.module.nvmlDeviceGetUtilizationRates.call_args_list[calls_at_loss:]
+    # the lost GPU is not asked again: only GPU 0's memory reads happened after the loss
+    after = fake.module.nvmlDeviceGetMemoryInfo.call_args_list[calls_at_loss:]
     assert after and all(c.args[0].index == 0 for c in after)
     assert len([w for w in sampler.warnings if "lost" in w]) == 1
 
@@ -269,10 +309,10 @@ def test_a_value_that_is_not_a_number_empties_only_its_cell() -> None:
     fake = fake_nvml(1)
     fake.module.nvmlDeviceGetTemperature.side_effect = lambda handle, sensor: "hot"
     sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01, gpm=False)
-    rows = _run(sampler, lambda rs: len(_polled(rs, 0)) >= 5)
-    polled = _polled(rows, 0)
-    assert all(r["temperature_c"] is None for r in polled)
-    assert all(r["sm_clock_mhz"] == 1980.0 for r in polled)
+    temperature = fake.module.nvmlDeviceGetTemperature
+    rows = _run(sampler, lambda rs: temperature.call_count >= 3 and _has(rs, 0, "sm_clock_mhz"))
+    assert not _has(rows, 0, "temperature_c")
+    assert _values(rows, 0, "sm_clock_mhz") == {1980.0}
     assert any("temperature_c" in w and "'hot'" in w for w in sampler.warnings)
 
 
@@ -463,3 +503,59 @@ def test_utilization_is_polled_every_tick_only_while_the_driver_buffer_is_silent
     assert util_calls_per_tick(()) < 0.5
     # no buffer (a driver without nvmlDeviceGetSamples): polled on every tick
     assert util_calls_per_tick(("nvmlDeviceGetSamples",)) > 0.9
+
+
+def test_pcie_rates_come_from_the_byte_counters_and_a_wrapped_counter_gives_no_rate() -> None:
+    gpu = FakeGpu(pcie_tx_kb_s=2_000, pcie_rx_kb_s=0)
+    fake = fake_nvml([gpu])
+    sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01, gpm=False)
+    sampler.start()
+    try:
+        assert wait_until(lambda: len(_values(sampler.rows(), 0, "pcie_tx_bytes_s")) >= 1)
+        n_before = len([r for r in sampler.rows() if r["pcie_tx_bytes_s"] is not None])
+        gpu.pcie_counters["tx"] = 0.0  # the counter wraps around
+        assert wait_until(
+            lambda: len([r for r in sampler.rows() if r["pcie_tx_bytes_s"] is not None]) >= n_before + 3
+        )
+    finally:
+        sampler.stop()
+    rates = [r["pcie_tx_bytes_s"] for r in sampler.rows() if r["pcie_tx_bytes_s"] is not None]
+    assert all(rate == pytest.approx(2_000 * 1024, rel=1e-2) for rate in rates)  # never negative or huge
+    assert fake.module.nvmlDeviceGetPcieThroughput.call_count == 0  # counters delivered: no 20 ms calls
+    assert _values(sampler.rows(), 0, "pcie_rx_bytes_s") == {0.0}
+
+
+def test_state_reads_rotate_one_per_slow_read() -> None:
+    fake = fake_nvml(1)
+    sampler = NvmlSampler([0], interval_s=0.005, nvml=fake.module, pids=lambda: {1}, slow_interval_s=0.005)
+    m = fake.module
+    rows = _run(sampler, lambda rs: m.nvmlDeviceGetFieldValues.call_count >= 70)
+    slow_reads = m.nvmlDeviceGetFieldValues.call_count  # the counters are read on every slow read
+    # utilization (the buffer delivers GPU utilization), process memory, GPM, SM clock, temperature,
+    # clock-event reasons, power limit: seven slots, one read per slow read
+    rotated = [
+        m.nvmlDeviceGetComputeRunningProcesses,
+        m.nvmlGpmMetricsGet,
+        m.nvmlDeviceGetClockInfo,
+        m.nvmlDeviceGetTemperature,
+        m.nvmlDeviceGetCurrentClocksEventReasons,
+        m.nvmlDeviceGetEnforcedPowerLimit,
+    ]
+    for fn in rotated:
+        assert abs(fn.call_count - slow_reads / 7) <= 2, fn
+    assert m.nvmlDeviceGetPowerUsage.call_count == 0  # the power buffer delivered from the start
+    assert _has(rows, 0, "temperature_c") and _has(rows, 0, "gpm_sm_util_pct")
+
+
+def test_a_driver_buffer_shorter_than_the_reading_interval_is_read_every_slow_read() -> None:
+    def samples_per_slow_read(buffer_len: int) -> float:
+        gpu = FakeGpu(sample_period_s=0.002, sample_buffer_len=buffer_len)
+        fake = fake_nvml([gpu])
+        sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01, gpm=False)
+        _run(sampler, lambda rs: fake.module.nvmlDeviceGetFieldValues.call_count >= 30)
+        return fake.module.nvmlDeviceGetSamples.call_count / fake.module.nvmlDeviceGetFieldValues.call_count
+
+    # a deep buffer (100 samples = 200 ms) is drained every second slow read (2 kinds / 2 reads);
+    # one of 3 samples (6 ms) overflows between reads 20 ms apart: read on every slow read from then on
+    assert samples_per_slow_read(100) < 1.3
+    assert samples_per_slow_read(3) > 1.7
