@@ -46,13 +46,23 @@ def make_samplers(hardware: Hardware, settings: ProbeSettings) -> Callable[[int]
             from probes.nvml import NvmlSampler
 
             # The host sampler already walks the trial's process tree: reuse its pids for attribution.
-            samplers.append(NvmlSampler([g.index for g in hardware.gpus], interval_s=settings.gpu_interval_s, pids=host.pids))
+            samplers.append(
+                NvmlSampler(
+                    [g.index for g in hardware.gpus], interval_s=settings.gpu_interval_s, pids=host.pids
+                )
+            )
         return samplers
 
     return factory
 
 
-def summarize_trial(trial_dir: Path, steps: Sequence[StepMetrics], *, model_flops_per_step: float | None = None, peak_flops: float | None = None) -> dict[str, Any] | None:
+def summarize_trial(
+    trial_dir: Path,
+    steps: Sequence[StepMetrics],
+    *,
+    model_flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+) -> dict[str, Any] | None:
     """Timeline summary of a trial directory (None when it has no timeline)."""
     from probes.phases import read_phases
     from probes.timeline import read_timeline, summarize
@@ -63,7 +73,10 @@ def summarize_trial(trial_dir: Path, steps: Sequence[StepMetrics], *, model_flop
     df = read_timeline(path)
     phases_path = trial_dir / "phases.jsonl"
     phases = read_phases(phases_path) if phases_path.exists() else []
-    step_dicts = [{"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)} for s in steps]
+    step_dicts = [
+        {"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)}
+        for s in steps
+    ]
     return summarize(df, step_dicts, phases, model_flops_per_step=model_flops_per_step, peak_flops=peak_flops)
 
 
@@ -105,7 +118,9 @@ class Executor:
         plan = self.backend.render(spec, ctx)
         parser = self.backend.parser(spec, ctx)
         watchdog = self.watchdog
-        if time_left_s is not None and (watchdog.trial_timeout_s is None or time_left_s < watchdog.trial_timeout_s):
+        if time_left_s is not None and (
+            watchdog.trial_timeout_s is None or time_left_s < watchdog.trial_timeout_s
+        ):
             watchdog = replace(watchdog, trial_timeout_s=time_left_s)
 
         class _Observer:
@@ -132,7 +147,9 @@ class Executor:
         steps = list(record.steps)
         steady = steady_estimate(steps, ctx.global_batch)
         health: list[str] = []
-        ended_well = record.stopped_by in ("early_stop", "pruned") or (record.stopped_by is None and record.exit_code == 0)
+        ended_well = record.stopped_by in ("early_stop", "pruned") or (
+            record.stopped_by is None and record.exit_code == 0
+        )
         if ended_well and steps:
             health = health_check(
                 steps,
@@ -142,12 +159,18 @@ class Executor:
             )
         verdict = classify(record, patterns=self.backend.failure_patterns(), health=health)
         status = verdict.status
-        if status is TrialStatus.TIMEOUT and record.stopped_by == "timeout" and self._study_budget_cut(time_left_s, watchdog):
+        if (
+            status is TrialStatus.TIMEOUT
+            and record.stopped_by == "timeout"
+            and self._study_budget_cut(time_left_s, watchdog)
+        ):
             status = TrialStatus.INTERRUPTED
         flops = self.model_flops_per_step(spec) if self.model_flops_per_step else None
         summary = None
         try:
-            summary = summarize_trial(ctx.trial_dir, steps, model_flops_per_step=flops, peak_flops=self.peak_flops)
+            summary = summarize_trial(
+                ctx.trial_dir, steps, model_flops_per_step=flops, peak_flops=self.peak_flops
+            )
         except (OSError, ValueError) as exc:  # a broken timeline must not lose the trial's result
             summary = {"error": f"timeline unreadable: {exc}"}
         peaks: list[int | None] = []
@@ -170,7 +193,9 @@ class Executor:
             exit_code=record.exit_code,
             signal=record.signal,
             steps=len(steps),
-            steady=steady if status in (TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.UNHEALTHY) else None,
+            steady=steady
+            if status in (TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.UNHEALTHY)
+            else None,
             health=health,
             peak_mem_bytes=peaks,
             framework_peak_mem_bytes=int(max(fw_mem) * 2**30) if fw_mem else None,
@@ -184,7 +209,11 @@ class Executor:
 
     @staticmethod
     def _study_budget_cut(time_left_s: float | None, watchdog: WatchdogConfig) -> bool:
-        return time_left_s is not None and watchdog.trial_timeout_s is not None and abs(watchdog.trial_timeout_s - time_left_s) < 1e-6
+        return (
+            time_left_s is not None
+            and watchdog.trial_timeout_s is not None
+            and abs(watchdog.trial_timeout_s - time_left_s) < 1e-6
+        )
 
 
 def load_steps(path: Path) -> list[StepMetrics]:

@@ -57,7 +57,9 @@ def _declared(n: int, gpu_type: str | None, gpu_memory_gib: float | None) -> tup
             )
         name, memory_bytes = spec.name, spec.memory_bytes
     assert memory_bytes is not None  # one of gpu_type / gpu_memory_gib is set by the caller
-    return tuple(GpuInfo(index=i, name=name, memory_total_bytes=memory_bytes, declared=True) for i in range(n))
+    return tuple(
+        GpuInfo(index=i, name=name, memory_total_bytes=memory_bytes, declared=True) for i in range(n)
+    )
 
 
 def resolve_hardware(
@@ -86,7 +88,9 @@ def resolve_hardware(
             hint="Omit --gpus to use every detected GPU (or the CPU when there is none)",
         )
     if gpu_memory_gib is not None and gpu_memory_gib <= 0:
-        raise HardwareError(f"--gpu-memory-gib must be positive, got {gpu_memory_gib}", hint="Give the memory per GPU in GiB")
+        raise HardwareError(
+            f"--gpu-memory-gib must be positive, got {gpu_memory_gib}", hint="Give the memory per GPU in GiB"
+        )
     detection, note = detect(detector)
     detected = detection.devices if detection else ()
     host = host_info()

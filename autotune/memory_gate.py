@@ -83,7 +83,9 @@ class EstimatorGate:
         shape = job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)
         return shape, self.calibration.adjust(estimate_memory(shape, self.gpu))
 
-    def check(self, params: Mapping[str, Any], derived: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    def check(
+        self, params: Mapping[str, Any], derived: Mapping[str, Any]
+    ) -> tuple[str | None, dict[str, Any] | None]:
         from autotune.estimate import should_prune
 
         _, est = self._estimate(params, derived)
@@ -99,7 +101,11 @@ class EstimatorGate:
         return float(estimate_step_time(shape, self.gpu).throughput)
 
     def observe(self, result: TrialResult) -> None:
-        if result.number in self._seen or result.status not in (TrialStatus.COMPLETE, TrialStatus.OOM, TrialStatus.UNHEALTHY):
+        if result.number in self._seen or result.status not in (
+            TrialStatus.COMPLETE,
+            TrialStatus.OOM,
+            TrialStatus.UNHEALTHY,
+        ):
             return
         self._seen.add(result.number)
         _, est = self._estimate(result.params, result.derived or None)

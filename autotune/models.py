@@ -43,8 +43,13 @@ def resolve_model(name: str, *, build_tiny: bool = True) -> ModelRef:
     local = Path(name).expanduser()
     if local.exists():
         if not (local / "config.json").exists() and local.name != "config.json":
-            raise UsageError(f"model directory {name} has no config.json", hint="Point --model at a Hugging Face model folder")
-        return ModelRef(name=name, path_or_id=str(local.resolve()), local=True, facts=_facts(model_from_config(local)))
+            raise UsageError(
+                f"model directory {name} has no config.json",
+                hint="Point --model at a Hugging Face model folder",
+            )
+        return ModelRef(
+            name=name, path_or_id=str(local.resolve()), local=True, facts=_facts(model_from_config(local))
+        )
     spec = find_model(name)
     if spec is not None:
         return ModelRef(name=name, path_or_id=spec.hub_id, local=False, facts=_facts(spec))

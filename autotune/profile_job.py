@@ -79,10 +79,14 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     from autotune.studydir import ensure_writable, write_json_atomic
 
     if not req.command:
-        raise UsageError("autotune profile needs a command after --", hint="e.g. autotune profile -- python train.py")
+        raise UsageError(
+            "autotune profile needs a command after --", hint="e.g. autotune profile -- python train.py"
+        )
     ensure_writable(req.out)
     if (req.out / "profile.json").exists() or (req.out / "result.json").exists():
-        raise UsageError(f"{req.out} already holds a profile", hint="Choose a new --out so the earlier run is kept")
+        raise UsageError(
+            f"{req.out} already holds a profile", hint="Choose a new --out so the earlier run is kept"
+        )
     metrics = req.metrics_file or (req.out / "command_metrics.jsonl")
     env = {
         "AUTOTUNE_PHASES_FILE": str((req.out / "phases.jsonl").resolve()),
@@ -93,13 +97,24 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
     plan = LaunchPlan(argv=tuple(req.command), env=env, cwd=str(Path.cwd()), metrics_paths=())
     parser = AnyFormatParser(
-        [CommandParser(metrics), SwiftLogParser(samples=req.global_batch), VerlLogParser(req.out / "verl_metrics.jsonl")]
+        [
+            CommandParser(metrics),
+            SwiftLogParser(samples=req.global_batch),
+            VerlLogParser(req.out / "verl_metrics.jsonl"),
+        ]
     )
-    watchdog = WatchdogConfig(startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s)
+    watchdog = WatchdogConfig(
+        startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s
+    )
     started = time.time()
     write_json_atomic(
         req.out / "profile.json",
-        {"command": list(req.command), "command_line": shlex.join(req.command), "hardware": req.hardware.model_dump(mode="json"), "started_wall_s": started},
+        {
+            "command": list(req.command),
+            "command_line": shlex.join(req.command),
+            "hardware": req.hardware.model_dump(mode="json"),
+            "started_wall_s": started,
+        },
     )
     record = run_trial(
         plan,
@@ -114,7 +129,11 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     steps = list(record.steps)
     batch = req.global_batch or next((s.samples for s in steps if s.samples), None)
     steady = steady_estimate(steps, batch) if batch else None
-    health = health_check(steps, beta=None, max_completion_length=None, baseline=None) if steps and record.exit_code == 0 else []
+    health = (
+        health_check(steps, beta=None, max_completion_length=None, baseline=None)
+        if steps and record.exit_code == 0
+        else []
+    )
     verdict = classify(record, health=health)
     summary = summarize_trial(req.out, steps)
     peaks = [g.get("peak_mem_bytes") for g in (summary or {}).get("gpus", [])]

@@ -70,7 +70,9 @@ def recommend(
         tight = [
             (i, h)
             for i, h in enumerate(room)
-            if h is not None and hardware is not None and h < min_headroom_frac * hardware.gpus[i].memory_total_bytes
+            if h is not None
+            and hardware is not None
+            and h < min_headroom_frac * hardware.gpus[i].memory_total_bytes
         ]
         if tight:
             i, h = tight[0]

@@ -168,7 +168,11 @@ class LaunchPlan(_Frozen):
 
     def to_shell(self) -> str:
         """A ``command.sh`` body that re-runs the trial by hand (quoted, never executed by us)."""
-        lines = ["#!/usr/bin/env bash", "# Re-runs this trial by hand. Written by autotune.", "set -euo pipefail"]
+        lines = [
+            "#!/usr/bin/env bash",
+            "# Re-runs this trial by hand. Written by autotune.",
+            "set -euo pipefail",
+        ]
         lines.append(f"cd {shlex.quote(self.cwd)}")
         for key in self.unset_env:
             lines.append(f"unset {key}")

@@ -63,7 +63,17 @@ def collect_versions(backend: str) -> dict[str, str]:
     import autotune
 
     out = {"autotune": autotune.__version__, "python": sys.version.split()[0]}
-    for dist in ("torch", "transformers", "trl", "accelerate", "deepspeed", "vllm", "ms-swift", "optuna", "nvidia-ml-py"):
+    for dist in (
+        "torch",
+        "transformers",
+        "trl",
+        "accelerate",
+        "deepspeed",
+        "vllm",
+        "ms-swift",
+        "optuna",
+        "nvidia-ml-py",
+    ):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:
@@ -89,7 +99,9 @@ def _load_mapping_file(path: str, flag: str) -> dict[str, Any]:
     except yaml.YAMLError:
         raise UsageError(f"{flag} file {path} is not valid YAML", hint="Fix the YAML syntax") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{flag} file {path} must hold a mapping of name: value", hint="Write one name: value per line")
+        raise UsageError(
+            f"{flag} file {path} must hold a mapping of name: value", hint="Write one name: value per line"
+        )
     return data
 
 
@@ -105,11 +117,17 @@ def run_search(req: SearchRequest, console: Console) -> int:
     # 1. numbers and names: nothing touched yet.
     check_budget(req.trials)
     if req.search not in SEARCH_KINDS:
-        raise UsageError(f"unknown search {req.search!r}", hint=f"Use --search with one of: {', '.join(SEARCH_KINDS)}")
+        raise UsageError(
+            f"unknown search {req.search!r}", hint=f"Use --search with one of: {', '.join(SEARCH_KINDS)}"
+        )
     time_budget_s = parse_duration_s(req.time_budget, flag="--time-budget") if req.time_budget else None
-    trial_timeout_s = parse_duration_s(req.trial_timeout, flag="--trial-timeout") if req.trial_timeout else None
+    trial_timeout_s = (
+        parse_duration_s(req.trial_timeout, flag="--trial-timeout") if req.trial_timeout else None
+    )
     hang_floor_s = _signed_duration(req.hang_floor, "--hang-floor")
-    startup_s = parse_duration_s(req.startup_timeout, flag="--startup-timeout") if req.startup_timeout else None
+    startup_s = (
+        parse_duration_s(req.startup_timeout, flag="--startup-timeout") if req.startup_timeout else None
+    )
     for value, flag, example in (
         (req.global_batch, "--global-batch", "16"),
         (req.num_generations, "--num-generations", "4"),
@@ -120,7 +138,10 @@ def run_search(req: SearchRequest, console: Console) -> int:
     ):
         _positive(value, flag, example)
     if req.num_generations < 2:
-        raise UsageError(f"--num-generations must be at least 2 for GRPO, got {req.num_generations}", hint="Use --num-generations 4")
+        raise UsageError(
+            f"--num-generations must be at least 2 for GRPO, got {req.num_generations}",
+            hint="Use --num-generations 4",
+        )
     if req.global_batch % req.num_generations:
         raise UsageError(
             f"--global-batch {req.global_batch} is not a multiple of --num-generations {req.num_generations}",
@@ -129,9 +150,14 @@ def run_search(req: SearchRequest, console: Console) -> int:
     backend_options: dict[str, Any] = {}
     if req.backend == "command":
         if not req.command:
-            raise UsageError("the command backend needs a command after --", hint="e.g. autotune search --backend command --space s.yaml -- python train.py --bs {per_device_train_batch_size}")
+            raise UsageError(
+                "the command backend needs a command after --",
+                hint="e.g. autotune search --backend command --space s.yaml -- python train.py --bs {per_device_train_batch_size}",
+            )
         if not req.space:
-            raise UsageError("the command backend needs --space", hint="Write a search-space YAML of your script's knobs")
+            raise UsageError(
+                "the command backend needs --space", hint="Write a search-space YAML of your script's knobs"
+            )
         backend_options = {"template": list(req.command), "metrics_file": req.metrics_file}
     elif req.backend == "swift" and req.executable:
         backend_options = {"executable": req.executable}
@@ -155,7 +181,9 @@ def run_search(req: SearchRequest, console: Console) -> int:
     fixed_args = load_fixed(req.fixed, argv=req.command if req.backend != "command" else ())
     passthrough: tuple[str, ...] = ()
     fixed_args, flag_baseline = split_baseline(fixed_args, [*space.names, *space.dropped])
-    user_baseline = _load_mapping_file(req.baseline, "--baseline") if req.baseline else (flag_baseline or None)
+    user_baseline = (
+        _load_mapping_file(req.baseline, "--baseline") if req.baseline else (flag_baseline or None)
+    )
     if user_baseline is not None:
         user_baseline = coerce_knob_values(user_baseline, space)
         space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
@@ -163,25 +191,64 @@ def run_search(req: SearchRequest, console: Console) -> int:
 
     model = resolve_model(req.model) if req.backend != "command" else _command_model(req.model)
     watchdog = WatchdogConfig(
-        startup_timeout_s=startup_s if startup_s is not None else default_startup_timeout_s(model.facts.get("params")),
+        startup_timeout_s=startup_s
+        if startup_s is not None
+        else default_startup_timeout_s(model.facts.get("params")),
         hang_k=req.hang_k,
         hang_floor_s=hang_floor_s,
         trial_timeout_s=trial_timeout_s,
     )
     # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
     out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
-    for notice in backend.check_flags(space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)):
+    for notice in backend.check_flags(
+        space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
+    ):
         console.print(f"note: {notice}", markup=False, style="yellow")
     from autotune.studydir import ensure_writable
 
     ensure_writable(out)
     # 3. the study.
-    return _run(req, console, backend, info, hardware, space, fixed_args, passthrough, user_baseline, model, out, watchdog, time_budget_s)
+    return _run(
+        req,
+        console,
+        _Prepared(
+            backend=backend,
+            info=info,
+            hardware=hardware,
+            space=space,
+            fixed_args=fixed_args,
+            passthrough=passthrough,
+            user_baseline=user_baseline,
+            model=model,
+            out=out,
+            watchdog=watchdog,
+            time_budget_s=time_budget_s,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """Everything the study needs, validated from the request before anything was launched."""
+
+    backend: Any
+    info: Any  # the backend's probe (installed framework version)
+    hardware: Any
+    space: Any
+    fixed_args: dict[str, Any]
+    passthrough: tuple[str, ...]
+    user_baseline: dict[str, Any] | None
+    model: Any
+    out: Path
+    watchdog: Any
+    time_budget_s: float | None
 
 
 def _signed_duration(text: str, flag: str) -> float:
     if text.strip().startswith("-"):
-        raise UsageError(f"{flag} must not be negative, got {text!r}", hint=f"Give a duration such as {flag} 60s")
+        raise UsageError(
+            f"{flag} must not be negative, got {text!r}", hint=f"Give a duration such as {flag} 60s"
+        )
     return parse_duration_s(text, flag=flag)
 
 
@@ -191,52 +258,63 @@ def _command_model(name: str) -> Any:
     return ModelRef(name=name, path_or_id=name, local=False, facts={})
 
 
-def _run(req, console, backend, info, hardware, space, fixed_args, passthrough, user_baseline, model, out, watchdog, time_budget_s) -> int:  # noqa: ANN001
+def _run(req: SearchRequest, console: Console, prep: _Prepared) -> int:
     from autotune.cli._live import RichView
     from autotune.execute import Executor, ProbeSettings, make_samplers
     from autotune.runner import EarlyStopConfig, reap_orphan
     from autotune.study import Study, StudyConfig
 
+    backend, hardware, space, fixed_args, out = (
+        prep.backend,
+        prep.hardware,
+        prep.space,
+        prep.fixed_args,
+        prep.out,
+    )
     for name, why in space.dropped.items():
         console.print(f"note: knob {name} dropped: {why}", markup=False, style="yellow")
     if hardware.gpus and not hardware.visible:
-        console.print("note: GPUs are declared, not visible here: no NVML timelines will be sampled", markup=False, style="yellow")
+        console.print(
+            "note: GPUs are declared, not visible here: no NVML timelines will be sampled",
+            markup=False,
+            style="yellow",
+        )
     if not hardware.gpus:
         console.print("note: no GPU detected: trials run on the CPU", markup=False, style="yellow")
     cfg = StudyConfig(
         study_dir=out,
         backend=req.backend,
-        model=model,
+        model=prep.model,
         hardware=hardware,
         global_batch=req.global_batch,
         num_generations=req.num_generations,
         max_steps=req.max_steps,
         max_completion_length=req.max_completion_length,
         fixed=fixed_args,
-        passthrough=passthrough,
+        passthrough=prep.passthrough,
         dataset=req.dataset,
         seed=req.seed,
         search=req.search,
         n_trials=req.trials,
-        time_budget_s=time_budget_s,
+        time_budget_s=prep.time_budget_s,
         storage_url=req.storage,
-        user_baseline=user_baseline,
+        user_baseline=prep.user_baseline,
         command_line=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv else "autotune search",
         versions=collect_versions(req.backend),
-        backend_version=info.version,
+        backend_version=prep.info.version,
     )
     stop_event = threading.Event()
     beta = fixed_args.get("beta")
     executor = Executor(
         backend=backend,
         hardware=hardware,
-        watchdog=watchdog,
+        watchdog=prep.watchdog,
         early_stop=EarlyStopConfig(enabled=req.early_stop),
         samplers=make_samplers(hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
         stop_event=stop_event,
         beta=float(beta) if beta is not None else _default_beta(req.backend),
     )
-    memory_gate = _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough)
+    memory_gate = _memory_gate(hardware, prep.model, req, fixed_args, backend, out, prep.passthrough)
     view = RichView(console)
     study = Study(
         cfg,
@@ -255,11 +333,19 @@ def _run(req, console, backend, info, hardware, space, fixed_args, passthrough, 
         presses["n"] += 1
         if presses["n"] == 1:
             stop_event.set()
-            console.print("\ninterrupt: ending the current trial cleanly (press Ctrl-C again to force)", markup=False, style="yellow")
+            console.print(
+                "\ninterrupt: ending the current trial cleanly (press Ctrl-C again to force)",
+                markup=False,
+                style="yellow",
+            )
         else:
             raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    previous = (
+        signal.signal(signal.SIGINT, on_sigint)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     try:
         outcome = study.run()
     finally:
@@ -312,7 +398,9 @@ def _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough):  
     }
     sd = StudyDir(out)
     calibration = sd.read_settings().get("calibration") if sd.exists() else None
-    return EstimatorGate.build(hardware, model, req.backend, job, lambda p: backend.derive(p, ctx), calibration)
+    return EstimatorGate.build(
+        hardware, model, req.backend, job, lambda p: backend.derive(p, ctx), calibration
+    )
 
 
 def _hygiene(hardware, out):  # noqa: ANN001, ANN202

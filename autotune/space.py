@@ -44,7 +44,19 @@ __all__ = ["Knob", "SearchSpace", "load_space", "canonical_key", "Suggester"]
 
 KnobType = Literal["int", "float", "bool", "str"]
 _TYPES: tuple[str, ...] = ("int", "float", "bool", "str")
-_KNOB_FIELDS = {"type", "choices", "low", "high", "step", "log", "default", "when", "applies", "memory", "help"}
+_KNOB_FIELDS = {
+    "type",
+    "choices",
+    "low",
+    "high",
+    "step",
+    "log",
+    "default",
+    "when",
+    "applies",
+    "memory",
+    "help",
+}
 _GRID_LIMIT = 64  # values a continuous knob may expand to for grid search / dedupe
 
 
@@ -130,7 +142,9 @@ class Knob:
             return trial.suggest_categorical(self.name, list(self.choices))
         assert self.low is not None and self.high is not None
         if self.type == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+            return trial.suggest_int(
+                self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
+            )
         return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)
 
     def memory_rank(self, value: Any) -> float | None:
@@ -289,7 +303,9 @@ class SearchSpace:
             knobs.append(knob)
         unknown = set(filters) - set(self.names)
         if unknown:
-            raise SpaceError(f"unknown knob {sorted(unknown)[0]!r}", hint=f"Known knobs: {', '.join(self.names)}")
+            raise SpaceError(
+                f"unknown knob {sorted(unknown)[0]!r}", hint=f"Known knobs: {', '.join(self.names)}"
+            )
         return replace(self, knobs=tuple(knobs))
 
     def describe(self) -> list[dict[str, Any]]:
@@ -339,7 +355,10 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         raise SpaceError(f"{here} must be a mapping", hint="Give it type, choices or low/high, and default")
     extra = set(spec) - _KNOB_FIELDS
     if extra:
-        raise SpaceError(f"{here} has unknown field {sorted(extra)[0]!r}", hint=f"Fields: {', '.join(sorted(_KNOB_FIELDS))}")
+        raise SpaceError(
+            f"{here} has unknown field {sorted(extra)[0]!r}",
+            hint=f"Fields: {', '.join(sorted(_KNOB_FIELDS))}",
+        )
     typ = spec.get("type")
     if typ not in _TYPES:
         raise SpaceError(f"{here} has type {typ!r}", hint=f"Use one of: {', '.join(_TYPES)}")
@@ -355,7 +374,9 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         choices_t: tuple[Any, ...] | None = tuple(_coerce(c, typ, f"{here} choice") for c in choices)
     else:
         if typ not in ("int", "float") or low is None or high is None:
-            raise SpaceError(f"{here} needs choices, or low and high", hint="Write choices: [...] or low:/high:")
+            raise SpaceError(
+                f"{here} needs choices, or low and high", hint="Write choices: [...] or low:/high:"
+            )
         low = _coerce(low, typ, f"{here} low")
         high = _coerce(high, typ, f"{here} high")
         if low > high:
@@ -374,7 +395,9 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
     default = _coerce(spec["default"], typ, f"{here} default")
     when_raw = spec.get("when") or {}
     if not isinstance(when_raw, dict):
-        raise SpaceError(f"{here}: when must map earlier knobs to lists of values", hint="Write when: {knob: [v1, v2]}")
+        raise SpaceError(
+            f"{here}: when must map earlier knobs to lists of values", hint="Write when: {knob: [v1, v2]}"
+        )
     when: dict[str, tuple[Any, ...]] = {}
     for other, allowed in when_raw.items():
         if other not in earlier:
@@ -405,7 +428,9 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         help=str(spec.get("help", "")),
     )
     if default is not None and not knob.contains(default):
-        raise SpaceError(f"{here}: default {default!r} is not one of its values", hint=f"Allowed: {_describe_values(knob)}")
+        raise SpaceError(
+            f"{here}: default {default!r} is not one of its values", hint=f"Allowed: {_describe_values(knob)}"
+        )
     return knob
 
 
@@ -427,19 +452,29 @@ def load_space(
     """
     where = str(source)
     try:
-        text = source.read_text(encoding="utf-8") if not isinstance(source, str) else Path(source).read_text("utf-8")
+        text = (
+            source.read_text(encoding="utf-8")
+            if not isinstance(source, str)
+            else Path(source).read_text("utf-8")
+        )
     except FileNotFoundError:
         raise SpaceError(f"search-space file {where} does not exist", hint="Check the --space path") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpaceError(f"cannot read search-space file {where}: {exc}", hint="Check the --space path") from None
+        raise SpaceError(
+            f"cannot read search-space file {where}: {exc}", hint="Check the --space path"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SpaceError(f"search-space file {where} is not valid YAML{at}", hint="Fix the YAML syntax") from None
+        raise SpaceError(
+            f"search-space file {where} is not valid YAML{at}", hint="Fix the YAML syntax"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("knobs"), dict) or not data["knobs"]:
-        raise SpaceError(f"search-space file {where} has no 'knobs' mapping", hint="Start it with knobs: {name: {...}}")
+        raise SpaceError(
+            f"search-space file {where} has no 'knobs' mapping", hint="Start it with knobs: {name: {...}}"
+        )
     file_backend = data.get("backend")
     if backend is not None and file_backend not in (None, backend):
         raise SpaceError(
@@ -449,7 +484,9 @@ def load_space(
     knobs: dict[str, Knob] = {}
     for name, spec in data["knobs"].items():
         if not isinstance(name, str):
-            raise SpaceError(f"{where}: knob name {name!r} is not text", hint="Name knobs as the framework does")
+            raise SpaceError(
+                f"{where}: knob name {name!r} is not text", hint="Name knobs as the framework does"
+            )
         if known_knobs is not None and name not in known_knobs:
             raise SpaceError(
                 f"{where}: unknown knob {name!r} for backend {backend}",
@@ -462,4 +499,3 @@ def load_space(
 def product_size(knobs: Iterable[Knob]) -> int:
     """Size of the full product, ignoring conditions (for comparison with :meth:`SearchSpace.size`)."""
     return math.prod(len(k.values()) for k in knobs)
-

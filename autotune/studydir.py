@@ -41,7 +41,9 @@ def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
         os.unlink(probe)
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
-        raise UsageError(f"cannot write to {flag} {directory}: {reason}", hint=f"Choose a writable directory with {flag}") from None
+        raise UsageError(
+            f"cannot write to {flag} {directory}: {reason}", hint=f"Choose a writable directory with {flag}"
+        ) from None
 
 
 class StudyDir:
@@ -80,9 +82,15 @@ class StudyDir:
         try:
             return json.loads(self.study_json.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise UsageError(f"{self.root} is not a study directory (no study.json)", hint="Point at a directory written by autotune search") from None
+            raise UsageError(
+                f"{self.root} is not a study directory (no study.json)",
+                hint="Point at a directory written by autotune search",
+            ) from None
         except json.JSONDecodeError as exc:
-            raise UsageError(f"{self.study_json} is not valid JSON ({exc.msg})", hint="Restore it or start a new study with another --out") from None
+            raise UsageError(
+                f"{self.study_json} is not valid JSON ({exc.msg})",
+                hint="Restore it or start a new study with another --out",
+            ) from None
 
     def write_settings(self, data: dict[str, Any]) -> None:
         write_json_atomic(self.study_json, data)

@@ -6,7 +6,18 @@ from autotune.durations import format_duration, parse_duration_s
 from autotune.errors import UsageError
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("1h30m", 5400), ("2.5h", 9000), ("1h 2m 3s", 3723), ("500ms", 0.5)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("30m", 1800),
+        ("1h30m", 5400),
+        ("2.5h", 9000),
+        ("1h 2m 3s", 3723),
+        ("500ms", 0.5),
+    ],
+)
 def test_parse(text: str, seconds: float) -> None:
     assert parse_duration_s(text) == pytest.approx(seconds)
 

@@ -17,7 +17,9 @@ def fake_nvml(n: int, memory_gib: int = 24) -> mock.MagicMock:
     nvml.nvmlDeviceGetHandleByIndex.side_effect = lambda i: f"h{i}"
     nvml.nvmlDeviceGetName.side_effect = lambda h: "NVIDIA A10"
     nvml.nvmlDeviceGetUUID.side_effect = lambda h: f"GPU-{h}"
-    nvml.nvmlDeviceGetMemoryInfo.side_effect = lambda h: mock.Mock(total=memory_gib * 2**30, used=0, free=memory_gib * 2**30)
+    nvml.nvmlDeviceGetMemoryInfo.side_effect = lambda h: mock.Mock(
+        total=memory_gib * 2**30, used=0, free=memory_gib * 2**30
+    )
     nvml.nvmlDeviceGetCudaComputeCapability.side_effect = lambda h: (8, 6)
     nvml.nvmlSystemGetDriverVersion.return_value = "550.54"
     nvml.nvmlSystemGetCudaDriverVersion_v2.return_value = 12040

@@ -41,7 +41,10 @@ def test_conditional_knobs_do_not_multiply_the_space(tmp_path: Path) -> None:
 
 def test_active_drops_inactive_knobs_and_fills_defaults(tmp_path: Path) -> None:
     space = load_space(write(tmp_path, SPACE)).restrict(gpu_present=False)
-    assert space.active({"zero_stage": 0, "offload_optimizer": True}) == {"per_device_train_batch_size": 8, "zero_stage": 0}
+    assert space.active({"zero_stage": 0, "offload_optimizer": True}) == {
+        "per_device_train_batch_size": 8,
+        "zero_stage": 0,
+    }
     assert space.active({"zero_stage": 3})["offload_param"] is False
 
 
@@ -63,7 +66,12 @@ def test_suggest_asks_only_active_knobs(tmp_path: Path) -> None:
 
     params = space.suggest(Fake())
     assert asked == ["per_device_train_batch_size", "zero_stage", "offload_optimizer", "use_vllm"]
-    assert params == {"per_device_train_batch_size": 2, "zero_stage": 2, "offload_optimizer": False, "use_vllm": False}
+    assert params == {
+        "per_device_train_batch_size": 2,
+        "zero_stage": 2,
+        "offload_optimizer": False,
+        "use_vllm": False,
+    }
 
 
 @pytest.mark.parametrize(
@@ -73,7 +81,10 @@ def test_suggest_asks_only_active_knobs(tmp_path: Path) -> None:
         ("knobs:\n  bs: {type: int, choices: [1, 2]}\n", "has no default"),
         ("knobs:\n  bs: {type: int, choices: [1, 'x'], default: 1}\n", "is not a int"),
         ("knobs:\n  bs: {type: int, low: 1, high: 'big', default: 1}\n", "is not a int"),
-        ("knobs:\n  a: {type: bool, default: false, when: {b: [true]}}\n  b: {type: bool, default: false}\n", "not an earlier knob"),
+        (
+            "knobs:\n  a: {type: bool, default: false, when: {b: [true]}}\n  b: {type: bool, default: false}\n",
+            "not an earlier knob",
+        ),
         ("knobs:\n  bs: {type: integer, choices: [1], default: 1}\n", "has type 'integer'"),
         ("nothing: here\n", "no 'knobs' mapping"),
         ("knobs:\n  bs: {type: int, choices: [1, 2], default: 3}\n", "default 3 is not one of its values"),
@@ -89,12 +100,19 @@ def test_bad_space_files_give_one_line_errors(tmp_path: Path, text: str, needle:
 
 def test_unknown_knob_for_backend(tmp_path: Path) -> None:
     with pytest.raises(SpaceError, match="unknown knob 'bogus'"):
-        load_space(write(tmp_path, "knobs:\n  bogus: {type: int, choices: [1], default: 1}\n"), backend="trl", known_knobs=frozenset({"zero_stage"}))
+        load_space(
+            write(tmp_path, "knobs:\n  bogus: {type: int, choices: [1], default: 1}\n"),
+            backend="trl",
+            known_knobs=frozenset({"zero_stage"}),
+        )
 
 
 def test_space_for_another_backend_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpaceError, match="written for backend 'swift'"):
-        load_space(write(tmp_path, "backend: swift\nknobs:\n  a: {type: int, choices: [1], default: 1}\n"), backend="trl")
+        load_space(
+            write(tmp_path, "backend: swift\nknobs:\n  a: {type: int, choices: [1], default: 1}\n"),
+            backend="trl",
+        )
 
 
 def test_float_range_values_and_contains(tmp_path: Path) -> None:

@@ -91,8 +91,6 @@ def parse_dict_literal(text: str) -> dict[str, Any] | None:
     return out
 
 
-
-
 def _step_of(record: Mapping[str, Any]) -> int | None:
     raw = record.get(STEP_KEY)
     if not isinstance(raw, str):

@@ -50,12 +50,16 @@ class VerlLogParser(StepParser):
         self._partial = b""
         self._seen: set[int] = set()
 
-    def _make(self, step: int, values: dict[str, float], t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+    def _make(
+        self, step: int, values: dict[str, float], t_mono_s: float, t_wall_s: float
+    ) -> list[StepMetrics]:
         if step in self._seen:
             return []
         self._seen.add(step)
         duration = values.get("timing_s/step")
-        return [StepMetrics(step=step, t_mono_s=t_mono_s, t_wall_s=t_wall_s, duration_s=duration, values=values)]
+        return [
+            StepMetrics(step=step, t_mono_s=t_mono_s, t_wall_s=t_wall_s, duration_s=duration, values=values)
+        ]
 
     def feed(self, stream: str, line: str, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         parsed = parse_console_line(line)
@@ -77,7 +81,15 @@ class VerlLogParser(StepParser):
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("data"), dict):
-                values = {k: float(v) for k, v in record["data"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if (
+                isinstance(record, dict)
+                and isinstance(record.get("step"), int)
+                and isinstance(record.get("data"), dict)
+            ):
+                values = {
+                    k: float(v)
+                    for k, v in record["data"].items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
                 out.extend(self._make(record["step"], values, t_mono_s, t_wall_s))
         return out

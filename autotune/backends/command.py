@@ -117,8 +117,6 @@ class _Value:
         return format(self.value, spec) if spec else _text(self.value)
 
 
-
-
 class CommandParser(StepParser):
     """Step records from JSON lines on stdout and in a metrics file (tailed; partial lines kept)."""
 

@@ -23,7 +23,12 @@ from autotune.records import TrialResult, TrialStatus
 
 __all__ = ["RichView", "short_params"]
 
-_STYLE = {TrialStatus.COMPLETE: "green", TrialStatus.RUNNING: "cyan", TrialStatus.PRUNED: "dim", TrialStatus.INTERRUPTED: "yellow"}
+_STYLE = {
+    TrialStatus.COMPLETE: "green",
+    TrialStatus.RUNNING: "cyan",
+    TrialStatus.PRUNED: "dim",
+    TrialStatus.INTERRUPTED: "yellow",
+}
 
 
 def short_params(params: Mapping[str, Any], limit: int = 6) -> str:
@@ -79,10 +84,19 @@ class RichView:
             self.live.start()
 
     def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None:
-        self.rows[number] = {"params": dict(params), "status": TrialStatus.RUNNING, "tp": None, "mem": None, "step": 0, "baseline": is_baseline}
+        self.rows[number] = {
+            "params": dict(params),
+            "status": TrialStatus.RUNNING,
+            "tp": None,
+            "mem": None,
+            "step": 0,
+            "baseline": is_baseline,
+        }
         if self.live is None:
             tag = " (baseline)" if is_baseline else ""
-            self.console.print(f"trial {number}{tag}: {short_params(params, 12)}", markup=False, highlight=False)
+            self.console.print(
+                f"trial {number}{tag}: {short_params(params, 12)}", markup=False, highlight=False
+            )
         self._refresh()
 
     def trial_step(self, number: int, step: int, throughput: float | None) -> None:
@@ -138,5 +152,12 @@ class RichView:
             tp = f"{row['tp']:.3g}" if row["tp"] else "—"
             mem = f"{row['mem'] / 2**30:.2f} GiB" if row["mem"] else "—"
             label = f"{n}*" if row["baseline"] else str(n)
-            table.add_row(label, Text(short_params(row["params"])), Text(status.value, style=_STYLE.get(status, "red")), str(row["step"]), tp, mem)
+            table.add_row(
+                label,
+                Text(short_params(row["params"])),
+                Text(status.value, style=_STYLE.get(status, "red")),
+                str(row["step"]),
+                tp,
+                mem,
+            )
         return Group(table, self.progress)

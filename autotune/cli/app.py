@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     aborts = (*_classes("Abort"), typer.Abort)
     command = typer.main.get_command(app)
     try:
-        rc = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="autotune", standalone_mode=False)
+        rc = command.main(
+            args=argv if argv is not None else sys.argv[1:], prog_name="autotune", standalone_mode=False
+        )
     except no_args as exc:
         ctx = getattr(exc, "ctx", None)
         print(ctx.get_help() if ctx else "run 'autotune --help'")

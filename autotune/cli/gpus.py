@@ -17,9 +17,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("gpus", help=HELP)
     def gpus(
-        count: Annotated[int | None, typer.Option("--gpus", help="Select N GPUs (declared ones if the host has fewer).")] = None,
-        gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="Declare GPUs of this type (e.g. A10, H100).")] = None,
-        gpu_memory_gib: Annotated[float | None, typer.Option("--gpu-memory-gib", help="Declare GPUs with this much memory.")] = None,
+        count: Annotated[
+            int | None, typer.Option("--gpus", help="Select N GPUs (declared ones if the host has fewer).")
+        ] = None,
+        gpu_type: Annotated[
+            str | None, typer.Option("--gpu-type", help="Declare GPUs of this type (e.g. A10, H100).")
+        ] = None,
+        gpu_memory_gib: Annotated[
+            float | None, typer.Option("--gpu-memory-gib", help="Declare GPUs with this much memory.")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         import json
@@ -43,7 +49,10 @@ def register(app: typer.Typer) -> None:
             say(f"no GPU: {hw.nvml_note or 'NVML lists no device'}. autotune search runs on the CPU here.")
             return
         if hw.driver_version:
-            say(f"driver {hw.driver_version}" + (f", CUDA {hw.cuda_driver_version}" if hw.cuda_driver_version else ""))
+            say(
+                f"driver {hw.driver_version}"
+                + (f", CUDA {hw.cuda_driver_version}" if hw.cuda_driver_version else "")
+            )
         if hw.nvml_note:
             say(f"note: {hw.nvml_note}")
         table = Table("index", "name", "memory", "compute capability", "source")

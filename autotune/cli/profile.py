@@ -19,14 +19,30 @@ def register(app: typer.Typer) -> None:
 
     @app.command("profile", help=HELP, context_settings={"allow_interspersed_args": False})
     def profile(
-        command: Annotated[list[str] | None, typer.Argument(help="The training command, after --.", show_default=False)] = None,
-        out: Annotated[str | None, typer.Option("--out", help="Output directory (default runs/profile-<time>).")] = None,
-        gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs to sample (default: all detected).")] = None,
-        sample_interval: Annotated[float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")] = 0.1,
-        metrics_file: Annotated[str | None, typer.Option("--metrics-file", help="JSON-lines step file the command writes.")] = None,
-        global_batch: Annotated[int | None, typer.Option("--global-batch", help="Completions per step, for throughput.")] = None,
-        hang_floor: Annotated[str, typer.Option("--hang-floor", help="Stop the run after this long without a step.")] = "30m",
-        startup_timeout: Annotated[str, typer.Option("--startup-timeout", help="Time allowed before the first step.")] = "1h",
+        command: Annotated[
+            list[str] | None, typer.Argument(help="The training command, after --.", show_default=False)
+        ] = None,
+        out: Annotated[
+            str | None, typer.Option("--out", help="Output directory (default runs/profile-<time>).")
+        ] = None,
+        gpus: Annotated[
+            int | None, typer.Option("--gpus", help="GPUs to sample (default: all detected).")
+        ] = None,
+        sample_interval: Annotated[
+            float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")
+        ] = 0.1,
+        metrics_file: Annotated[
+            str | None, typer.Option("--metrics-file", help="JSON-lines step file the command writes.")
+        ] = None,
+        global_batch: Annotated[
+            int | None, typer.Option("--global-batch", help="Completions per step, for throughput.")
+        ] = None,
+        hang_floor: Annotated[
+            str, typer.Option("--hang-floor", help="Stop the run after this long without a step.")
+        ] = "30m",
+        startup_timeout: Annotated[
+            str, typer.Option("--startup-timeout", help="Time allowed before the first step.")
+        ] = "1h",
     ) -> None:
         import time
         from pathlib import Path
@@ -38,7 +54,10 @@ def register(app: typer.Typer) -> None:
         from autotune.profile_job import ProfileRequest, run_profile
 
         if sample_interval <= 0:
-            raise UsageError(f"--sample-interval must be positive, got {sample_interval:g}", hint="For example --sample-interval 0.1")
+            raise UsageError(
+                f"--sample-interval must be positive, got {sample_interval:g}",
+                hint="For example --sample-interval 0.1",
+            )
         req = ProfileRequest(
             command=tuple(command or ()),
             out=Path(out) if out else Path("runs") / time.strftime("profile-%Y%m%d-%H%M%S"),

@@ -26,34 +26,107 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_interspersed_args": False},
     )
     def search(
-        command: Annotated[list[str] | None, typer.Argument(help="After --: the command template (command backend) or extra framework arguments.", show_default=False)] = None,
-        model: Annotated[str, typer.Option("--model", help="tiny-qwen2 / small-qwen2 (built here), a short name (Qwen2-7B), a hub id or a local folder.")] = "tiny-qwen2",
+        command: Annotated[
+            list[str] | None,
+            typer.Argument(
+                help="After --: the command template (command backend) or extra framework arguments.",
+                show_default=False,
+            ),
+        ] = None,
+        model: Annotated[
+            str,
+            typer.Option(
+                "--model",
+                help="tiny-qwen2 / small-qwen2 (built here), a short name (Qwen2-7B), a hub id or a local folder.",
+            ),
+        ] = "tiny-qwen2",
         backend: Annotated[str, typer.Option("--backend", help="trl, swift or command.")] = "trl",
-        gpus: Annotated[int | None, typer.Option("--gpus", help="Number of GPUs (default: all detected; CPU when none).")] = None,
-        gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="Declare GPUs this host cannot see (e.g. A10).")] = None,
-        gpu_memory_gib: Annotated[float | None, typer.Option("--gpu-memory-gib", help="Declare GPU memory in GiB.")] = None,
-        out: Annotated[str | None, typer.Option("--out", help="Study directory (default runs/<model>-<backend>).")] = None,
-        space: Annotated[str | None, typer.Option("--space", help="Search-space YAML (default: the backend's own).")] = None,
-        fixed: Annotated[str | None, typer.Option("--fixed", help="YAML of fixed framework arguments (dataset, rewards, beta, ...).")] = None,
-        baseline: Annotated[str | None, typer.Option("--baseline", help="YAML of your current knob values, run as trial 0.")] = None,
-        trials: Annotated[int, typer.Option("--trials", help="Trials to launch in total (a resumed study counts its earlier ones).")] = 8,
-        time_budget: Annotated[str | None, typer.Option("--time-budget", help="Wall-time budget, e.g. 30m or 2h.")] = None,
+        gpus: Annotated[
+            int | None, typer.Option("--gpus", help="Number of GPUs (default: all detected; CPU when none).")
+        ] = None,
+        gpu_type: Annotated[
+            str | None, typer.Option("--gpu-type", help="Declare GPUs this host cannot see (e.g. A10).")
+        ] = None,
+        gpu_memory_gib: Annotated[
+            float | None, typer.Option("--gpu-memory-gib", help="Declare GPU memory in GiB.")
+        ] = None,
+        out: Annotated[
+            str | None, typer.Option("--out", help="Study directory (default runs/<model>-<backend>).")
+        ] = None,
+        space: Annotated[
+            str | None, typer.Option("--space", help="Search-space YAML (default: the backend's own).")
+        ] = None,
+        fixed: Annotated[
+            str | None,
+            typer.Option("--fixed", help="YAML of fixed framework arguments (dataset, rewards, beta, ...)."),
+        ] = None,
+        baseline: Annotated[
+            str | None, typer.Option("--baseline", help="YAML of your current knob values, run as trial 0.")
+        ] = None,
+        trials: Annotated[
+            int,
+            typer.Option(
+                "--trials", help="Trials to launch in total (a resumed study counts its earlier ones)."
+            ),
+        ] = 8,
+        time_budget: Annotated[
+            str | None, typer.Option("--time-budget", help="Wall-time budget, e.g. 30m or 2h.")
+        ] = None,
         search_kind: Annotated[str, typer.Option("--search", help="auto, random or grid.")] = "auto",
-        storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")] = None,
-        global_batch: Annotated[int, typer.Option("--global-batch", help="Completions per optimizer step, fixed for every trial.")] = 16,
-        num_generations: Annotated[int, typer.Option("--num-generations", help="Completions per prompt (G), fixed.")] = 4,
+        storage: Annotated[
+            str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")
+        ] = None,
+        global_batch: Annotated[
+            int, typer.Option("--global-batch", help="Completions per optimizer step, fixed for every trial.")
+        ] = 16,
+        num_generations: Annotated[
+            int, typer.Option("--num-generations", help="Completions per prompt (G), fixed.")
+        ] = 4,
         max_steps: Annotated[int, typer.Option("--max-steps", help="Steps a trial may run at most.")] = 20,
-        max_completion_length: Annotated[int, typer.Option("--max-completion-length", help="Completion tokens, fixed.")] = 16,
-        dataset: Annotated[str | None, typer.Option("--dataset", help="Dataset to train on (default: prompts generated here).")] = None,
+        max_completion_length: Annotated[
+            int, typer.Option("--max-completion-length", help="Completion tokens, fixed.")
+        ] = 16,
+        dataset: Annotated[
+            str | None,
+            typer.Option("--dataset", help="Dataset to train on (default: prompts generated here)."),
+        ] = None,
         seed: Annotated[int, typer.Option("--seed", help="Seed of training and of the search.")] = 0,
-        startup_timeout: Annotated[str | None, typer.Option("--startup-timeout", help="Time allowed before the first step (default grows with model size).")] = None,
-        hang_k: Annotated[float, typer.Option("--hang-k", help="A trial with no step for hang-k × median step time is a hang.")] = 5.0,
-        hang_floor: Annotated[str, typer.Option("--hang-floor", help="Never call a hang before this long without a step.")] = "60s",
-        trial_timeout: Annotated[str | None, typer.Option("--trial-timeout", help="Wall budget of one trial.")] = None,
-        sample_interval: Annotated[float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")] = 0.1,
-        early_stop: Annotated[bool, typer.Option("--early-stop/--no-early-stop", help="Stop a trial once its throughput estimate is stable.")] = True,
-        metrics_file: Annotated[str | None, typer.Option("--metrics-file", help="command backend: JSON-lines metrics file the command writes.")] = None,
-        executable: Annotated[str | None, typer.Option("--executable", help="swift backend: the swift executable (default: on PATH).")] = None,
+        startup_timeout: Annotated[
+            str | None,
+            typer.Option(
+                "--startup-timeout",
+                help="Time allowed before the first step (default grows with model size).",
+            ),
+        ] = None,
+        hang_k: Annotated[
+            float,
+            typer.Option("--hang-k", help="A trial with no step for hang-k × median step time is a hang."),
+        ] = 5.0,
+        hang_floor: Annotated[
+            str, typer.Option("--hang-floor", help="Never call a hang before this long without a step.")
+        ] = "60s",
+        trial_timeout: Annotated[
+            str | None, typer.Option("--trial-timeout", help="Wall budget of one trial.")
+        ] = None,
+        sample_interval: Annotated[
+            float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")
+        ] = 0.1,
+        early_stop: Annotated[
+            bool,
+            typer.Option(
+                "--early-stop/--no-early-stop", help="Stop a trial once its throughput estimate is stable."
+            ),
+        ] = True,
+        metrics_file: Annotated[
+            str | None,
+            typer.Option(
+                "--metrics-file", help="command backend: JSON-lines metrics file the command writes."
+            ),
+        ] = None,
+        executable: Annotated[
+            str | None,
+            typer.Option("--executable", help="swift backend: the swift executable (default: on PATH)."),
+        ] = None,
     ) -> None:
         from autotune.cli._console import console
         from autotune.search_job import SearchRequest, run_search

@@ -766,9 +766,15 @@ def test_zero_stage_is_fixed_off_without_deepspeed(monkeypatch: pytest.MonkeyPat
     from autotune.space import load_space
 
     backend = TrlBackend()
-    space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(gpu_present=False)
+    space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(
+        gpu_present=False
+    )
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a),
+    )
     narrowed, notices = backend.adapt_space(space)
     assert {p["zero_stage"] for p in narrowed.grid()} == {0}
     assert not any("offload_optimizer" in p for p in narrowed.grid())

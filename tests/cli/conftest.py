@@ -20,12 +20,16 @@ def autotune_exe() -> str:
     return found
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     if env:
         full_env.update(env)
-    return subprocess.run([autotune_exe(), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=full_env)
+    return subprocess.run(
+        [autotune_exe(), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=full_env
+    )
 
 
 @pytest.fixture

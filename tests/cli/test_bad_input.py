@@ -37,7 +37,10 @@ CASES = {
     "time budget nonsense": (["--time-budget", "soon"], "--time-budget 'soon' is not a duration"),
     "negative hang floor": (["--hang-floor", "-5"], "--hang-floor must not be negative"),
     "unknown search": (["--search", "bayes"], "unknown search 'bayes'"),
-    "global batch not multiple": (["--global-batch", "10", "--num-generations", "4"], "not a multiple of --num-generations"),
+    "global batch not multiple": (
+        ["--global-batch", "10", "--num-generations", "4"],
+        "not a multiple of --num-generations",
+    ),
 }
 
 
@@ -59,7 +62,10 @@ def test_bad_flags(cli, existing_study: Path, case: str) -> None:
     [
         ("knobs: [oops\n", "not valid YAML"),
         ("knobs:\n  no_such_knob: {type: int, choices: [1], default: 1}\n", "unknown knob 'no_such_knob'"),
-        ("knobs:\n  per_device_train_batch_size: {type: int, low: 1, high: big, default: 1}\n", "is not a int"),
+        (
+            "knobs:\n  per_device_train_batch_size: {type: int, low: 1, high: big, default: 1}\n",
+            "is not a int",
+        ),
     ],
 )
 def test_bad_space_files(cli, tmp_path: Path, existing_study: Path, space_text: str, needle: str) -> None:
@@ -73,7 +79,20 @@ def test_bad_space_files(cli, tmp_path: Path, existing_study: Path, space_text: 
 
 def test_command_template_naming_an_unknown_knob(cli, tmp_path: Path) -> None:
     space = write(tmp_path, "s.yaml", SPACE_OK)
-    proc = cli("search", "--backend", "command", "--space", space, "--out", str(tmp_path / "o"), "--", "python", "-c", "pass", "{nope}")
+    proc = cli(
+        "search",
+        "--backend",
+        "command",
+        "--space",
+        space,
+        "--out",
+        str(tmp_path / "o"),
+        "--",
+        "python",
+        "-c",
+        "pass",
+        "{nope}",
+    )
     assert proc.returncode == 2, proc.stderr
     assert "nope" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o" / "study.json").exists()
@@ -82,7 +101,19 @@ def test_command_template_naming_an_unknown_knob(cli, tmp_path: Path) -> None:
 def test_unwritable_out(cli, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("I am a file")
-    proc = cli("search", "--backend", "command", "--space", write(tmp_path, "s.yaml", SPACE_OK), "--out", str(blocker / "study"), "--", "python", "-c", "pass")
+    proc = cli(
+        "search",
+        "--backend",
+        "command",
+        "--space",
+        write(tmp_path, "s.yaml", SPACE_OK),
+        "--out",
+        str(blocker / "study"),
+        "--",
+        "python",
+        "-c",
+        "pass",
+    )
     assert proc.returncode == 2, proc.stderr
     assert "cannot write to --out" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert blocker.read_text() == "I am a file"

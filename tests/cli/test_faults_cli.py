@@ -18,7 +18,18 @@ from tests.cli.conftest import autotune_exe
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
 
-MODES = ["ok", "oom", "vllm_init", "hang", "segv", "sigkill", "kl_zero", "nan", "grandchild", "startup_invalid"]
+MODES = [
+    "ok",
+    "oom",
+    "vllm_init",
+    "hang",
+    "segv",
+    "sigkill",
+    "kl_zero",
+    "nan",
+    "grandchild",
+    "startup_invalid",
+]
 EXPECTED = {
     "ok": ("COMPLETE", None),
     "oom": ("OOM", "out of memory"),
@@ -59,14 +70,23 @@ def test_every_fault_is_classified_and_cleaned_up(cli, tmp_path: Path) -> None:
         r = results[mode]
         assert r["status"] == status, (mode, r["status"], r["reason"])
         if needle:
-            assert needle.lower() in (r["reason"] + " " + (r.get("evidence") or "")).lower(), (mode, r["reason"], r.get("evidence"))
+            assert needle.lower() in (r["reason"] + " " + (r.get("evidence") or "")).lower(), (
+                mode,
+                r["reason"],
+                r.get("evidence"),
+            )
         proc_json = out / "trials" / str(r["number"]) / "proc.json"
         if proc_json.exists():
             pgid = json.loads(proc_json.read_text())["pgid"]
             survivors = [p.pid for p in psutil.process_iter() if _pgid(p.pid) == pgid]
             assert survivors == [], (mode, survivors)
-    grandchild_pid = int((out / "trials" / str(results["grandchild"]["number"]) / "grandchild.pid").read_text())
-    assert not psutil.pid_exists(grandchild_pid) or psutil.Process(grandchild_pid).status() == psutil.STATUS_ZOMBIE
+    grandchild_pid = int(
+        (out / "trials" / str(results["grandchild"]["number"]) / "grandchild.pid").read_text()
+    )
+    assert (
+        not psutil.pid_exists(grandchild_pid)
+        or psutil.Process(grandchild_pid).status() == psutil.STATUS_ZOMBIE
+    )
     assert results["ok"]["is_baseline"] is True
     assert "best: trial" in proc.stdout
 
@@ -100,7 +120,9 @@ def test_a_study_killed_with_sigkill_resumes_intact_and_without_orphans(tmp_path
     orphan_pgid = json.loads(proc_json.read_text())["pgid"]
     tuner.send_signal(signal.SIGKILL)
     tuner.wait(timeout=10)
-    assert any(_pgid(p.pid) == orphan_pgid for p in psutil.process_iter()), "the trial should outlive a SIGKILLed tuner"
+    assert any(_pgid(p.pid) == orphan_pgid for p in psutil.process_iter()), (
+        "the trial should outlive a SIGKILLed tuner"
+    )
     again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert (out / "trials" / "0" / "result.json").read_bytes() == first
@@ -114,5 +136,18 @@ def test_a_study_killed_with_sigkill_resumes_intact_and_without_orphans(tmp_path
 
 @pytest.mark.parametrize("floor", ["-5", "-5s"])
 def test_negative_hang_floor(cli, tmp_path: Path, floor: str) -> None:
-    proc = cli("search", "--backend", "command", "--space", str(write_space(tmp_path)), "--out", str(tmp_path / "o"), "--hang-floor", floor, "--", sys.executable, FAULT)
+    proc = cli(
+        "search",
+        "--backend",
+        "command",
+        "--space",
+        str(write_space(tmp_path)),
+        "--out",
+        str(tmp_path / "o"),
+        "--hang-floor",
+        floor,
+        "--",
+        sys.executable,
+        FAULT,
+    )
     assert proc.returncode == 2 and "--hang-floor" in proc.stderr and "Traceback" not in proc.stderr

@@ -33,11 +33,23 @@ def test_real_trl_study_recommends_reports_and_resumes(cli, tmp_path: Path) -> N
     trial_dirs = sorted(p.name for p in (out / "trials").iterdir() if p.is_dir())
     assert len(trial_dirs) == 3
     results = [json.loads((out / "trials" / d / "result.json").read_text()) for d in trial_dirs]
-    assert results[0]["is_baseline"] and results[0]["params"] == {"per_device_train_batch_size": 8, "gradient_checkpointing": True}
+    assert results[0]["is_baseline"] and results[0]["params"] == {
+        "per_device_train_batch_size": 8,
+        "gradient_checkpointing": True,
+    }
     for r in results:
         assert r["status"] in ("COMPLETE", "PRUNED"), (r["number"], r["status"], r["reason"])
         trial = out / "trials" / str(r["number"])
-        for name in ("command.sh", "launch.json", "stdout.log", "stderr.log", "metrics.jsonl", "timeline.parquet", "phases.jsonl", "result.json"):
+        for name in (
+            "command.sh",
+            "launch.json",
+            "stdout.log",
+            "stderr.log",
+            "metrics.jsonl",
+            "timeline.parquet",
+            "phases.jsonl",
+            "result.json",
+        ):
             assert (trial / name).exists(), (r["number"], name)
         assert r["steps"] >= 3 and r["steady"]["throughput"] > 0
     assert results[0]["status"] == "COMPLETE"
