@@ -8,17 +8,21 @@ exist) raise one :class:`NvmlUnavailable` at ``start()``, whose ``str()`` the CL
 
 GPU indices are NVML indices (the order of ``nvidia-smi``), not indices inside ``CUDA_VISIBLE_DEVICES``.
 
-Cadence (``NvmlSampler``), per GPU, chosen so that 8 GPUs at 10 Hz cost under 1 % of one core:
+Cadence (``NvmlSampler``), per GPU, chosen to keep 8 GPUs at 10 Hz near 1 % of one core
+(``bench/probe_overhead.py``):
 
 * every tick (``interval_s``, 10 Hz by default): memory used/total; GPU utilization and power only
   while the driver's sample buffer does not deliver them (see below);
-* every slow read (``slow_interval_s``, 1 s by default, staggered so that a tick holds the slow reads
-  of a few GPUs at most): utilization (memory utilization; GPU utilization too), the energy and PCIe
-  byte counters in one ``nvmlDeviceGetFieldValues`` call, and the driver's sample buffers;
-* one "state" read per slow read, in rotation: per-process memory, GPM (SM utilization, occupancy,
+* on slow reads (``slow_interval_s``, 1 s by default, staggered so that a tick holds the slow reads
+  of a few GPUs at most): the energy and PCIe byte counters in one ``nvmlDeviceGetFieldValues`` call
+  and the driver's sample buffers, both on every second slow read (the counters are cumulative, so
+  only their time resolution depends on it; a buffer seen to overflow between two reads is read on
+  every slow read from then on);
+* one "state" read per slow read, in rotation: utilization (for memory utilization, while the
+  driver's buffer carries GPU utilization), per-process memory, GPM (SM utilization, occupancy,
   tensor activity: averages over the window between two GPM samples, so a longer window loses no
-  activity), SM clock, temperature, clock-event reasons, enforced power limit. With all six on, each
-  is read every 6 s by default; metrics switched off leave the rotation.
+  activity), SM clock, temperature, clock-event reasons, enforced power limit. With all seven on,
+  each is read every 7 s by default; metrics switched off leave the rotation.
 
 PCIe traffic comes from the driver's byte counters (``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES``): the rate
 stored is the average since the previous counter read, so bytes per step are exact. Where the driver
@@ -68,6 +72,7 @@ _COUNTER_FIELDS = (
     ("pcie_tx_bytes_s", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES"),
     ("pcie_rx_bytes_s", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"),
 )
+_COUNTERS_EVERY = 2  # slow reads between two reads of the energy and PCIe counters (cumulative: no loss)
 _BUFFER_PROBE_US = 2_000_000  # at start, ask the driver's buffers for the last 2 s to see if they deliver
 _RATE_COLUMNS = frozenset({"pcie_tx_bytes_s", "pcie_rx_bytes_s"})  # counters stored as bytes per second
 
@@ -660,14 +665,15 @@ class NvmlSampler:
             put(row, i, "mem_total_bytes", getattr(mem, "total", None))
         if not dev.power_from_buffer:
             put(row, i, "power_w", call(i, "power_w", "nvmlDeviceGetPowerUsage", h), 1e-3)  # mW -> W
-        if slow and i not in gate.lost:
-            self._read_counters(dev, row, t_wall)
-            self._read_state(dev, row, tick)
-        self._buffer.append(row)
         if slow:
             dev.slow_count += 1
-            if self._driver_samples and i not in gate.lost and dev.slow_count % dev.buffer_every == 0:
-                self._read_driver_samples(dev)
+        if slow and i not in gate.lost:
+            if dev.slow_count % _COUNTERS_EVERY == 1 % _COUNTERS_EVERY:  # from the first slow read on
+                self._read_counters(dev, row, t_wall)
+            self._read_state(dev, row, tick)
+        self._buffer.append(row)
+        if slow and self._driver_samples and i not in gate.lost and dev.slow_count % dev.buffer_every == 0:
+            self._read_driver_samples(dev)
 
     def _read_counters(self, dev: _Device, row: list[float], t_wall: float) -> None:
         """Energy and PCIe bytes from the driver's counters in one call; refused fields by their own call."""
