@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import Backend, TrialContext
-from autotune.outcome import classify, health_check
+from autotune.outcome import classify, health_check, live_health
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
 from autotune.steady import steady_estimate
@@ -123,11 +123,23 @@ class Executor:
         ):
             watchdog = replace(watchdog, trial_timeout_s=time_left_s)
 
+        beta = self.beta
+        baseline = None if spec.is_baseline else self.baseline_steps
+
         class _Observer:
+            def __init__(self) -> None:
+                self.steps: list[StepMetrics] = []
+                self.problems: list[str] = []
+
             def on_started(self, pid: int, pgid: int) -> None:
                 pass
 
             def on_step(self, step: StepMetrics, estimate: Any) -> str | None:
+                # a run that cannot learn is stopped at once (classified UNHEALTHY below)
+                self.steps.append(step)
+                self.problems = live_health(self.steps, beta=beta, baseline=baseline)
+                if self.problems:
+                    return f"stopped: {self.problems[0]}"
                 if estimate is None:
                     return on_step(step.step, None, 0.0)
                 return on_step(step.step, estimate.throughput, estimate.throughput * (1 + estimate.rel_ci95))
@@ -140,7 +152,7 @@ class Executor:
             global_batch=ctx.global_batch,
             watchdog=watchdog,
             early_stop=self.early_stop,
-            observer=_Observer(),
+            observer=(observer := _Observer()),
             samplers=self.samplers,
             stop_event=self.stop_event,
         )
@@ -157,6 +169,8 @@ class Executor:
                 max_completion_length=ctx.max_completion_length,
                 baseline=None if spec.is_baseline else self.baseline_steps,
             )
+            if record.stopped_by == "pruned":  # stopped for its health: what the live check saw counts
+                health += [p for p in observer.problems if p not in health]
         verdict = classify(record, patterns=self.backend.failure_patterns(), health=health)
         status = verdict.status
         if (

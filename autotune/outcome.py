@@ -27,6 +27,8 @@ __all__ = [
     "classify",
     "health_check",
     "last_error_line",
+    "live_health",
+    "LIVE_HEALTH_MIN_STEPS",
     "match_patterns",
     "strip_rank_prefix",
 ]
@@ -234,8 +236,9 @@ def classify(
 
     1. Interrupted by the user (``stopped_by == "interrupt"``) → INTERRUPTED.
     2. The trial was making progress when *we* stopped it: ``early_stop`` → COMPLETE, ``pruned`` →
-       PRUNED. A clean exit (code 0) with at least one step → COMPLETE. A COMPLETE trial with health
-       problems (``health``, from :func:`health_check`) becomes UNHEALTHY.
+       PRUNED. A clean exit (code 0) with at least one step → COMPLETE. A COMPLETE or PRUNED trial
+       with health problems (``health``, from :func:`health_check`) becomes UNHEALTHY (a trial stopped
+       early by :func:`live_health` is "pruned" for its health).
     3. Otherwise the trial failed or was stopped by the watchdog. Failure text on any rank
        (``patterns`` first, then :data:`COMMON_PATTERNS`, searched in the lines the runner kept as
        evidence and in both tails): OOM, then VLLM_INIT — a rank that OOMs leaves the others waiting,
@@ -270,7 +273,9 @@ def classify(
 
     if record.stopped_by == "early_stop":
         return complete(record.stop_reason or f"stopped at steady state after {n_steps} steps")
-    if record.stopped_by == "pruned":
+    if record.stopped_by == "pruned":  # by the study (slower than the best) or for its health
+        if health:
+            return complete("")
         return Verdict(TrialStatus.PRUNED, _one_line(record.stop_reason or "pruned by the study"))
     if record.stopped_by is None and record.exit_code == 0 and n_steps > 0:
         return complete(f"completed {n_steps} steps")
@@ -378,6 +383,57 @@ def _series(steps: Sequence[StepMetrics], key: str) -> list[tuple[int, float]]:
     return [(s.step, float(s.values[key])) for s in ordered if key in s.values and s.values[key] is not None]
 
 
+def _non_finite(steps: Sequence[StepMetrics]) -> list[str]:
+    problems: list[str] = []
+    for key in ("loss", "grad_norm", "kl"):
+        bad = [(st, v) for st, v in _series(steps, key) if not math.isfinite(v)]
+        if bad:
+            kind = "NaN" if math.isnan(bad[0][1]) else "infinite"
+            problems.append(
+                f"{key} is {kind} at step {bad[0][0]} ({len(bad)} of {len(steps)} steps not finite)."
+            )
+    return problems
+
+
+LIVE_HEALTH_MIN_STEPS = 4  # steps a trial shows a never-moving model before it is stopped as UNHEALTHY
+
+
+def live_health(
+    steps: Sequence[StepMetrics], *, beta: float | None, baseline: Sequence[StepMetrics] | None = None
+) -> list[str]:
+    """Problems conclusive while the trial still runs, so it can be stopped early; empty = go on.
+
+    The failures a run never recovers from: a non-finite ``loss``, ``grad_norm`` or ``kl`` (at once);
+    ``grad_norm`` exactly 0 on every step so far, or ``kl`` exactly 0 on every step after the first
+    while ``beta`` > 0, once :data:`LIVE_HEALTH_MIN_STEPS` steps (after the first, for kl) show it;
+    every completion clipped at the max length (``completions/clipped_ratio`` 1) on each of the last
+    :data:`LIVE_HEALTH_MIN_STEPS` steps while the baseline (same model and data) clipped under 90 % -
+    degenerate rollouts, e.g. after a broken weight reload. What a few steps cannot prove
+    (``reward_std`` 0, a collapsing reward) is left to :func:`health_check` at the end of the trial.
+    """
+    problems = _non_finite(steps)
+    clip = [v for _, v in _series(steps, "completions/clipped_ratio")][-LIVE_HEALTH_MIN_STEPS:]
+    base_clip = [v for _, v in _series(baseline or (), "completions/clipped_ratio")]
+    if len(clip) == LIVE_HEALTH_MIN_STEPS and base_clip and all(v >= 0.999 for v in clip):
+        base_mean = statistics.fmean(base_clip)
+        if base_mean < 0.9:
+            problems.append(
+                f"every completion hit the max length on the last {len(clip)} steps (clipped ratio 1.0) "
+                f"while the baseline clipped {base_mean:.0%}: rollouts are degenerate."
+            )
+    grad = [v for _, v in _series(steps, "grad_norm")]
+    if len(grad) >= LIVE_HEALTH_MIN_STEPS and all(v == 0.0 for v in grad):
+        problems.append(f"grad_norm is 0 on all {len(grad)} steps so far: the model is never updated.")
+    if beta is not None and beta > 0:
+        kl = _series(steps, "kl")[1:]
+        if len(kl) >= LIVE_HEALTH_MIN_STEPS and all(v == 0.0 for _, v in kl):
+            problems.append(
+                f"kl is 0 on all {len(kl)} steps after the first although beta = {beta:g}: "
+                "the policy never moves away from the reference."
+            )
+    return problems
+
+
 def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
@@ -407,13 +463,7 @@ def health_check(
 
     A loss near 0 is normal for GRPO (advantages are zero-mean) and is not a problem.
     """
-    problems: list[str] = []
-    n = len(steps)
-    for key in ("loss", "grad_norm", "kl"):
-        bad = [(st, v) for st, v in _series(steps, key) if not math.isfinite(v)]
-        if bad:
-            kind = "NaN" if math.isnan(bad[0][1]) else "infinite"
-            problems.append(f"{key} is {kind} at step {bad[0][0]} ({len(bad)} of {n} steps not finite).")
+    problems = _non_finite(steps)
 
     grad = [v for _, v in _series(steps, "grad_norm")]
     if len(grad) >= 2 and all(v == 0.0 for v in grad):

@@ -125,7 +125,9 @@ class NullView:
 class MemoryGate(Protocol):
     """Pre-screens candidates with the memory estimate and learns from measured peaks."""
 
-    def check(self, params: Mapping[str, Any], derived: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    def check(
+        self, params: Mapping[str, Any], derived: Mapping[str, Any]
+    ) -> tuple[str | None, dict[str, Any] | None]:
         """(reason to prune or None, the predicted breakdown or None).
 
         The search reads ``peak_bytes``, ``capacity_bytes``, ``vllm_startup_deficit_bytes`` and
@@ -243,7 +245,12 @@ class Study:
             "backend": c.backend,
             "backend_version": c.backend_version,
             "command": c.command_line,
-            "model": {"name": c.model.name, "path_or_id": c.model.path_or_id, "local": c.model.local, "facts": c.model.facts},
+            "model": {
+                "name": c.model.name,
+                "path_or_id": c.model.path_or_id,
+                "local": c.model.local,
+                "facts": c.model.facts,
+            },
             "hardware": c.hardware.model_dump(mode="json"),
             "global_batch": c.global_batch,
             "num_generations": c.num_generations,
@@ -292,7 +299,10 @@ class Study:
                 load_if_exists=True,
             )
         except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
-            raise UsageError(f"cannot open study storage {url}: {exc}", hint="Pass a valid Optuna storage URL with --storage") from None
+            raise UsageError(
+                f"cannot open study storage {url}: {exc}",
+                hint="Pass a valid Optuna storage URL with --storage",
+            ) from None
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
         infeasible = result.status.is_failure or (result.status is TrialStatus.PRUNED and result.steps == 0)
@@ -385,7 +395,9 @@ class Study:
         if self.memory_gate is not None:
             reason, breakdown = self.memory_gate.check(params, derived)
             if reason is not None:
-                return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched: {reason}", estimate=breakdown)
+                return TrialResult(
+                    **base, status=TrialStatus.PRUNED, reason=f"not launched: {reason}", estimate=breakdown
+                )
         return None
 
     # -- the loop -------------------------------------------------------------------------------
@@ -394,7 +406,9 @@ class Study:
             params = self.space.active(dict(self.cfg.user_baseline))
             self.space.validate_params(params)
             return params
-        return self.space.active(self.backend.baseline(self.space.defaults(), self._context(self.dir.trials_dir)))
+        return self.space.active(
+            self.backend.baseline(self.space.defaults(), self._context(self.dir.trials_dir))
+        )
 
     def _recover(self, study: optuna.Study) -> list[dict[str, Any]]:
         """Mark trials left RUNNING by a killed tuner as interrupted; return their params to re-run."""
@@ -418,7 +432,9 @@ class Study:
                 self.dir.write_result(result)
                 self._results[t.number] = result
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-            self.view.notice(f"trial {t.number} was left running by a stopped autotune: marked interrupted, will run again")
+            self.view.notice(
+                f"trial {t.number} was left running by a stopped autotune: marked interrupted, will run again"
+            )
             rerun.append(params)
         return rerun
 
@@ -439,13 +455,21 @@ class Study:
             for r in self._results.values():
                 self.memory_gate.observe(r)
         pending: list[tuple[dict[str, Any], bool]] = [(p, False) for p in self._recover(study)]
-        visited = {canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED}
-        baseline_done = any(r.is_baseline and r.status is not TrialStatus.INTERRUPTED for r in self._results.values())
+        visited = {
+            canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
+        }
+        baseline_done = any(
+            r.is_baseline and r.status is not TrialStatus.INTERRUPTED for r in self._results.values()
+        )
         if not baseline_done:
             baseline = self._baseline_params()
             pending = [(p, b) for p, b in pending if canonical_key(p) != canonical_key(baseline)]
             pending.insert(0, (baseline, True))
-        launched_total = sum(1 for r in self._results.values() if r.steps > 0 or r.status not in (TrialStatus.PRUNED, TrialStatus.INTERRUPTED))
+        launched_total = sum(
+            1
+            for r in self._results.values()
+            if r.steps > 0 or r.status not in (TrialStatus.PRUNED, TrialStatus.INTERRUPTED)
+        )
         start = self.clock()
         self.view.study_started(self.cfg, launched_total, self.cfg.n_trials)
         run_now, duplicates, stopped, detail = 0, 0, "budget", ""
@@ -500,7 +524,11 @@ class Study:
             visited.add(key)
             result = self._prescreen(trial.number, params, is_baseline)
             if result is None:
-                left = None if self.cfg.time_budget_s is None else max(1.0, self.cfg.time_budget_s - (self.clock() - start))
+                left = (
+                    None
+                    if self.cfg.time_budget_s is None
+                    else max(1.0, self.cfg.time_budget_s - (self.clock() - start))
+                )
                 result = self._launch(study, trial, params, is_baseline, left)
                 launched_total += 1
                 run_now += 1
@@ -544,7 +572,12 @@ class Study:
         )
 
     def _launch(
-        self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], is_baseline: bool, time_left_s: float | None
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        params: dict[str, Any],
+        is_baseline: bool,
+        time_left_s: float | None,
     ) -> TrialResult:
         number = trial.number
         trial_dir = self.dir.trial_dir(number)
@@ -553,7 +586,14 @@ class Study:
         derived = self.backend.derive(params, ctx)
         spec = TrialSpec(number=number, params=params, derived=derived, is_baseline=is_baseline)
         self.dir.write_result(
-            TrialResult(number=number, params=params, derived=derived, is_baseline=is_baseline, status=TrialStatus.RUNNING, reason="running")
+            TrialResult(
+                number=number,
+                params=params,
+                derived=derived,
+                is_baseline=is_baseline,
+                status=TrialStatus.RUNNING,
+                reason="running",
+            )
         )
         if self.hygiene is not None:
             self.hygiene()
@@ -566,7 +606,11 @@ class Study:
             trial.report(optimistic, step)
             if trial.should_prune():
                 best = study.best_value if _has_complete(study) else None
-                return f"pruned: at most {optimistic:.3g} completions/s, clearly below the best so far ({best:.3g})" if best else "pruned"
+                return (
+                    f"pruned: at most {optimistic:.3g} completions/s, clearly below the best so far ({best:.3g})"
+                    if best
+                    else "pruned"
+                )
             return None
 
         result = self.executor.execute(spec, ctx, on_step=on_step, time_left_s=time_left_s)
@@ -588,7 +632,10 @@ def baseline_done_or(results: Mapping[int, TrialResult]) -> bool:
 
 def check_budget(n_trials: int) -> None:
     if n_trials < 1:
-        raise UsageError(f"--trials must be at least 1, got {n_trials}", hint="Give the number of trials to run, e.g. --trials 8")
+        raise UsageError(
+            f"--trials must be at least 1, got {n_trials}",
+            hint="Give the number of trials to run, e.g. --trials 8",
+        )
 
 
 def summary_line(outcome: StudyOutcome) -> str:
@@ -604,4 +651,3 @@ def summary_line(outcome: StudyOutcome) -> str:
     if outcome.stopped == "converged" and outcome.budget_trials:
         line += f"; stopped early after {outcome.trials_run} of {outcome.budget_trials} trials (further trials unlikely to gain more)"
     return line
-

@@ -42,6 +42,7 @@ from autotune.estimate import GIB, GpuSpec, ModelSpec, find_gpu, find_model
 from autotune.estimate.memory import estimate_memory
 from autotune.estimate.shape import job_shape
 from autotune.estimate.timing import estimate_step_time
+from autotune.outcome import LIVE_HEALTH_MIN_STEPS
 from autotune.records import GpuInfo, Hardware, HostInfo, TrialStatus
 from autotune.space import SearchSpace, canonical_key, load_space
 
@@ -328,6 +329,9 @@ class Truth:
     startup_s: float
     peak_bytes: int
     valid: bool
+    # the step at which the executor's live health check stops it (autotune.outcome.live_health): a model
+    # that never moves shows it from step 1, degenerate rollouts after the first weight reload (step 2)
+    live_stop_step: int | None = None
 
 
 class Surface:
@@ -513,6 +517,10 @@ class Surface:
             startup_s=float(ev["startup"]),
             peak_bytes=int(min(ev["peak"], self.capacity)),
             valid=bool(ev["valid"]),
+            live_stop_step={
+                _REASON["unhealthy"]: LIVE_HEALTH_MIN_STEPS,
+                _REASON["gibberish"]: LIVE_HEALTH_MIN_STEPS + 1,
+            }.get(reason),
         )
         self._cache[key] = truth
         return truth

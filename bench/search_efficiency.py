@@ -154,6 +154,8 @@ class SimulatedExecutor:
                 warmup_steps=self.warmup_steps,
                 throughput=tp,
             )
+            if truth.live_stop_step is not None and step >= truth.live_stop_step:
+                break  # the executor's live health check stops a run that cannot learn
             verdict = on_step(step, tp, tp * (1 + ci))
             if verdict:
                 if status is TrialStatus.COMPLETE:

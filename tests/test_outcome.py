@@ -12,9 +12,11 @@ import pytest
 from autotune.backends._base import FailurePattern
 from autotune.outcome import (
     COMMON_PATTERNS,
+    LIVE_HEALTH_MIN_STEPS,
     classify,
     health_check,
     last_error_line,
+    live_health,
     match_patterns,
     strip_rank_prefix,
 )
@@ -434,3 +436,39 @@ def test_reward_collapse_against_the_baseline() -> None:
     assert health_check(similar, beta=None, max_completion_length=None, baseline=base) == []
     improving = run_of(6, **{**HEALTHY, "reward": lambda i: 0.1 + 0.01 * i, "reward_std": 0.2})
     assert health_check(improving, beta=None, max_completion_length=None, baseline=base) == []
+
+
+def test_live_health_stops_only_what_never_recovers() -> None:
+    zero = {"grad_norm": 0.0, "kl": 0.0, "loss": 0.0}
+    assert live_health(run_of(LIVE_HEALTH_MIN_STEPS - 1, **zero), beta=0.04) == []  # too early to tell
+    problems = live_health(run_of(LIVE_HEALTH_MIN_STEPS, **zero), beta=0.04)
+    assert len(problems) == 1 and problems[0].startswith("grad_norm is 0 on all 4 steps")
+    kl_only = {**HEALTHY, "kl": 0.0}
+    assert live_health(run_of(LIVE_HEALTH_MIN_STEPS, **kl_only), beta=0.04) == []  # kl: after the first
+    assert "kl is 0" in live_health(run_of(LIVE_HEALTH_MIN_STEPS + 1, **kl_only), beta=0.04)[0]
+    assert live_health(run_of(LIVE_HEALTH_MIN_STEPS + 1, **kl_only), beta=0.0) == []  # no KL term
+    assert "loss is NaN at step 1" in live_health(run_of(1, **{**HEALTHY, "loss": math.nan}), beta=0.0)[0]
+    # reward_std 0 may still change: left to the end-of-trial check
+    assert live_health(run_of(8, **{**HEALTHY, "reward_std": 0.0}), beta=0.04) == []
+    assert live_health(run_of(8, **HEALTHY), beta=0.04) == []
+
+
+def test_a_trial_stopped_for_its_health_is_unhealthy_not_pruned() -> None:
+    stopped = record(
+        exit_code=-15, signal=15, steps=4, stopped_by="pruned", stop_reason="stopped: grad_norm is 0"
+    )
+    problems = ["grad_norm is 0 on all 4 steps: the model is never updated."]
+    assert classify(stopped, health=problems).status is TrialStatus.UNHEALTHY
+    assert classify(stopped).status is TrialStatus.PRUNED
+
+
+def test_live_health_sees_degenerate_rollouts_against_the_baseline() -> None:
+    baseline = run_of(6, **{**HEALTHY, "completions/clipped_ratio": 0.25})
+    clipped = {**HEALTHY, "completions/clipped_ratio": lambda i: 0.3 if i == 1 else 1.0}
+    n = LIVE_HEALTH_MIN_STEPS
+    assert live_health(run_of(n, **clipped), beta=0.0, baseline=baseline) == []  # step 1 was fine
+    problems = live_health(run_of(n + 1, **clipped), beta=0.0, baseline=baseline)
+    assert len(problems) == 1 and "rollouts are degenerate" in problems[0]
+    assert live_health(run_of(n + 1, **clipped), beta=0.0, baseline=None) == []  # nothing to compare
+    fixed_length = run_of(6, **{**HEALTHY, "completions/clipped_ratio": 1.0})  # clipped by design
+    assert live_health(run_of(n + 1, **clipped), beta=0.0, baseline=fixed_length) == []

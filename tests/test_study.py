@@ -45,7 +45,12 @@ class FakeBackend(Backend):
     def check_rules(self, params, derived, ctx) -> list[RuleViolation]:
         ga = derived["gradient_accumulation_steps"]
         if ga != int(ga) or ga < 1:
-            return [RuleViolation("global_batch_divisible", f"global batch {ctx.global_batch} is not divisible by {params['per_device_train_batch_size']}")]
+            return [
+                RuleViolation(
+                    "global_batch_divisible",
+                    f"global batch {ctx.global_batch} is not divisible by {params['per_device_train_batch_size']}",
+                )
+            ]
         return []
 
     def render(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
@@ -66,23 +71,47 @@ class FakeExecutor:
     def execute(self, spec: TrialSpec, ctx: TrialContext, *, on_step, time_left_s) -> TrialResult:
         p = spec.params
         self.ran.append(dict(p))
-        base = {"number": spec.number, "params": p, "derived": spec.derived, "is_baseline": spec.is_baseline, "duration_s": 1.0, "gpu_seconds": 1.0}
+        base = {
+            "number": spec.number,
+            "params": p,
+            "derived": spec.derived,
+            "is_baseline": spec.is_baseline,
+            "duration_s": 1.0,
+            "gpu_seconds": 1.0,
+        }
         if self.interrupt_at is not None and len(self.ran) == self.interrupt_at:
             assert self.flag is not None
             self.flag[0] = True
             return TrialResult(**base, status=TrialStatus.INTERRUPTED, reason="interrupted by the user")
         if p["per_device_train_batch_size"] >= 8 and not p["gradient_checkpointing"]:
             return TrialResult(**base, status=TrialStatus.OOM, reason="CUDA out of memory", steps=1)
-        tp = p["per_device_train_batch_size"] * (0.8 if p["gradient_checkpointing"] else 1.0) + 0.01 * p["dataloader_num_workers"]
-        steady = SteadyEstimate(step_time_s=16 / tp, rel_ci95=0.01, steady_steps=4, warmup_steps=1, throughput=tp)
+        tp = (
+            p["per_device_train_batch_size"] * (0.8 if p["gradient_checkpointing"] else 1.0)
+            + 0.01 * p["dataloader_num_workers"]
+        )
+        steady = SteadyEstimate(
+            step_time_s=16 / tp, rel_ci95=0.01, steady_steps=4, warmup_steps=1, throughput=tp
+        )
         return TrialResult(**base, status=TrialStatus.COMPLETE, reason="completed", steps=5, steady=steady)
 
 
-def make(tmp_path: Path, *, n_trials: int, search: str = "auto", executor: FakeExecutor | None = None, interrupted=lambda: False, name: str = "s"):
+def make(
+    tmp_path: Path,
+    *,
+    n_trials: int,
+    search: str = "auto",
+    executor: FakeExecutor | None = None,
+    interrupted=lambda: False,
+    name: str = "s",
+):
     space_file = tmp_path / "space.yaml"
     space_file.write_text(SPACE)
     space = load_space(space_file, backend="fake")
-    hw = Hardware(host=HostInfo(hostname="h", cpu_cores_logical=2, cpu_cores_physical=1, ram_total_bytes=1 << 30, platform="x"))
+    hw = Hardware(
+        host=HostInfo(
+            hostname="h", cpu_cores_logical=2, cpu_cores_physical=1, ram_total_bytes=1 << 30, platform="x"
+        )
+    )
     cfg = StudyConfig(
         study_dir=tmp_path / name,
         backend="fake",
@@ -103,11 +132,17 @@ def make(tmp_path: Path, *, n_trials: int, search: str = "auto", executor: FakeE
 def test_baseline_first_no_repeats_and_a_recommendation(tmp_path: Path) -> None:
     study, ex = make(tmp_path, n_trials=6)
     outcome = study.run()
-    assert ex.ran[0] == {"per_device_train_batch_size": 2, "gradient_checkpointing": True, "dataloader_num_workers": 0}
+    assert ex.ran[0] == {
+        "per_device_train_batch_size": 2,
+        "gradient_checkpointing": True,
+        "dataloader_num_workers": 0,
+    }
     keys = [canonical_key(p) for p in ex.ran]
     assert len(keys) == len(set(keys)) == 6
     assert outcome.recommendation is not None
-    best = max((r for r in outcome.results if r.status is TrialStatus.COMPLETE), key=lambda r: r.throughput or 0)
+    best = max(
+        (r for r in outcome.results if r.status is TrialStatus.COMPLETE), key=lambda r: r.throughput or 0
+    )
     assert outcome.recommendation.trial == best.number
     assert outcome.recommendation.speedup == pytest.approx(best.throughput / 1.6)
     on_disk = sorted(p.name for p in (tmp_path / "s" / "trials").iterdir())
@@ -138,9 +173,14 @@ def test_grid_covers_the_space_without_repeats_and_ooms_prune_dominated(tmp_path
     statuses = {canonical_key(r.params): r for r in outcome.results}
     assert len(statuses) == 5 * 2 * 2
     # the first OOM (batch 8, no checkpointing) makes batch 16 without checkpointing infeasible unseen
-    inferred = [r for r in outcome.results if r.status is TrialStatus.PRUNED and "ran out of memory" in r.reason]
+    inferred = [
+        r for r in outcome.results if r.status is TrialStatus.PRUNED and "ran out of memory" in r.reason
+    ]
     assert inferred, [r.reason for r in outcome.results]
-    assert all(r.params["per_device_train_batch_size"] == 16 and not r.params["gradient_checkpointing"] for r in inferred)
+    assert all(
+        r.params["per_device_train_batch_size"] == 16 and not r.params["gradient_checkpointing"]
+        for r in inferred
+    )
     assert all(r.params not in ex.ran for r in inferred)
     # batch 1 breaks nothing; global batch 16 is divisible by every choice, so no rule pruning here
     assert not [r for r in outcome.results if "breaks" in r.reason]
@@ -161,7 +201,11 @@ def test_orphaned_running_trial_is_marked_interrupted_and_rerun(tmp_path: Path) 
     # simulate a tuner killed mid-trial: a RUNNING optuna trial with params and no result
     storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
     ostudy = optuna.load_study(study_name="s", storage=storage)
-    orphan_params = {"per_device_train_batch_size": 16, "gradient_checkpointing": True, "dataloader_num_workers": 2}
+    orphan_params = {
+        "per_device_train_batch_size": 16,
+        "gradient_checkpointing": True,
+        "dataloader_num_workers": 2,
+    }
     ostudy.enqueue_trial(orphan_params)
     t = ostudy.ask()
     study.space.suggest(t)

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.outcome import LIVE_HEALTH_MIN_STEPS
 from tests.cli.conftest import autotune_exe
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
@@ -66,6 +67,9 @@ def test_every_fault_is_classified_and_cleaned_up(cli, tmp_path: Path) -> None:
         r = json.loads(rfile.read_text())
         results[r["params"]["mode"]] = r
     assert set(results) == set(MODES), sorted(results)
+    # a run that cannot learn is stopped once it shows it, not run to its end (8 steps)
+    assert results["kl_zero"]["steps"] <= LIVE_HEALTH_MIN_STEPS + 1, results["kl_zero"]
+    assert results["nan"]["steps"] <= 2, results["nan"]
     for mode, (status, needle) in EXPECTED.items():
         r = results[mode]
         assert r["status"] == status, (mode, r["status"], r["reason"])

@@ -221,3 +221,26 @@ def test_launched_ignores_pruned_and_interrupted(space: SearchSpace) -> None:
         result(3, grid[3], TrialStatus.INTERRUPTED),
     ]
     assert [r.number for r in launched(history)] == [1, 2]
+
+
+def test_failed_gpu_time_makes_the_choice_more_risk_averse(space: SearchSpace) -> None:
+    # the baseline ran; a hang shares "no checkpointing" with the fastest untried candidates
+    baseline = {"batch": 1, "checkpointing": True, "zero": 0, "workers": 0}
+    hung = {"batch": 16, "checkpointing": False, "zero": 0, "workers": 2}
+
+    def proposal(hang_gpu_s: float, budget_aversion: float) -> Any:
+        history = [
+            result(0, baseline, TrialStatus.COMPLETE, 1.0).model_copy(update={"gpu_seconds": 100.0}),
+            result(1, hung, TrialStatus.HANG).model_copy(update={"gpu_seconds": hang_gpu_s}),
+        ]
+        s = SearchStrategy(space, seed=0, rank=predicted, budget_aversion=budget_aversion)
+        return s.explain(history, {canonical_key(r.params) for r in history})
+
+    plain = proposal(100.0, 0.0)  # constrained expected improvement: the faster, riskier candidate
+    averse = proposal(100.0, 1.0)  # half the GPU time went to a failure: weigh the risk more
+    assert plain is not None and averse is not None
+    assert averse.failure_risk < plain.failure_risk
+    assert averse.expected_gain_frac is not None and plain.expected_gain_frac is not None
+    assert averse.expected_gain_frac < plain.expected_gain_frac
+    # no GPU time on failures (e.g. unmeasured): the budget changes nothing
+    assert proposal(0.0, 1.0).params == plain.params
