@@ -22,9 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from autotune.errors import UsageError
+from autotune.yamlfile import read_yaml
 
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
@@ -108,24 +107,7 @@ def read_fixed_file(path: Path | str) -> dict[str, Any]:
         UsageError: missing or unreadable file, invalid YAML, not a mapping, or a key that is no flag name.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(
-            f"fixed-arguments file {path} does not exist", hint="Check the --fixed path"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(
-            f"cannot read fixed-arguments file {path}: {exc}", hint="Check the --fixed path"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(
-            f"fixed-arguments file {path} is not valid YAML{at}", hint="Fix the YAML syntax"
-        ) from None
+    data = read_yaml(path, what="fixed-arguments", flag="--fixed")
     if data is None:
         return {}
     if not isinstance(data, dict):

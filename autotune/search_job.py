@@ -87,17 +87,9 @@ def _positive(value: float, flag: str, example: str) -> None:
 
 
 def _load_mapping_file(path: str, flag: str) -> dict[str, Any]:
-    import yaml
+    from autotune.yamlfile import read_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{flag} file {path} does not exist", hint=f"Check the {flag} path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {flag} file {path}: {exc}", hint=f"Check the {flag} path") from None
-    except yaml.YAMLError:
-        raise UsageError(f"{flag} file {path} is not valid YAML", hint="Fix the YAML syntax") from None
+    data = read_yaml(path, what=flag, flag=flag)
     if not isinstance(data, dict):
         raise UsageError(
             f"{flag} file {path} must hold a mapping of name: value", hint="Write one name: value per line"

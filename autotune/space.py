@@ -36,11 +36,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import yaml
-
 from autotune.errors import SpaceError
 
 __all__ = ["Knob", "SearchSpace", "load_space", "canonical_key", "Suggester"]
+from autotune.yamlfile import read_yaml
 
 KnobType = Literal["int", "float", "bool", "str"]
 _TYPES: tuple[str, ...] = ("int", "float", "bool", "str")
@@ -451,26 +450,7 @@ def load_space(
         SpaceError: anything wrong with the file, as one line naming the problem and the fix.
     """
     where = str(source)
-    try:
-        text = (
-            source.read_text(encoding="utf-8")
-            if not isinstance(source, str)
-            else Path(source).read_text("utf-8")
-        )
-    except FileNotFoundError:
-        raise SpaceError(f"search-space file {where} does not exist", hint="Check the --space path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpaceError(
-            f"cannot read search-space file {where}: {exc}", hint="Check the --space path"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SpaceError(
-            f"search-space file {where} is not valid YAML{at}", hint="Fix the YAML syntax"
-        ) from None
+    data = read_yaml(source, what="search-space", flag="--space", error=SpaceError)
     if not isinstance(data, dict) or not isinstance(data.get("knobs"), dict) or not data["knobs"]:
         raise SpaceError(
             f"search-space file {where} has no 'knobs' mapping", hint="Start it with knobs: {name: {...}}"
