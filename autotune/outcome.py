@@ -413,25 +413,42 @@ def live_health(
     """
     problems = _non_finite(steps)
     clip = [v for _, v in _series(steps, "completions/clipped_ratio")][-LIVE_HEALTH_MIN_STEPS:]
-    base_clip = [v for _, v in _series(baseline or (), "completions/clipped_ratio")]
-    if len(clip) == LIVE_HEALTH_MIN_STEPS and base_clip and all(v >= 0.999 for v in clip):
-        base_mean = statistics.fmean(base_clip)
-        if base_mean < 0.9:
-            problems.append(
-                f"every completion hit the max length on the last {len(clip)} steps (clipped ratio 1.0) "
-                f"while the baseline clipped {base_mean:.0%}: rollouts are degenerate."
-            )
+    if len(clip) == LIVE_HEALTH_MIN_STEPS:
+        problems += _all_clipped(clip, baseline or (), limit="", span=f"the last {len(clip)} steps")
+    return problems + _never_moves(steps, beta=beta, min_steps=LIVE_HEALTH_MIN_STEPS)
+
+
+def _never_moves(steps: Sequence[StepMetrics], *, beta: float | None, min_steps: int) -> list[str]:
+    """``grad_norm`` 0 on every step, or ``kl`` 0 on every step after the first while ``beta`` > 0,
+    each over at least ``min_steps`` steps."""
+    problems = []
     grad = [v for _, v in _series(steps, "grad_norm")]
-    if len(grad) >= LIVE_HEALTH_MIN_STEPS and all(v == 0.0 for v in grad):
-        problems.append(f"grad_norm is 0 on all {len(grad)} steps so far: the model is never updated.")
+    if len(grad) >= min_steps and all(v == 0.0 for v in grad):
+        problems.append(f"grad_norm is 0 on all {len(grad)} steps: the model is never updated.")
     if beta is not None and beta > 0:
         kl = _series(steps, "kl")[1:]
-        if len(kl) >= LIVE_HEALTH_MIN_STEPS and all(v == 0.0 for _, v in kl):
+        if len(kl) >= min_steps and all(v == 0.0 for _, v in kl):
             problems.append(
                 f"kl is 0 on all {len(kl)} steps after the first although beta = {beta:g}: "
                 "the policy never moves away from the reference."
             )
     return problems
+
+
+def _all_clipped(
+    clip: Sequence[float], baseline: Sequence[StepMetrics], *, limit: str, span: str
+) -> list[str]:
+    """Every completion clipped on each of ``clip``'s steps while the baseline clipped under 90 %."""
+    base_clip = [v for _, v in _series(baseline, "completions/clipped_ratio")]
+    if not base_clip or not all(v >= 0.999 for v in clip):
+        return []
+    base_mean = statistics.fmean(base_clip)
+    if base_mean >= 0.9:
+        return []
+    return [
+        f"every completion hit the max length{limit} on {span} (clipped ratio 1.0) "
+        f"while the baseline clipped {base_mean:.0%}: rollouts are degenerate."
+    ]
 
 
 def _fmt(x: float) -> str:
@@ -463,19 +480,7 @@ def health_check(
 
     A loss near 0 is normal for GRPO (advantages are zero-mean) and is not a problem.
     """
-    problems = _non_finite(steps)
-
-    grad = [v for _, v in _series(steps, "grad_norm")]
-    if len(grad) >= 2 and all(v == 0.0 for v in grad):
-        problems.append(f"grad_norm is 0 on all {len(grad)} steps: the model is never updated.")
-
-    if beta is not None and beta > 0:
-        kl = _series(steps, "kl")[1:]
-        if len(kl) >= 2 and all(v == 0.0 for _, v in kl):
-            problems.append(
-                f"kl is 0 on all {len(kl)} steps after the first although beta = {beta:g}: "
-                "the policy never moves away from the reference."
-            )
+    problems = _non_finite(steps) + _never_moves(steps, beta=beta, min_steps=2)
 
     rstd = [v for _, v in _series(steps, "reward_std")]
     if len(rstd) >= 2 and all(v == 0.0 for v in rstd):
@@ -494,15 +499,9 @@ def _degenerate_rollouts(
 ) -> list[str]:
     problems: list[str] = []
     clip = [v for _, v in _series(steps, "completions/clipped_ratio")]
-    base_clip = [v for _, v in _series(baseline, "completions/clipped_ratio")]
-    if len(clip) >= 2 and base_clip and all(v >= 0.999 for v in clip):
-        base_mean = statistics.fmean(base_clip)
-        if base_mean < 0.9:
-            limit = f" ({max_completion_length} tokens)" if max_completion_length else ""
-            problems.append(
-                f"every completion hit the max length{limit} on all {len(clip)} steps "
-                f"(clipped ratio 1.0) while the baseline clipped {base_mean:.0%}: rollouts are degenerate."
-            )
+    limit = f" ({max_completion_length} tokens)" if max_completion_length else ""
+    if len(clip) >= 2:
+        problems += _all_clipped(clip, baseline, limit=limit, span=f"all {len(clip)} steps")
     elif max_completion_length and not clip:
         length = [v for _, v in _series(steps, "completions/mean_length")]
         base_len = [v for _, v in _series(baseline, "completions/mean_length")]
