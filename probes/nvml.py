@@ -665,14 +665,16 @@ class NvmlSampler:
             put(row, i, "mem_total_bytes", getattr(mem, "total", None))
         if not dev.power_from_buffer:
             put(row, i, "power_w", call(i, "power_w", "nvmlDeviceGetPowerUsage", h), 1e-3)  # mW -> W
-        if slow:
-            dev.slow_count += 1
-        if slow and i not in gate.lost:
-            if dev.slow_count % _COUNTERS_EVERY == 1 % _COUNTERS_EVERY:  # from the first slow read on
+        if not slow:
+            self._buffer.append(row)
+            return
+        dev.slow_count += 1
+        if i not in gate.lost:
+            if (dev.slow_count - 1) % _COUNTERS_EVERY == 0:  # from the first slow read on
                 self._read_counters(dev, row, t_wall)
             self._read_state(dev, row, tick)
         self._buffer.append(row)
-        if slow and self._driver_samples and i not in gate.lost and dev.slow_count % dev.buffer_every == 0:
+        if self._driver_samples and i not in gate.lost and dev.slow_count % dev.buffer_every == 0:
             self._read_driver_samples(dev)
 
     def _read_counters(self, dev: _Device, row: list[float], t_wall: float) -> None:
@@ -681,8 +683,9 @@ class NvmlSampler:
         if nvml is None or gate is None:
             return
         i, h = dev.index, dev.handle
-        wanted = [(c, f) for c, f in self._counter_fields if c not in dev.counters_off]
-        if wanted and gate.enabled(i, "counters"):
+        counters_on = gate.enabled(i, "counters")
+        wanted = [(c, f) for c, f in self._counter_fields if c not in dev.counters_off] if counters_on else []
+        if wanted:
             got = gate.call(
                 i,
                 "counters",
@@ -694,11 +697,12 @@ class NvmlSampler:
             if got is not None:
                 for (column, _), value in zip(wanted, got, strict=False):
                     self._store_counter(dev, row, column, value, t_wall)
+        # the counters call now switched off, or a field it refused: that metric's own call, this tick
         by_counter = (
-            {c for c, _ in self._counter_fields} - dev.counters_off if gate.enabled(i, "counters") else set()
+            {c for c, _ in wanted if c not in dev.counters_off} if gate.enabled(i, "counters") else set()
         )
         for column, (fn_name, extra, scale) in self._own_reads.items():
-            if column not in by_counter:  # (a refused counter field is read this way on the same tick)
+            if column not in by_counter:
                 self._put(row, i, column, gate.call(i, column, fn_name, h, *extra), scale)
 
     def _store_counter(self, dev: _Device, row: list[float], column: str, value: Any, t_wall: float) -> None:

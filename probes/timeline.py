@@ -119,16 +119,13 @@ class RowBuffer:
 
     def append(self, row: Sequence[float]) -> None:
         """Store one row (``len(row) == width``; NaN = not measured)."""
-        if len(row) != self.width:
-            raise ValueError(f"row has {len(row)} values, the buffer {self.width}")
-        with self._lock:
-            self._data.extend(row)
+        self.extend((row,))
 
     def extend(self, rows: Sequence[Sequence[float]]) -> None:
-        """Store several rows under one lock (each ``len(row) == width``)."""
-        width = self.width
-        if any(len(row) != width for row in rows):
-            raise ValueError(f"a row does not have the buffer's {width} values")
+        """Store several rows under one lock (each ``len(row) == width``; NaN = not measured)."""
+        for row in rows:
+            if len(row) != self.width:
+                raise ValueError(f"row has {len(row)} values, the buffer {self.width}")
         with self._lock:
             for row in rows:
                 self._data.extend(row)
