@@ -106,16 +106,13 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     watchdog = WatchdogConfig(
         startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s
     )
-    started = time.time()
-    write_json_atomic(
-        req.out / "profile.json",
-        {
-            "command": list(req.command),
-            "command_line": shlex.join(req.command),
-            "hardware": req.hardware.model_dump(mode="json"),
-            "started_wall_s": started,
-        },
-    )
+    header = {
+        "command": list(req.command),
+        "command_line": shlex.join(req.command),
+        "hardware": req.hardware.model_dump(mode="json"),
+        "started_wall_s": time.time(),
+    }
+    write_json_atomic(req.out / "profile.json", header)
     record = run_trial(
         plan,
         parser,
@@ -159,10 +156,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     write_json_atomic(
         req.out / "profile.json",
         {
-            "command": list(req.command),
-            "command_line": shlex.join(req.command),
-            "hardware": req.hardware.model_dump(mode="json"),
-            "started_wall_s": started,
+            **header,
             "finished_wall_s": time.time(),
             "status": result.status.value,
             "reason": result.reason,
