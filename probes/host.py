@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from probes._threads import join_or_abandon
 from probes.timeline import HOST_METRICS, RowBuffer
 
 __all__ = ["HostSampler", "process_tree_pids", "cpu_cores"]
@@ -171,15 +172,18 @@ class HostSampler:
             return
         self._state = "stopped"
         self._stop_event.set()
-        thread = self._thread
-        if thread is None:
+        if self._thread is None:
             return
-        thread.join(timeout=max(2 * self.interval_s, 0.2))
-        if thread.is_alive():
-            self._warn("slow-stop", "host sampler slow to stop; waiting for its current read")
-            thread.join(timeout=timeout_s)
-        if thread.is_alive():
-            self._warn("abandoned", f"host sampler still reading after {timeout_s:.0f} s; abandoned it")
+        messages = {
+            "slow": ("slow-stop", "host sampler slow to stop; waiting for its current read"),
+            "abandoned": ("abandoned", f"host sampler still reading after {timeout_s:.0f} s; abandoned it"),
+        }
+        join_or_abandon(
+            self._thread,
+            interval_s=self.interval_s,
+            timeout_s=timeout_s,
+            warn=lambda k: self._warn(*messages[k]),
+        )
 
     def __enter__(self) -> HostSampler:
         self.start()

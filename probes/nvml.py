@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from probes._threads import join_or_abandon
 from probes.timeline import GPU_METRICS, RowBuffer
 
 __all__ = [
@@ -550,17 +551,17 @@ class NvmlSampler:
             return
         self._state = "stopped"
         self._stop_event.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout=max(2 * self.interval_s, 0.2))
-            if thread.is_alive():
-                self._own_warnings.append("GPU sampler slow to stop; waiting for its current NVML call")
-                thread.join(timeout=timeout_s)
-            if thread.is_alive():
-                self._own_warnings.append(
-                    f"GPU sampler still inside an NVML call after {timeout_s:.0f} s; abandoned it"
-                )
-                return
+        messages = {
+            "slow": "GPU sampler slow to stop; waiting for its current NVML call",
+            "abandoned": f"GPU sampler still inside an NVML call after {timeout_s:.0f} s; abandoned it",
+        }
+        if self._thread is not None and not join_or_abandon(
+            self._thread,
+            interval_s=self.interval_s,
+            timeout_s=timeout_s,
+            warn=lambda k: self._own_warnings.append(messages[k]),
+        ):
+            return  # NVML is left initialised rather than shut down under a call in flight
         self._release()
 
     def __enter__(self) -> NvmlSampler:
