@@ -567,17 +567,9 @@ class SwiftBackend(Backend):
             ``OMP_NUM_THREADS`` on a CPU-only run); ``cwd`` is the trial directory.
         """
         world = int(spec.derived.get("world_size") or self._world_size(dict(spec.params), ctx))
-        env: dict[str, str] = {}
-        if world > 1:
-            env["NPROC_PER_NODE"] = str(world)
-        if ctx.cpu_only:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            env["OMP_NUM_THREADS"] = str(self._cpu_threads or 1)
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
         return LaunchPlan(
             argv=tuple(self._argv(spec, ctx, trial=False)),
-            env=env,
+            env=self._job_env(ctx, world),
             cwd=str(ctx.trial_dir),
             world_size=world,
         )
@@ -671,8 +663,16 @@ class SwiftBackend(Backend):
         return ctx.trial_dir / "output"
 
     def _env(self, ctx: TrialContext, world: int) -> dict[str, str]:
+        """A trial's environment: the job's (:meth:`_job_env`) plus what only a trial needs."""
         environ = self._environ if self._environ is not None else os.environ
-        env = {"MASTER_PORT": str(ctx.master_port), "PYTHONUNBUFFERED": "1"}
+        env = {"MASTER_PORT": str(ctx.master_port), "PYTHONUNBUFFERED": "1", **self._job_env(ctx, world)}
+        if not environ.get("MODELSCOPE_CACHE"):
+            env["MODELSCOPE_CACHE"] = str(ctx.study_dir / "cache" / "modelscope")
+        return env
+
+    def _job_env(self, ctx: TrialContext, world: int) -> dict[str, str]:
+        """Processes, devices and threads: what the user's job needs as much as a trial."""
+        env: dict[str, str] = {}
         if world > 1:
             # ms-swift wraps itself in torchrun only when NPROC_PER_NODE is set; one process runs plain
             # (≈ 8 s less start-up on CPU) and an inherited NPROC_PER_NODE is removed (see unset_env).
@@ -684,8 +684,6 @@ class SwiftBackend(Backend):
             env["OMP_NUM_THREADS"] = str(self._cpu_threads or 1)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
-        if not environ.get("MODELSCOPE_CACHE"):
-            env["MODELSCOPE_CACHE"] = str(ctx.study_dir / "cache" / "modelscope")
         return env
 
     def _write_prompts(self, ctx: TrialContext) -> Path:
