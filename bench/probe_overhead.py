@@ -12,6 +12,8 @@ process's CPU time over the run is the sampler's. Printed:
   fake's plain behaviour functions (no signature check, no call recording): the
   difference is ``unittest.mock``'s own cost, the rest is the sampler plus the fake's behaviour
   (building the real ctypes structures). A real driver call costs CPU too, but a different amount;
+- a breakdown: ``unittest.mock`` (autospec minus plain), the cost of waking on the sampler's schedule
+  alone (a thread that only sleeps until each tick), and the rest (sampler plus the fake's behaviour);
 - NVML calls per second, the achieved polling rate against the requested one, and the jitter of the
   tick intervals (standard deviation, 95th percentile and maximum of |interval - requested|);
 - the same CPU figure for ``HostSampler`` following a process in its own session at 4 Hz.
@@ -27,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -56,6 +59,24 @@ def _sampler(fake, nvml, gpus: int, interval_s: float) -> NvmlSampler:
     return NvmlSampler(range(gpus), interval_s=interval_s, nvml=nvml, pids=lambda: {os.getpid()})
 
 
+def _idle_loop_pct(interval_s: float, seconds: float) -> float:
+    """CPU (% of one core) of a thread that only wakes on the sampler's schedule: the wake-up floor."""
+    out: list[float] = []
+
+    def loop() -> None:
+        cpu0, next_t = time.thread_time(), time.monotonic()
+        end = next_t + seconds
+        while next_t < end:
+            next_t += interval_s
+            time.sleep(max(0.0, next_t - time.monotonic()))
+        out.append(time.thread_time() - cpu0)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    thread.join()
+    return 100 * out[0] / seconds
+
+
 def bench_nvml(gpus: int, interval_s: float, seconds: float, rounds: int) -> None:
     autospec_pct, plain_pct = [], []
     for _ in range(rounds):
@@ -68,6 +89,7 @@ def bench_nvml(gpus: int, interval_s: float, seconds: float, rounds: int) -> Non
         plain_cpu_s, plain_wall_s = _run(_sampler(plain, plain_functions(plain), gpus, interval_s), seconds)
         plain_pct.append(100 * plain_cpu_s / plain_wall_s)
 
+    idle_pct = _idle_loop_pct(interval_s, min(seconds, 10.0))
     ticks = sampler.ticks  # of the last autospec round
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
     dev = sorted(abs(g - interval_s) for g in gaps)
@@ -86,6 +108,12 @@ def bench_nvml(gpus: int, interval_s: float, seconds: float, rounds: int) -> Non
     print(
         f"  CPU with the plain fake:    {statistics.median(plain_pct):.2f} % of one core "
         "(sampler + fake behaviour, no unittest.mock)"
+    )
+    mock_pct = statistics.median(autospec_pct) - statistics.median(plain_pct)
+    print(
+        f"    of which: unittest.mock {mock_pct:.2f} % (autospec - plain), waking {1 / interval_s:.0f} times "
+        f"a second {idle_pct:.2f} % (an empty loop on the same schedule), sampler + fake behaviour "
+        f"{statistics.median(plain_pct) - idle_pct:.2f} %"
     )
     print(f"  NVML calls: {calls / wall_s:.0f} /s ({calls / wall_s / gpus:.1f} per GPU per second)")
     print(

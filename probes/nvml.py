@@ -35,10 +35,18 @@ those samples become extra rows at their own timestamps, converted from the driv
 (microseconds) to the monotonic clock. Power is polled on every tick only while that buffer does not
 deliver: ``nvmlDeviceGetPowerUsage`` is a one-second average on Ampere and newer (A100 excepted), so
 polling it at 10 Hz adds calls, not information, where the buffer has the driver's own samples.
+
+CPU: with the call counts fixed by the cadence above, the sampler's own cost per tick is kept small.
+The memory read of every tick calls the function bound at start (its errors still go through the
+gate, :meth:`NvmlGate.failed`); rows are ``array("d")`` copies of a per-GPU template, collected over
+the tick and stored under one lock; the wait between ticks is a deadline-based ``time.sleep`` (a
+timed ``Event.wait`` costs about twice as much CPU per wake-up). ``tests/probes/test_nvml_rows.py``
+holds the rows, warnings and calls of a scripted run recorded before these changes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import threading
@@ -259,6 +267,7 @@ class NvmlGate:
     * any other NVMLError (Unknown, Timeout, ...): None for this read only, one warning per metric.
 
     Thread safety: used by one sampling thread; ``warnings`` may be read from others (appends only).
+    ``lost`` (GPU indices) and ``off`` ((GPU index, metric) pairs switched off) are for reading only.
 
     Args:
         nvml: the ``pynvml`` module (or a fake built from it).
@@ -268,7 +277,7 @@ class NvmlGate:
         self.nvml = nvml
         self.warnings: list[str] = []
         self.lost: set[int] = set()
-        self._off: set[tuple[int, str]] = set()
+        self.off: set[tuple[int, str]] = set()
         self._warned: set[tuple[Any, ...]] = set()
         self._nvml_error = _error_class(nvml, "NVMLError")
         self._gpu_lost = _error_class(nvml, "NVMLError_GpuIsLost")
@@ -289,11 +298,11 @@ class NvmlGate:
 
     def enabled(self, device: int, metric: str) -> bool:
         """False once the metric is off for this GPU or the GPU is lost."""
-        return device not in self.lost and (device, metric) not in self._off
+        return device not in self.lost and (device, metric) not in self.off
 
     def disable(self, device: int, metric: str) -> None:
         """Stop asking for ``metric`` on ``device`` (e.g. GPM on a pre-Hopper GPU)."""
-        self._off.add((device, metric))
+        self.off.add((device, metric))
 
     def call(
         self,
@@ -310,15 +319,33 @@ class NvmlGate:
         switches its metric off like a function missing from the driver. ``fallback`` is what the
         warning says happens instead when the metric is switched off (default: the column stays empty).
         """
-        if (self._off or self.lost) and (device in self.lost or (device, metric) in self._off):
+        if (self.off or self.lost) and (device in self.lost or (device, metric) in self.off):
             return None
         try:
             return getattr(self.nvml, fn_name)(*args)
-        except self._gpu_lost as exc:
+        except Exception as exc:  # noqa: BLE001 - sorted out by failed(); nothing ends sampling
+            self.failed(device, metric, exc, missing_ok=missing_ok, fallback=fallback)
+        return None
+
+    def failed(
+        self,
+        device: int,
+        metric: str,
+        exc: Exception,
+        *,
+        missing_ok: bool = False,
+        fallback: str | None = None,
+    ) -> None:
+        """Record what a failed read of ``metric`` on ``device`` means (see the class docstring).
+
+        :meth:`call` uses it; so does a caller that binds an NVML function once and calls it itself
+        on its hot path (the same outcome as going through :meth:`call`, without the lookup).
+        """
+        if isinstance(exc, self._gpu_lost):
             self.lost.add(device)
             self.warn_once(("lost", device), f"GPU {device} was lost ({exc}); its later samples are empty")
-        except self._permanent as exc:
-            self._off.add((device, metric))
+        elif isinstance(exc, self._permanent):
+            self.off.add((device, metric))
             consequence = fallback or (
                 "only polled values are recorded" if metric.endswith("_samples") else "the column stays empty"
             )
@@ -326,24 +353,23 @@ class NvmlGate:
                 (metric, type(exc).__name__),
                 f"{metric}: not available on GPU {device} ({exc}); {consequence}",
             )
-        except self._not_found:
+        elif isinstance(exc, self._not_found):
             if not missing_ok:
                 self.warn_once(
                     (metric, "NotFound"), f"{metric}: GPU {device} returned Not Found; read skipped"
                 )
-        except self._nvml_error as exc:
+        elif isinstance(exc, self._nvml_error):
             self.warn_once(
                 (metric, "transient", type(exc).__name__),
                 f"{metric}: read failed on GPU {device} ({exc}); that sample is empty, sampling goes on",
             )
-        except Exception as exc:  # noqa: BLE001 - a binding mismatch or a bug must not end sampling
-            self._off.add((device, metric))
+        else:  # a binding mismatch or a bug: switched off, it would fail again
+            self.off.add((device, metric))
             self.warn_once(
                 (metric, "error", type(exc).__name__),
                 f"{metric}: unexpected {type(exc).__name__} on GPU {device} ({exc}); "
                 f"{fallback or 'the column stays empty'}",
             )
-        return None
 
 
 def _overflowed(last_us: int, stamps: list[int]) -> bool:
@@ -358,6 +384,13 @@ def _overflowed(last_us: int, stamps: list[int]) -> bool:
 
 # ----------------------------------------------------------------------------------------- sampler
 _COL = {name: i + 3 for i, name in enumerate(GPU_METRICS)}  # offset past t_mono_s, t_wall_s, device
+_MEM_USED, _MEM_TOTAL = _COL["mem_used_bytes"], _COL["mem_total_bytes"]
+_NAN = math.nan
+_SLEEP_MAX_S = 0.1  # waits up to this long between ticks sleep; longer ones wait on the stop event
+# A numeric field of an answer, without pynvml's Python-level ``__getattribute__`` (whose only work,
+# turning bytes into str, never applies to a number); for other objects the same lookup as ``getattr``
+# minus ``__getattr__`` fallbacks. The hot paths use it; a value it cannot read goes the checked way.
+_field = object.__getattribute__
 _GPM_METRICS = (
     ("gpm_sm_util_pct", "NVML_GPM_METRIC_SM_UTIL"),
     ("gpm_sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
@@ -389,6 +422,9 @@ class _Device:
     state_cursor: int = 0  # position in the rotation of state reads
     slow_count: int = 0  # slow reads so far
     buffer_every: int = 2  # slow reads between two reads of the driver's buffers (1 after an overflow)
+    # every metric NaN, ``device`` set: a tick's rows are copies (an array row is stored by one memcpy)
+    blank_row: array[float] = field(default_factory=lambda: array("d"))
+    memory_key: tuple[int, str] = (-1, "")  # the gate's (device, metric) key of the memory read
 
 
 class NvmlSampler:
@@ -453,6 +489,7 @@ class NvmlSampler:
         self._own_reads: dict[str, tuple[str, tuple[Any, ...], float]] = {}
         self._state_reads: tuple[tuple[str, str, tuple[Any, ...], float], ...] = ()
         self._pid_cache_tick = -(10**9)
+        self._memory_info: Callable[..., Any] | None = None
 
     # -- public API -----------------------------------------------------------------------------
     @property
@@ -521,9 +558,17 @@ class NvmlSampler:
         )
         n = max(1, len(self.indices))
         self._devices = [
-            _Device(index=i, handle=handles[i], slow_phase=(k * self.slow_every) // n)
+            _Device(
+                index=i,
+                handle=handles[i],
+                slow_phase=(k * self.slow_every) // n,
+                blank_row=array("d", self._buffer.blank(_NAN, _NAN, i)),
+                memory_key=(i, "mem_used_bytes"),
+            )
             for k, i in enumerate(self.indices)
         ]
+        # the one read of every tick, bound once; a binding without it is left to the gate (warned)
+        self._memory_info = getattr(nvml, "nvmlDeviceGetMemoryInfo", None)
         if self._gpm:
             for dev in self._devices:
                 self._setup_gpm(dev)
@@ -534,7 +579,9 @@ class NvmlSampler:
             for kind in (nvml.NVML_GPU_UTILIZATION_SAMPLES, nvml.NVML_TOTAL_POWER_SAMPLES):
                 dev.last_sample_us[kind] = self._start_wall_us
             if self._driver_samples:  # learn now whether the buffers deliver, rather than poll until then
-                self._read_driver_samples(dev, since_us=self._start_wall_us - _BUFFER_PROBE_US)
+                probed: list[array[float]] = []
+                self._read_driver_samples(dev, probed, since_us=self._start_wall_us - _BUFFER_PROBE_US)
+                self._buffer.extend(probed)
         self._state = "running"
         self._thread = threading.Thread(target=self._run, name="autotune-nvml-sampler", daemon=True)
         self._thread.start()
@@ -618,67 +665,121 @@ class NvmlSampler:
         dev.gpm = samples
 
     def _run(self) -> None:
-        tick = 0
-        next_t = time.monotonic()
+        """The sampling loop: one tick every ``interval_s`` on a fixed schedule (deadline-based).
+
+        Waits of at most ``_SLEEP_MAX_S`` are a plain ``time.sleep`` (about half the CPU of a timed
+        ``Event.wait`` per wake-up): ``stop()`` then takes effect at the next tick, within its first
+        join of two intervals. Longer waits wait on the stop event, so ``stop()`` is immediate.
+        """
+        interval_s = self.interval_s
         stop = self._stop_event
+        monotonic, sleep = time.monotonic, time.sleep
+        tick = 0
+        next_t = monotonic()
         while not stop.is_set():
             self._tick(tick)
             tick += 1
-            next_t += self.interval_s
-            now = time.monotonic()
+            next_t += interval_s
+            now = monotonic()
             if next_t < now:  # fell behind (slow driver): skip the missed ticks, keep the phase
-                missed = math.ceil((now - next_t) / self.interval_s)
-                next_t += missed * self.interval_s
+                missed = math.ceil((now - next_t) / interval_s)
+                next_t += missed * interval_s
                 tick += missed
-            stop.wait(next_t - now)
+            wait_s = next_t - now
+            if wait_s <= _SLEEP_MAX_S:
+                sleep(wait_s)
+            else:
+                stop.wait(wait_s)
 
     def _tick(self, tick: int) -> None:
+        """One row per GPU (plus the driver's sub-samples of GPUs on a slow read), stored at once.
+
+        The common case - a GPU whose driver buffers deliver utilization and power, on a tick without
+        its slow read - is one memory read, done here inline with the function bound at start; every
+        other case goes through :meth:`_read`. Both store the same values.
+        """
+        gate = self._gate
+        if gate is None:
+            return
         t_mono = time.monotonic()
         t_wall = t_mono + self._wall_minus_mono_s
         self._ticks.append(t_mono)
+        phase = tick % self.slow_every
+        memory_info = self._memory_info
+        lost, off = gate.lost, gate.off
+        number_field = _field
+        out: list[array[float]] = []
         for dev in self._devices:
-            slow = tick % self.slow_every == dev.slow_phase
             try:
-                self._read(dev, t_mono, t_wall, slow, tick)
+                if (
+                    dev.slow_phase == phase
+                    or memory_info is None
+                    or not (dev.util_from_buffer and dev.power_from_buffer)
+                    or dev.index in lost
+                    or dev.memory_key in off
+                ):
+                    self._read(dev, t_mono, t_wall, dev.slow_phase == phase, tick, out)
+                    continue
+                row = dev.blank_row[:]
+                row[0] = t_mono
+                row[1] = t_wall
+                try:
+                    mem = memory_info(dev.handle)
+                except Exception as exc:  # noqa: BLE001 - what the gate makes of it, as in gate.call
+                    gate.failed(dev.index, "mem_used_bytes", exc)
+                else:
+                    try:
+                        row[_MEM_USED] = float(number_field(mem, "used"))
+                        row[_MEM_TOTAL] = float(number_field(mem, "total"))
+                    except Exception:  # noqa: BLE001 - not numbers: the checked path empties and warns
+                        self._store_memory(dev, row, mem)
+                out.append(row)
             except Exception as exc:  # noqa: BLE001 - a surprising value must not end sampling
-                if self._gate is not None:
-                    self._gate.warn_once(
-                        ("tick", type(exc).__name__),
-                        f"GPU {dev.index}: a sample could not be assembled ({type(exc).__name__}: {exc}); "
-                        "sampling goes on",
-                    )
+                gate.warn_once(
+                    ("tick", type(exc).__name__),
+                    f"GPU {dev.index}: a sample could not be assembled ({type(exc).__name__}: {exc}); "
+                    "sampling goes on",
+                )
+        if out:
+            self._buffer.extend(out)
 
-    def _read(self, dev: _Device, t_mono: float, t_wall: float, slow: bool, tick: int) -> None:
+    def _store_memory(self, dev: _Device, row: array[float], mem: Any) -> None:
+        if mem is not None:
+            self._put(row, dev.index, "mem_used_bytes", getattr(mem, "used", None))
+            self._put(row, dev.index, "mem_total_bytes", getattr(mem, "total", None))
+
+    def _read(
+        self, dev: _Device, t_mono: float, t_wall: float, slow: bool, tick: int, out: list[array[float]]
+    ) -> None:
+        """Every read of one GPU on one tick, in the general case; the rows go to ``out`` in order."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
         i, h = dev.index, dev.handle
-        row = self._buffer.blank(t_mono, t_wall, i)
+        row = dev.blank_row[:]
+        row[0] = t_mono
+        row[1] = t_wall
         call = gate.call
-        put = self._put
         # While the driver's utilization buffer delivers (finer than polling), utilization is polled in
         # the rotation of state reads only (for memory utilization): the buffer carries GPU utilization.
         if not dev.util_from_buffer:
             self._read_utilization(dev, row)
-        mem = call(i, "mem_used_bytes", "nvmlDeviceGetMemoryInfo", h)
-        if mem is not None:
-            put(row, i, "mem_used_bytes", getattr(mem, "used", None))
-            put(row, i, "mem_total_bytes", getattr(mem, "total", None))
+        self._store_memory(dev, row, call(i, "mem_used_bytes", "nvmlDeviceGetMemoryInfo", h))
         if not dev.power_from_buffer:
-            put(row, i, "power_w", call(i, "power_w", "nvmlDeviceGetPowerUsage", h), 1e-3)  # mW -> W
+            self._put(row, i, "power_w", call(i, "power_w", "nvmlDeviceGetPowerUsage", h), 1e-3)  # mW -> W
         if not slow:
-            self._buffer.append(row)
+            out.append(row)
             return
         dev.slow_count += 1
         if i not in gate.lost:
             if (dev.slow_count - 1) % _COUNTERS_EVERY == 0:  # from the first slow read on
                 self._read_counters(dev, row, t_wall)
             self._read_state(dev, row, tick)
-        self._buffer.append(row)
+        out.append(row)
         if self._driver_samples and i not in gate.lost and dev.slow_count % dev.buffer_every == 0:
-            self._read_driver_samples(dev)
+            self._read_driver_samples(dev, out)
 
-    def _read_counters(self, dev: _Device, row: list[float], t_wall: float) -> None:
+    def _read_counters(self, dev: _Device, row: array[float], t_wall: float) -> None:
         """Energy and PCIe bytes from the driver's counters in one call; refused fields by their own call."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
@@ -706,7 +807,7 @@ class NvmlSampler:
             if column not in by_counter:
                 self._put(row, i, column, gate.call(i, column, fn_name, h, *extra), scale)
 
-    def _store_counter(self, dev: _Device, row: list[float], column: str, value: Any, t_wall: float) -> None:
+    def _store_counter(self, dev: _Device, row: array[float], column: str, value: Any, t_wall: float) -> None:
         attr = _VALUE_FIELDS.get(int(value.valueType))
         if int(value.nvmlReturn) != 0 or attr is None:  # no such counter here: its own call from now on
             dev.counters_off.add(column)
@@ -721,7 +822,7 @@ class NvmlSampler:
         if prev is not None and t_us > prev[0] and number >= prev[1]:  # a wrapped counter gives no rate
             self._put(row, dev.index, column, (number - prev[1]) * 1e6 / (t_us - prev[0]))
 
-    def _read_state(self, dev: _Device, row: list[float], tick: int) -> None:
+    def _read_state(self, dev: _Device, row: array[float], tick: int) -> None:
         """One read of the rotation: process memory, GPM, then the slow-changing settings and states."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
@@ -749,7 +850,7 @@ class NvmlSampler:
                     self._put(row, i, column, gate.call(i, column, fn_name, h, *extra), scale)
                     return
 
-    def _read_utilization(self, dev: _Device, row: list[float]) -> None:
+    def _read_utilization(self, dev: _Device, row: array[float]) -> None:
         gate = self._gate
         if gate is None:
             return
@@ -758,7 +859,7 @@ class NvmlSampler:
             self._put(row, dev.index, "gpu_util_pct", getattr(util, "gpu", None))
             self._put(row, dev.index, "mem_util_pct", getattr(util, "memory", None))
 
-    def _put(self, row: list[float], device: int, column: str, value: Any, scale: float = 1.0) -> None:
+    def _put(self, row: array[float], device: int, column: str, value: Any, scale: float = 1.0) -> None:
         """Store ``value * scale`` in ``column``; a value that is not a number leaves it empty (warned once)."""
         if value is None:
             return
@@ -786,7 +887,7 @@ class NvmlSampler:
                     )
         return self._pid_cache
 
-    def _read_process_memory(self, dev: _Device, row: list[float], tick: int) -> None:
+    def _read_process_memory(self, dev: _Device, row: array[float], tick: int) -> None:
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
@@ -805,7 +906,7 @@ class NvmlSampler:
                 total += used
         self._put(row, dev.index, "proc_mem_bytes", total)
 
-    def _read_gpm(self, dev: _Device, row: list[float]) -> None:
+    def _read_gpm(self, dev: _Device, row: array[float]) -> None:
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
@@ -836,9 +937,11 @@ class NvmlSampler:
         dev.gpm.reverse()  # the current sample becomes the previous one
         dev.gpm_have_prev = True
 
-    def _read_driver_samples(self, dev: _Device, since_us: int | None = None) -> None:
-        """Rows from the driver's buffers newer than the last ones taken; ``since_us`` widens the query
-        (not the rows kept) to learn at start whether a buffer delivers at all."""
+    def _read_driver_samples(
+        self, dev: _Device, out: list[array[float]], since_us: int | None = None
+    ) -> None:
+        """Rows (appended to ``out``) from the driver's buffers newer than the last ones taken;
+        ``since_us`` widens the query (not the rows kept) to learn at start whether a buffer delivers."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
@@ -876,19 +979,20 @@ class NvmlSampler:
                 gate.warn_once((metric, "type"), f"{metric}: unknown sample value type {value_type}; ignored")
                 continue
             col = _COL[column]
-            blank = self._buffer.blank
-            rows = []
+            blank_row = dev.blank_row
             stamps = []
+            number_field = _field if samples and isinstance(samples[0], ctypes.Structure) else getattr
             for sample in samples:
-                ts = int(sample.timeStamp)
+                ts = int(number_field(sample, "timeStamp"))
                 if ts <= last:
                     continue
                 stamps.append(ts)
                 t_wall = ts / 1e6
-                row = blank(t_wall - offset, t_wall, dev.index)
-                row[col] = float(getattr(sample.sampleValue, attr)) * scale
-                rows.append(row)
-            self._buffer.extend(rows)
+                row = blank_row[:]
+                row[0] = t_wall - offset
+                row[1] = t_wall
+                row[col] = float(getattr(number_field(sample, "sampleValue"), attr)) * scale
+                out.append(row)
             if stamps:
                 dev.last_sample_us[kind] = max(stamps)
                 if since_us is None and _overflowed(last, sorted(stamps)):

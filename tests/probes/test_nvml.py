@@ -451,6 +451,20 @@ def test_stop_escalates_then_abandons_a_thread_stuck_in_the_driver() -> None:
     assert not sampler._thread.is_alive()  # once the call returns, the thread sees the stop flag
 
 
+@pytest.mark.parametrize("interval_s", [0.05, 1.0], ids=["sleeps-between-ticks", "waits-on-the-stop-flag"])
+def test_stop_ends_the_thread_within_its_first_join_whichever_way_it_waits(interval_s: float) -> None:
+    # short waits are a plain sleep (stop takes effect at the next tick, inside the first join of two
+    # intervals); long ones wait on the stop flag (stop takes effect at once)
+    fake = fake_nvml(1)
+    sampler = NvmlSampler([0], interval_s=interval_s, nvml=fake.module)
+    sampler.start()
+    assert wait_until(lambda: len(sampler.ticks) >= 2 if interval_s < 1 else len(sampler.ticks) >= 1)
+    sampler.stop()
+    assert sampler.warnings == []  # no "slow to stop": the first join was enough
+    assert sampler._thread is not None and not sampler._thread.is_alive()
+    assert fake.init_count == 0
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
 def test_a_bad_interval_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="interval_s"):
@@ -507,6 +521,9 @@ def test_utilization_is_polled_every_tick_only_while_the_driver_buffer_is_silent
 
 def test_pcie_rates_come_from_the_byte_counters_and_a_wrapped_counter_gives_no_rate() -> None:
     gpu = FakeGpu(pcie_tx_kb_s=2_000, pcie_rx_kb_s=0)
+    # a counter far above what it reaches again after the wrap below (at 2 MB/s): a read after the
+    # wrap is always below the one before it, however the reads fall around the wrap
+    gpu.pcie_counters["tx"] = 1e12
     fake = fake_nvml([gpu])
     sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01, gpm=False)
     sampler.start()
