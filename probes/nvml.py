@@ -267,7 +267,7 @@ class NvmlGate:
     * any other NVMLError (Unknown, Timeout, ...): None for this read only, one warning per metric.
 
     Thread safety: used by one sampling thread; ``warnings`` may be read from others (appends only).
-    ``lost`` (GPU indices) and ``off`` ((GPU index, metric) pairs switched off) are for reading only.
+    ``lost`` (GPU indices) is for reading only.
 
     Args:
         nvml: the ``pynvml`` module (or a fake built from it).
@@ -277,7 +277,7 @@ class NvmlGate:
         self.nvml = nvml
         self.warnings: list[str] = []
         self.lost: set[int] = set()
-        self.off: set[tuple[int, str]] = set()
+        self._off: set[tuple[int, str]] = set()
         self._warned: set[tuple[Any, ...]] = set()
         self._nvml_error = _error_class(nvml, "NVMLError")
         self._gpu_lost = _error_class(nvml, "NVMLError_GpuIsLost")
@@ -298,11 +298,11 @@ class NvmlGate:
 
     def enabled(self, device: int, metric: str) -> bool:
         """False once the metric is off for this GPU or the GPU is lost."""
-        return device not in self.lost and (device, metric) not in self.off
+        return device not in self.lost and (device, metric) not in self._off
 
     def disable(self, device: int, metric: str) -> None:
         """Stop asking for ``metric`` on ``device`` (e.g. GPM on a pre-Hopper GPU)."""
-        self.off.add((device, metric))
+        self._off.add((device, metric))
 
     def call(
         self,
@@ -319,7 +319,7 @@ class NvmlGate:
         switches its metric off like a function missing from the driver. ``fallback`` is what the
         warning says happens instead when the metric is switched off (default: the column stays empty).
         """
-        if (self.off or self.lost) and (device in self.lost or (device, metric) in self.off):
+        if (self._off or self.lost) and (device in self.lost or (device, metric) in self._off):
             return None
         try:
             return getattr(self.nvml, fn_name)(*args)
@@ -345,7 +345,7 @@ class NvmlGate:
             self.lost.add(device)
             self.warn_once(("lost", device), f"GPU {device} was lost ({exc}); its later samples are empty")
         elif isinstance(exc, self._permanent):
-            self.off.add((device, metric))
+            self._off.add((device, metric))
             consequence = fallback or (
                 "only polled values are recorded" if metric.endswith("_samples") else "the column stays empty"
             )
@@ -364,7 +364,7 @@ class NvmlGate:
                 f"{metric}: read failed on GPU {device} ({exc}); that sample is empty, sampling goes on",
             )
         else:  # a binding mismatch or a bug: switched off, it would fail again
-            self.off.add((device, metric))
+            self._off.add((device, metric))
             self.warn_once(
                 (metric, "error", type(exc).__name__),
                 f"{metric}: unexpected {type(exc).__name__} on GPU {device} ({exc}); "
@@ -424,7 +424,13 @@ class _Device:
     buffer_every: int = 2  # slow reads between two reads of the driver's buffers (1 after an overflow)
     # every metric NaN, ``device`` set: a tick's rows are copies (an array row is stored by one memcpy)
     blank_row: array[float] = field(default_factory=lambda: array("d"))
-    memory_key: tuple[int, str] = (-1, "")  # the gate's (device, metric) key of the memory read
+
+    def new_row(self, t_mono: float, t_wall: float) -> array[float]:
+        """A blank row of this GPU at the given time."""
+        row = self.blank_row[:]
+        row[0] = t_mono
+        row[1] = t_wall
+        return row
 
 
 class NvmlSampler:
@@ -563,7 +569,6 @@ class NvmlSampler:
                 handle=handles[i],
                 slow_phase=(k * self.slow_every) // n,
                 blank_row=array("d", self._buffer.blank(_NAN, _NAN, i)),
-                memory_key=(i, "mem_used_bytes"),
             )
             for k, i in enumerate(self.indices)
         ]
@@ -706,7 +711,6 @@ class NvmlSampler:
         self._ticks.append(t_mono)
         phase = tick % self.slow_every
         memory_info = self._memory_info
-        lost, off = gate.lost, gate.off
         number_field = _field
         out: list[array[float]] = []
         for dev in self._devices:
@@ -715,14 +719,11 @@ class NvmlSampler:
                     dev.slow_phase == phase
                     or memory_info is None
                     or not (dev.util_from_buffer and dev.power_from_buffer)
-                    or dev.index in lost
-                    or dev.memory_key in off
+                    or not gate.enabled(dev.index, "mem_used_bytes")
                 ):
                     self._read(dev, t_mono, t_wall, dev.slow_phase == phase, tick, out)
                     continue
-                row = dev.blank_row[:]
-                row[0] = t_mono
-                row[1] = t_wall
+                row = dev.new_row(t_mono, t_wall)
                 try:
                     mem = memory_info(dev.handle)
                 except Exception as exc:  # noqa: BLE001 - what the gate makes of it, as in gate.call
@@ -756,9 +757,7 @@ class NvmlSampler:
         if nvml is None or gate is None:
             return
         i, h = dev.index, dev.handle
-        row = dev.blank_row[:]
-        row[0] = t_mono
-        row[1] = t_wall
+        row = dev.new_row(t_mono, t_wall)
         call = gate.call
         # While the driver's utilization buffer delivers (finer than polling), utilization is polled in
         # the rotation of state reads only (for memory utilization): the buffer carries GPU utilization.
