@@ -978,7 +978,7 @@ class NvmlSampler:
                 gate.warn_once((metric, "type"), f"{metric}: unknown sample value type {value_type}; ignored")
                 continue
             col = _COL[column]
-            blank_row = dev.blank_row
+            new_row = dev.new_row
             stamps = []
             number_field = _field if samples and isinstance(samples[0], ctypes.Structure) else getattr
             for sample in samples:
@@ -987,9 +987,7 @@ class NvmlSampler:
                     continue
                 stamps.append(ts)
                 t_wall = ts / 1e6
-                row = blank_row[:]
-                row[0] = t_wall - offset
-                row[1] = t_wall
+                row = new_row(t_wall - offset, t_wall)
                 row[col] = float(getattr(number_field(sample, "sampleValue"), attr)) * scale
                 out.append(row)
             if stamps:
