@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from autotune.errors import SpaceError
+from autotune.yamlfile import read_yaml
 
 __all__ = ["Knob", "SearchSpace", "load_space", "canonical_key", "Suggester"]
-from autotune.yamlfile import read_yaml
 
 KnobType = Literal["int", "float", "bool", "str"]
 _TYPES: tuple[str, ...] = ("int", "float", "bool", "str")
