@@ -23,12 +23,13 @@ __all__ = [
     "LaunchPlan",
     "SteadyEstimate",
     "TrialResult",
+    "Recommendation",
     "INFEASIBLE_STATUSES",
 ]
 
 
 class TrialStatus(str, Enum):
-    """How a trial ended. Decided from evidence by :mod:`autotune.outcome`."""
+    """How a trial ended. Decided from evidence by :mod:`autotune.trial.outcome`."""
 
     COMPLETE = "COMPLETE"
     UNHEALTHY = "UNHEALTHY"  # ran, but does not learn (health gate)
@@ -232,3 +233,28 @@ class TrialResult(BaseModel):
     @property
     def throughput(self) -> float | None:
         return self.steady.throughput if self.steady else None
+
+
+class Recommendation(_Frozen):
+    """The recommended trial and how it compares with the baseline. Decided once, when the study ends,
+    and stored in ``study.json``; reports and exports read it from there.
+
+    Attributes:
+        trial: trial number of the winner.
+        throughput: its completions per second at steady state.
+        baseline_trial: the baseline's trial number, when there is one.
+        baseline_throughput: the baseline's throughput, when it completed.
+        speedup: winner ÷ baseline throughput, when both are known.
+        headroom_bytes: memory left at the measured peak, per selected GPU (None where unmeasured).
+        why: one sentence.
+        skipped: trials faster than the winner that were passed over, with why.
+    """
+
+    trial: int
+    throughput: float
+    baseline_trial: int | None
+    baseline_throughput: float | None
+    speedup: float | None
+    headroom_bytes: list[int | None]
+    why: str
+    skipped: list[tuple[int, str]] = Field(default_factory=list)

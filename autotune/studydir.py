@@ -1,6 +1,17 @@
-"""The study directory on disk: paths, ``study.json``, and the trials' ``result.json`` files.
+"""The study directory on disk: the one place that names every file of a study and of a trial.
 
-Writes are atomic (write to a temporary file, then ``os.replace``) so a study killed at any moment
+::
+
+    runs/<study>/
+      study.db            Optuna storage
+      study.json          resolved settings, the outcome and the recommendation
+      trials/<n>/         launch.json, command.sh, stdout.log, stderr.log, metrics.jsonl,
+                          timeline.parquet, phases.jsonl, proc.json, result.json (+ the backend's own)
+      report.html  report.md  charts/
+      best/               the winner's exported configs
+
+A profiled run (``autotune profile``) is one trial directory with a ``profile.json`` beside its files.
+JSON writes are atomic (write to a temporary file, then ``os.replace``) so a study killed at any moment
 never leaves a half-written record behind.
 """
 
@@ -13,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
-from autotune.records import TrialResult
+from autotune.records import Hardware, Recommendation, TrialResult
 
-__all__ = ["StudyDir", "write_json_atomic", "ensure_writable"]
+__all__ = ["StudyDir", "TrialDir", "write_json_atomic", "ensure_writable"]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -46,27 +57,113 @@ def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
         ) from None
 
 
+class TrialDir:
+    """The files of one trial (``trials/<n>/``), or of a profiled run."""
+
+    LAUNCH = "launch.json"
+    COMMAND = "command.sh"
+    STDOUT = "stdout.log"
+    STDERR = "stderr.log"
+    METRICS = "metrics.jsonl"
+    TIMELINE = "timeline.parquet"
+    PHASES = "phases.jsonl"
+    PROC = "proc.json"
+    RESULT = "result.json"
+    PROFILE = "profile.json"
+    PROMPTS = "prompts.jsonl"  # autotune's generated prompts, when the trial trained on them
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def launch_json(self) -> Path:
+        return self.path / self.LAUNCH
+
+    @property
+    def command_sh(self) -> Path:
+        return self.path / self.COMMAND
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.path / self.STDOUT
+
+    @property
+    def stderr_log(self) -> Path:
+        return self.path / self.STDERR
+
+    @property
+    def metrics_jsonl(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def timeline_parquet(self) -> Path:
+        return self.path / self.TIMELINE
+
+    @property
+    def phases_jsonl(self) -> Path:
+        return self.path / self.PHASES
+
+    @property
+    def proc_json(self) -> Path:
+        return self.path / self.PROC
+
+    @property
+    def result_json(self) -> Path:
+        return self.path / self.RESULT
+
+    @property
+    def profile_json(self) -> Path:
+        return self.path / self.PROFILE
+
+    @property
+    def prompts_jsonl(self) -> Path:
+        return self.path / self.PROMPTS
+
+
 class StudyDir:
     """Paths and records of one study directory (``runs/<study>``)."""
+
+    SETTINGS = "study.json"
+    DB = "study.db"
+    TRIALS = "trials"
+    BEST = "best"
+    CHARTS = "charts"
+    REPORT_HTML = "report.html"
+    REPORT_MD = "report.md"
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
     @property
     def study_json(self) -> Path:
-        return self.root / "study.json"
+        return self.root / self.SETTINGS
 
     @property
     def db_path(self) -> Path:
-        return self.root / "study.db"
+        return self.root / self.DB
 
     @property
     def trials_dir(self) -> Path:
-        return self.root / "trials"
+        return self.root / self.TRIALS
 
     @property
     def best_dir(self) -> Path:
-        return self.root / "best"
+        return self.root / self.BEST
+
+    @property
+    def charts_dir(self) -> Path:
+        return self.root / self.CHARTS
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / self.REPORT_HTML
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / self.REPORT_MD
 
     @property
     def cache_dir(self) -> Path:
@@ -74,6 +171,9 @@ class StudyDir:
 
     def trial_dir(self, number: int) -> Path:
         return self.trials_dir / str(number)
+
+    def trial(self, number: int) -> TrialDir:
+        return TrialDir(self.trial_dir(number))
 
     def exists(self) -> bool:
         return self.study_json.exists()
@@ -96,10 +196,10 @@ class StudyDir:
         write_json_atomic(self.study_json, data)
 
     def write_result(self, result: TrialResult) -> None:
-        write_json_atomic(self.trial_dir(result.number) / "result.json", result.model_dump(mode="json"))
+        write_json_atomic(self.trial(result.number).result_json, result.model_dump(mode="json"))
 
     def read_result(self, number: int) -> TrialResult | None:
-        path = self.trial_dir(number) / "result.json"
+        path = self.trial(number).result_json
         if not path.exists():
             return None
         return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
@@ -115,3 +215,29 @@ class StudyDir:
                 if result is not None:
                     out.append(result)
         return sorted(out, key=lambda r: r.number)
+
+    def hardware(self, settings: dict[str, Any] | None = None) -> Hardware | None:
+        """The study's hardware from ``study.json`` (None when it lacks it or cannot be read)."""
+        data = (settings if settings is not None else self.read_settings()).get("hardware")
+        if not isinstance(data, dict):
+            return None
+        try:
+            return Hardware.model_validate(data)
+        except ValueError:
+            return None
+
+    def recommendation(
+        self, settings: dict[str, Any] | None = None, results: list[TrialResult] | None = None
+    ) -> Recommendation | None:
+        """The study's recommendation as stored in ``study.json`` when it ended.
+
+        A study that has not ended (still running, or killed) has none stored: it is then decided from
+        the results on disk by the same rule, :func:`autotune.study.recommend.recommend`.
+        """
+        settings = settings if settings is not None else self.read_settings()
+        if "recommendation" in settings:
+            stored = settings["recommendation"]
+            return None if stored is None else Recommendation.model_validate(stored)
+        from autotune.study.recommend import recommend
+
+        return recommend(self.results() if results is None else results, self.hardware(settings))

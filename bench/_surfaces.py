@@ -42,9 +42,9 @@ from autotune.estimate import GIB, GpuSpec, ModelSpec, find_gpu, find_model
 from autotune.estimate.memory import estimate_memory
 from autotune.estimate.shape import job_shape
 from autotune.estimate.timing import estimate_step_time
-from autotune.outcome import LIVE_HEALTH_MIN_STEPS
 from autotune.records import GpuInfo, Hardware, HostInfo, TrialStatus
-from autotune.space import SearchSpace, canonical_key, load_space
+from autotune.study.space import SearchSpace, canonical_key, load_space
+from autotune.trial.outcome import LIVE_HEALTH_MIN_STEPS
 
 __all__ = ["Setting", "SETTINGS", "RawTable", "Surface", "Truth", "SPACES_DIR"]
 
@@ -53,7 +53,7 @@ _CORE_DROP = "dataloader_num_workers"  # the estimator's GPU memory and time ign
 _PHASES = ("train", "rollout", "sync")
 _HEADROOM = 0.95  # the recommendation wants 5 % of memory left
 
-# Reasons as autotune.outcome words them (the inference reads them).
+# Reasons as autotune.trial.outcome words them (the inference reads them).
 _REASON = {
     "oom": "CUDA out of memory",
     "startup": "vLLM could not start: free GPU memory is below the requested gpu_memory_utilization",
@@ -329,7 +329,7 @@ class Truth:
     startup_s: float
     peak_bytes: int
     valid: bool
-    # the step at which the executor's live health check stops it (autotune.outcome.live_health): a model
+    # the step at which the executor's live health check stops it (autotune.trial.outcome.live_health): a model
     # that never moves shows it from step 1, degenerate rollouts after the first weight reload (step 2)
     live_stop_step: int | None = None
 

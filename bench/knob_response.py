@@ -39,7 +39,7 @@ import psutil
 from autotune.backends import ModelRef, TrialContext
 from autotune.backends.trl import TrlBackend
 from autotune.records import TrialSpec
-from autotune.tinymodels import ensure_model
+from autotune.workload.tinymodels import ensure_model
 
 CONFIGS: dict[str, dict[str, object]] = {
     "bs4": {"per_device_train_batch_size": 4, "gradient_checkpointing": False},

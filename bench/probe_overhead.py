@@ -33,10 +33,9 @@ import threading
 import time
 
 import psutil
-
-from probes.host import HostSampler
-from probes.nvml import NvmlSampler
-from probes.testing import USED_FUNCTIONS, fake_nvml, plain_functions
+from autotune.probes.host import HostSampler
+from autotune.probes.nvml import NvmlSampler
+from autotune.probes.testing import USED_FUNCTIONS, fake_nvml, plain_functions
 
 
 def _fake(gpus: int):

@@ -3,7 +3,7 @@
     python bench/runner_overhead.py [--trials 10] [--poll-interval 0.1]
 
 A no-op trial (the fault fixture printing one step and exiting) is started N times bare
-(``subprocess.Popen``, read stdout, wait) and N times through :func:`autotune.runner.run_trial`. Printed:
+(``subprocess.Popen``, read stdout, wait) and N times through :func:`autotune.trial.runner.run_trial`. Printed:
 
 - launch → first output: the runner's time against the bare start (Python start-up is in both);
 - end → next launch: from the trial's exit being noticed to run_trial returning (reaping, the group
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from autotune.backends.command import CommandParser
 from autotune.records import LaunchPlan
-from autotune.runner import EarlyStopConfig, WatchdogConfig, run_trial
+from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 
 FAULT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "faults" / "fault.py"
 ARGS = ("--mode", "ok", "--steps", "1", "--step-s", "0")

@@ -1,6 +1,6 @@
 """How fast each search lands near the optimum, on simulated GRPO response surfaces.
 
-Every study runs through the real study loop (:class:`autotune.study.Study`: baseline first,
+Every study runs through the real study loop (:class:`autotune.study.loop.Study`: baseline first,
 pre-screen, OOM inference, Optuna tell with constraints, pruning of clearly slower trials, stopping)
 with the trials simulated in-process on surfaces built from the estimator's memory and time model
 plus model error, failure regions, start-up costs and noise (see ``bench/_surfaces.py``).
@@ -47,12 +47,12 @@ from _surfaces import SETTINGS, RawTable, Setting, Surface  # noqa: E402
 
 from autotune.backends import Backend, TrialContext  # noqa: E402
 from autotune.estimate import estimate_memory, job_shape  # noqa: E402
-from autotune.memory_gate import EstimatorGate  # noqa: E402
-from autotune.recommend import recommend  # noqa: E402
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus  # noqa: E402
-from autotune.search import DeepSpeedSweep, launched  # noqa: E402
-from autotune.space import SearchSpace, canonical_key  # noqa: E402
-from autotune.study import Study, StudyConfig  # noqa: E402
+from autotune.strategy import DeepSpeedSweep, launched  # noqa: E402
+from autotune.study.loop import Study, StudyConfig  # noqa: E402
+from autotune.study.memory_gate import EstimatorGate  # noqa: E402
+from autotune.study.recommend import recommend  # noqa: E402
+from autotune.study.space import SearchSpace, canonical_key  # noqa: E402
 
 STRATEGIES = ("autotune", "random", "tpe", "ds-sweep")
 TARGET_REGRET = 0.03

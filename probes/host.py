@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
-
-from probes._threads import join_or_abandon
-from probes.timeline import HOST_METRICS, RowBuffer
+from autotune.probes._threads import join_or_abandon
+from autotune.probes.timeline import HOST_METRICS, RowBuffer
 
 __all__ = ["HostSampler", "process_tree_pids", "cpu_cores"]
 

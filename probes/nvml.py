@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from probes._threads import join_or_abandon
-from probes.timeline import GPU_METRICS, RowBuffer
+from autotune.probes._threads import join_or_abandon
+from autotune.probes.timeline import GPU_METRICS, RowBuffer
 
 __all__ = [
     "NvmlUnavailable",

@@ -2,7 +2,7 @@
 
 A training script (the TRL trial worker, or any framework's code) brackets its work::
 
-    from probes import phases
+    from autotune.probes import phases
 
     with phases.phase("rollout", step=n):
         completions = generate(...)

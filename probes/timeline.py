@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probes.phases import PHASES
+from autotune.probes.phases import PHASES
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np

@@ -1,14 +1,21 @@
 """Reports of a study (or a profiled run): ``report.html``, ``report.md`` and ``charts/``.
 
 Reads only what is on disk in the study directory; imports ``autotune.records``/``autotune.errors``
-and, when installed, ``autotune.recommend`` and ``autotune.estimate``. Never imports ``autotune.cli``.
+and, when installed, ``autotune.study.recommend`` and ``autotune.estimate``. Never imports ``autotune.cli``.
 """
 
 from __future__ import annotations
 
-from reports._load import StudyData, TrialData, is_profile_dir, is_study_dir, load_profile, load_study
-from reports._render import ReportPaths, render_profile, render_study
-from reports.diagnosis import Finding, Severity, diagnose, make_context
+from autotune.reports._load import (
+    StudyData,
+    TrialData,
+    is_profile_dir,
+    is_study_dir,
+    load_profile,
+    load_study,
+)
+from autotune.reports._render import ReportPaths, render_profile, render_study
+from autotune.reports.diagnosis import Finding, Severity, diagnose, make_context
 
 __all__ = [
     "render_study",

@@ -314,7 +314,7 @@ def _inferred_spans(trial: TrialData, problems: list[str]) -> list[PhaseSpan]:
     if trial.timeline is None or not trial.steps:
         return []
     try:
-        from probes.timeline import phase_intervals
+        from autotune.probes.timeline import phase_intervals
     except ImportError:
         return []
     steps = [

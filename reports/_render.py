@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.reports import charts
+from autotune.reports._format import DASH, gib, is_num, knob_value, pct, rate, seconds, share
+from autotune.reports._load import StudyData, TrialData, load_profile, load_study
+from autotune.reports._safety import MASK, Sanitizer
+from autotune.reports.diagnosis import Finding, diagnose, make_context
+from autotune.reports.insight import best_so_far, param_importances, pareto_points
+
 from autotune.records import TrialResult, TrialStatus
-from reports import charts
-from reports._format import DASH, gib, is_num, knob_value, pct, rate, seconds, share
-from reports._load import StudyData, TrialData, load_profile, load_study
-from reports._safety import MASK, Sanitizer
-from reports.diagnosis import Finding, diagnose, make_context
-from reports.insight import best_so_far, param_importances, pareto_points
 
 __all__ = ["ReportPaths", "Winner", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
 
@@ -50,7 +51,7 @@ class ReportPaths:
 
 @dataclass(frozen=True)
 class Winner:
-    """The recommended trial (from ``autotune.recommend`` when installed, else the same rule here)."""
+    """The recommended trial (from ``autotune.study.recommend`` when installed, else the same rule here)."""
 
     trial: int
     throughput: float
@@ -66,7 +67,7 @@ def pick_winner(data: StudyData, min_headroom_frac: float = 0.05) -> Winner | No
     """The fastest healthy trial with memory headroom, as the study's recommendation rule chooses it."""
     results = data.results
     try:
-        from autotune.recommend import recommend
+        from autotune.study.recommend import recommend
     except ImportError:
         recommend = None
     if recommend is not None:

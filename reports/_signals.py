@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from reports._load import PHASES, StudyData, TrialData
+from autotune.reports._load import PHASES, StudyData, TrialData
 
 __all__ = ["IDLE_PCT", "HOST_BUSY_PCT", "TrialSignals", "signals"]
 

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from reports._load import PHASES, StudyData, TrialData
-from reports.insight import Importance, ParetoPoint, ProgressPoint
+from autotune.reports._load import PHASES, StudyData, TrialData
+from autotune.reports.insight import Importance, ParetoPoint, ProgressPoint
 
 __all__ = [
     "PHASE_COLORS",

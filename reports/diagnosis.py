@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from autotune.reports._format import gib, knob_value, pct, seconds, share
+from autotune.reports._load import StudyData, TrialData
+from autotune.reports._safety import Sanitizer
+from autotune.reports._signals import HOST_BUSY_PCT, IDLE_PCT, TrialSignals, signals
+
 from autotune.errors import AutotuneError
 from autotune.records import TrialStatus
-from reports._format import gib, knob_value, pct, seconds, share
-from reports._load import StudyData, TrialData
-from reports._safety import Sanitizer
-from reports._signals import HOST_BUSY_PCT, IDLE_PCT, TrialSignals, signals
 
 __all__ = [
     "Severity",

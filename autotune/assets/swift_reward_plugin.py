@@ -3,7 +3,7 @@
 ``--reward_funcs autotune_demo`` then scores each completion with 1.0 when it contains the row's
 ``solution`` plus the share of digit characters in it. A random tiny model never answers right, but the
 digit share differs between completions, so ``reward_std`` is not 0 and GRPO has an advantage to learn
-from (the same score as :func:`autotune.datasets.score_completion`).
+from (the same score as :func:`autotune.workload.datasets.score_completion`).
 
 This file runs inside ms-swift's interpreter, which may not have autotune installed: it imports only
 ms-swift and the standard library. ms-swift 4.x keeps the registry in ``swift.rewards.orm``, 3.x in

@@ -5,7 +5,7 @@ Who calls what, and when:
 1. The CLI builds a backend with :func:`autotune.backends.get_backend` and calls :meth:`Backend.probe`
    once, before anything is written. A framework that is missing or too old raises
    :class:`~autotune.errors.BackendError` there.
-2. :mod:`autotune.space` loads :meth:`Backend.default_space` (or the user's file).
+2. :mod:`autotune.study.space` loads :meth:`Backend.default_space` (or the user's file).
 3. For every candidate the study calls :meth:`Backend.derive` (world size, gradient accumulation —
    values that keep training semantics fixed) and :meth:`Backend.check_rules` (the framework's own
    start-up validity rules). A candidate with a violation never launches.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.records import GpuInfo, LaunchPlan, StepMetrics, TrialSpec
-from autotune.space import SearchSpace
+from autotune.study.space import SearchSpace
 
 __all__ = [
     "Backend",
@@ -163,7 +163,7 @@ class Backend(ABC):
 
     def default_space(self) -> Traversable:
         """The search-space YAML shipped for this backend."""
-        return files("search_spaces").joinpath(f"{self.name}.yaml")
+        return files("autotune.search_spaces").joinpath(f"{self.name}.yaml")
 
     @abstractmethod
     def derive(self, params: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 from autotune.backends._base import Backend, BackendInfo, RuleViolation, StepParser, TrialContext, as_number
 from autotune.errors import BackendError, SpaceError, UsageError
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
-from autotune.space import SearchSpace
+from autotune.study.space import SearchSpace
 
 __all__ = ["BUILTIN_PLACEHOLDERS", "CommandBackend", "CommandParser", "knob_env_name", "template_fields"]
 

@@ -2,7 +2,7 @@
 
 Every knob of ``search_spaces/swift.yaml`` is an ms-swift flag (``num_processes`` becomes
 ``NPROC_PER_NODE`` on CPU runs). Everything else about the user's job is fixed for all trials
-(:mod:`autotune.fixed`): the dataset, reward functions, template, LoRA settings, beta … When the user
+(:mod:`autotune.study.fixed`): the dataset, reward functions, template, LoRA settings, beta … When the user
 gives none, a CPU demo job is filled in: the tiny model's ``--model_type qwen2 --template qwen
 --check_model false --tuner_type full``, autotune's generated prompts and its demo reward plugin.
 
@@ -50,8 +50,8 @@ from autotune.backends._swift_args import (
 )
 from autotune.backends._swift_log import SwiftLogParser
 from autotune.errors import BackendError, UsageError
-from autotune.fixed import flag_name, parse_flag_argv
 from autotune.records import LaunchPlan, TrialSpec
+from autotune.study.fixed import flag_name, parse_flag_argv
 
 __all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
 
@@ -296,7 +296,7 @@ class SwiftBackend(Backend):
         key = hashlib.sha1(str(Path(python).resolve()).encode()).hexdigest()[:12]
         cache_dir = self._flag_cache_dir
         if cache_dir is None:
-            from autotune.tinymodels import default_cache_dir
+            from autotune.workload.tinymodels import default_cache_dir
 
             cache_dir = default_cache_dir() / "swift"
         cache = cache_dir / f"flags-{version}-{key}.json"
@@ -654,7 +654,7 @@ class SwiftBackend(Backend):
 
     @staticmethod
     def _is_tiny(ctx: TrialContext) -> bool:
-        from autotune.tinymodels import is_tiny
+        from autotune.workload.tinymodels import is_tiny
 
         return is_tiny(ctx.model.name)
 
@@ -687,7 +687,7 @@ class SwiftBackend(Backend):
         return env
 
     def _write_prompts(self, ctx: TrialContext) -> Path:
-        from autotune.datasets import write_prompts
+        from autotune.workload.datasets import write_prompts
 
         per_step = max(1, -(-ctx.global_batch // max(1, ctx.num_generations)))
         n = max(32, ctx.max_steps * per_step + 16)

@@ -29,7 +29,7 @@ from autotune.backends._base import (
 )
 from autotune.errors import BackendError
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
-from autotune.space import SearchSpace
+from autotune.study.space import SearchSpace
 
 __all__ = ["TrlBackend", "TrlMetricsParser", "ds_config", "MIN_TRL_VERSION"]
 
@@ -409,7 +409,7 @@ class TrlBackend(Backend):
             local = Path(ctx.dataset).expanduser()
             dataset = str(local.resolve()) if local.exists() else ctx.dataset
         else:
-            from autotune.datasets import write_prompts
+            from autotune.workload.datasets import write_prompts
 
             n_prompts = min(
                 4096, max(64, math.ceil(ctx.max_steps * ctx.global_batch / max(1, ctx.num_generations)))
@@ -473,7 +473,7 @@ class TrlBackend(Backend):
         if "TORCH_EXTENSIONS_DIR" not in os.environ:
             # DeepSpeed compiles its CPU ops (cpu_adam, ...) on first use (minutes): keep them in the
             # user's autotune cache so they compile once per machine, not once per study or trial.
-            from autotune.tinymodels import default_cache_dir
+            from autotune.workload.tinymodels import default_cache_dir
 
             env["TORCH_EXTENSIONS_DIR"] = str(default_cache_dir() / "torch_extensions")
         if ctx.cpu_only:

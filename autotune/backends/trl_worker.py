@@ -96,9 +96,9 @@ def autotune_reward(
 ) -> list[float]:
     """The built-in reward (TRL reward-function signature): the answer, plus the share of digits.
 
-    See :func:`autotune.datasets.score_completion`. Rows without a ``solution`` column score digits only.
+    See :func:`autotune.workload.datasets.score_completion`. Rows without a ``solution`` column score digits only.
     """
-    from autotune.datasets import score_completion
+    from autotune.workload.datasets import score_completion
 
     solutions = solution if solution is not None else [None] * len(completions)
     return [score_completion(_completion_text(c), s) for c, s in zip(completions, solutions, strict=True)]
@@ -208,7 +208,7 @@ class _NoPhases:
 
 def _phases_module() -> Any:
     try:
-        from probes import phases
+        from autotune.probes import phases
     except ImportError:
         return _NoPhases()
     return phases
@@ -270,7 +270,7 @@ class PhaseTracker:
 def _load_dataset(spec: str) -> Any:
     import datasets
 
-    from autotune.datasets import read_rows
+    from autotune.workload.datasets import read_rows
 
     path = Path(spec)
     if path.suffix in (".jsonl", ".json") and path.is_file():

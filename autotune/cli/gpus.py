@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from autotune.cli._console import console, say
-        from autotune.hardware import resolve_hardware
+        from autotune.study.hardware import resolve_hardware
 
         hw = resolve_hardware(count, gpu_type=gpu_type, gpu_memory_gib=gpu_memory_gib)
         if as_json:

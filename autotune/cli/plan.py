@@ -166,7 +166,7 @@ def run_plan(
     from autotune.errors import UsageError
     from autotune.estimate import find_model, model_from_config, resolve_gpu
     from autotune.estimate.plan import plan_space
-    from autotune.hardware import resolve_hardware
+    from autotune.study.hardware import resolve_hardware
 
     if backend not in ("trl", "swift"):
         raise UsageError(
@@ -275,13 +275,13 @@ def _load_space(backend: str, space_path: str | None) -> Any:
     from pathlib import Path
 
     from autotune.errors import SpaceError
-    from autotune.space import load_space
+    from autotune.study.space import load_space
 
     if space_path:
         return load_space(space_path, backend=backend)
     # find_spec rather than importlib.resources.files: it also works when an editable install maps
     # search_spaces as a namespace package.
-    spec = find_spec("search_spaces")
+    spec = find_spec("autotune.search_spaces")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
         raise SpaceError("the packaged search spaces are missing", hint="Give --space path/to/space.yaml")

@@ -47,11 +47,11 @@ def register(app: typer.Typer) -> None:
         import time
         from pathlib import Path
 
+        from autotune.app.durations import parse_duration_s
+        from autotune.app.profile import ProfileRequest, run_profile
         from autotune.cli._console import say
-        from autotune.durations import parse_duration_s
         from autotune.errors import UsageError
-        from autotune.hardware import resolve_hardware
-        from autotune.profile_job import ProfileRequest, run_profile
+        from autotune.study.hardware import resolve_hardware
 
         if sample_interval <= 0:
             raise UsageError(

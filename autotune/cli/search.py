@@ -128,8 +128,9 @@ def register(app: typer.Typer) -> None:
             typer.Option("--executable", help="swift backend: the swift executable (default: on PATH)."),
         ] = None,
     ) -> None:
+        from autotune.app.search import SearchRequest, run_search
         from autotune.cli._console import console
-        from autotune.search_job import SearchRequest, run_search
+        from autotune.cli._live import RichView
 
         request = SearchRequest(
             command=tuple(command or ()),
@@ -161,4 +162,4 @@ def register(app: typer.Typer) -> None:
             metrics_file=metrics_file,
             executable=executable,
         )
-        raise typer.Exit(run_search(request, console))
+        raise typer.Exit(run_search(request, console, RichView(console)))

@@ -11,7 +11,7 @@ from autotune.estimate.catalog import GpuSpec, ModelSpec
 from autotune.estimate.memory import MemoryEstimate, estimate_memory, should_prune
 from autotune.estimate.shape import BACKEND_DEFAULTS, JobShape, job_shape
 from autotune.estimate.timing import TimeEstimate, estimate_step_time
-from autotune.space import SearchSpace
+from autotune.study.space import SearchSpace
 
 __all__ = ["Candidate", "PlanResult", "candidate_rules", "plan_space"]
 

@@ -255,7 +255,7 @@ def _ga(w: Winner, pdbs: int, world: int) -> int:
 
 def fixed_args(w: Winner) -> dict[str, Any]:
     """The study's fixed arguments with normalised names, those given after ``--`` winning."""
-    from autotune.fixed import flag_name, parse_flag_argv
+    from autotune.study.fixed import flag_name, parse_flag_argv
 
     raw = w.settings.get("fixed") or {}
     out = {flag_name(str(k)): v for k, v in raw.items()} if isinstance(raw, Mapping) else {}

@@ -74,16 +74,6 @@ class Winner:
         return default if value is None else value
 
 
-def _hardware(settings: dict[str, Any]) -> Hardware | None:
-    data = settings.get("hardware")
-    if not isinstance(data, dict):
-        return None
-    try:
-        return Hardware.model_validate(data)
-    except ValueError:
-        return None
-
-
 def _launch(path: Path) -> LaunchPlan | None:
     try:
         return LaunchPlan.model_validate_json(path.read_text(encoding="utf-8"))
@@ -102,8 +92,6 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
         UsageError: not a study directory; the trial does not exist or is not COMPLETE; no trial is
             recommended (no healthy trial with memory headroom).
     """
-    from autotune.recommend import recommend
-
     sd = StudyDir(Path(study_dir).expanduser().absolute())
     if not sd.root.is_dir():
         raise UsageError(
@@ -121,7 +109,7 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
             f"a result.json in {sd.trials_dir} cannot be read ({exc.__class__.__name__})",
             hint="Restore it, or remove that trial's directory",
         ) from None
-    hardware = _hardware(settings)
+    hardware = sd.hardware(settings)
     by_number = {r.number: r for r in results}
     if trial is not None:
         result = by_number.get(trial)
@@ -135,11 +123,11 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
                 f"trial {trial} is {result.status.value} ({result.reason}), not COMPLETE",
                 hint="Export the recommendation (no --trial) or a COMPLETE trial",
             )
-        rec = recommend(results, hardware)
+        rec = sd.recommendation(settings, results)
         recommended = rec is not None and rec.trial == trial
         why = f"chosen with --trial {trial}" + (" (also the recommendation)" if recommended else "")
     else:
-        rec = recommend(results, hardware)
+        rec = sd.recommendation(settings, results)
         if rec is None:
             counts: dict[str, int] = {}
             for r in results:
@@ -157,7 +145,7 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
         settings=settings,
         result=result,
         recommended=recommended,
-        launch=_launch(sd.trial_dir(result.number) / "launch.json"),
+        launch=_launch(sd.trial(result.number).launch_json),
         hardware=hardware,
         why=why,
     )

@@ -31,15 +31,14 @@ KNOBS_FILE = "knobs.json"
 
 def summary(w: Winner) -> dict[str, Any]:
     """The JSON record of the winner (see the module docstring for its keys)."""
-    from autotune.recommend import headroom_bytes, recommend
+    from autotune.study.recommend import headroom_bytes
     from autotune.studydir import StudyDir
 
     r = w.result
     fixed, _ = drop_secrets(fixed_args(w))
     baseline = None
     speedup = None
-    results = StudyDir(w.study_dir).results()
-    rec = recommend(results, w.hardware)
+    rec = StudyDir(w.study_dir).recommendation(w.settings)
     if rec is not None:
         baseline = rec.baseline_trial
         if rec.baseline_throughput and r.throughput:

@@ -7,8 +7,8 @@ protocol of :mod:`autotune.backends._base` (pure and deterministic rendering, fr
 baseline, knobs that match the shipped space) and drives every status of the runner end to end:
 
     render the backend's real plan → replace argv by ``data/replay.py`` playing scripted output
-    (same env, cwd and metric files) → :func:`autotune.runner.run_trial` with the backend's parser
-    → :func:`autotune.outcome.classify` with the backend's failure patterns → expected status,
+    (same env, cwd and metric files) → :func:`autotune.trial.runner.run_trial` with the backend's parser
+    → :func:`autotune.trial.outcome.classify` with the backend's failure patterns → expected status,
     and no process of the trial left alive.
 
 Scenarios: COMPLETE, UNHEALTHY (grad_norm and kl stuck at 0), OOM (PyTorch's text on stderr), VLLM_INIT,
@@ -35,10 +35,10 @@ from typing import Any
 import pytest
 
 from autotune.backends._base import Backend, TrialContext
-from autotune.outcome import Verdict, classify, health_check
 from autotune.records import StepMetrics, TrialSpec, TrialStatus
-from autotune.runner import EarlyStopConfig, RunRecord, WatchdogConfig, alive_pids, run_trial
-from autotune.space import load_space
+from autotune.study.space import load_space
+from autotune.trial.outcome import Verdict, classify, health_check
+from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, alive_pids, run_trial
 
 __all__ = ["BackendConformance", "Event", "Recording", "Scenario", "SCENARIOS", "REPLAY", "healthy_values"]
 

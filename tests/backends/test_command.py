@@ -10,10 +10,10 @@ from autotune.backends import get_backend
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.command import CommandBackend, CommandParser, knob_env_name, template_fields
 from autotune.errors import BackendError, SpaceError, UsageError
-from autotune.outcome import classify
 from autotune.records import TrialSpec, TrialStatus
-from autotune.runner import EarlyStopConfig, WatchdogConfig, run_trial
-from autotune.space import load_space
+from autotune.study.space import load_space
+from autotune.trial.outcome import classify
+from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 
 FAULT = Path(__file__).parents[1] / "fixtures" / "faults" / "fault.py"
 

@@ -16,10 +16,10 @@ from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends._swift_args import SwiftFlags, flag_items, parse_version
 from autotune.backends.swift import DEMO_REWARD, SwiftBackend
 from autotune.errors import BackendError, UsageError
-from autotune.outcome import classify, match_patterns
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
-from autotune.runner import RunRecord
-from autotune.space import load_space
+from autotune.study.space import load_space
+from autotune.trial.outcome import classify, match_patterns
+from autotune.trial.runner import RunRecord
 
 GIB = 1 << 30
 DATA = Path(__file__).parent / "data"

@@ -18,9 +18,9 @@ import pytest
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.swift import SwiftBackend
 from autotune.errors import BackendError
-from autotune.outcome import classify, health_check
 from autotune.records import TrialSpec, TrialStatus
-from autotune.runner import EarlyStopConfig, WatchdogConfig, alive_pids, run_trial
+from autotune.trial.outcome import classify, health_check
+from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, alive_pids, run_trial
 
 pytestmark = [pytest.mark.e2e, pytest.mark.swift]
 
@@ -99,7 +99,7 @@ def test_search_cli_runs_three_real_swift_trials(tmp_path: Path) -> None:
 
 
 def test_two_process_trial(tmp_path: Path) -> None:
-    from autotune.tinymodels import ensure_model
+    from autotune.workload.tinymodels import ensure_model
 
     swift = _swift()
     backend = SwiftBackend(str(swift))

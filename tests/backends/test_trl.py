@@ -27,7 +27,7 @@ from autotune.backends.trl_worker import (
 )
 from autotune.errors import BackendError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
-from autotune.space import load_space
+from autotune.study.space import load_space
 
 GIB = 1 << 30
 
@@ -266,7 +266,7 @@ def test_render_one_process_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert plan.cwd == str(ctx.trial_dir)
     assert plan.metrics_paths == (str(ctx.trial_dir / "metrics.jsonl"),)
     assert plan.env["AUTOTUNE_PHASES_FILE"] == str(ctx.trial_dir / "phases.jsonl")
-    from autotune.tinymodels import default_cache_dir
+    from autotune.workload.tinymodels import default_cache_dir
 
     assert plan.env["TORCH_EXTENSIONS_DIR"] == str(default_cache_dir() / "torch_extensions")
     assert plan.env["OMP_NUM_THREADS"] == "4"  # all cores for the one process
@@ -571,8 +571,8 @@ def test_worker_config_errors_exit_with_one_line(tmp_path: Path) -> None:
 def test_invalid_combination_fails_the_way_trl_fails(tmp_path: Path) -> None:
     """GRPOConfig's ValueError is not caught: exit 1, TRL's message, classified INVALID."""
     pytest.importorskip("trl")
-    from autotune.outcome import classify
-    from autotune.runner import EarlyStopConfig, WatchdogConfig, run_trial
+    from autotune.trial.outcome import classify
+    from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 
     b = TrlBackend()
     ctx = make_ctx(tmp_path, global_batch=12, num_generations=8)
@@ -616,7 +616,7 @@ def test_invalid_combination_fails_the_way_trl_fails(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("trl")
-    from autotune.tinymodels import ensure_model
+    from autotune.workload.tinymodels import ensure_model
 
     return ensure_model("tiny-qwen2", tmp_path_factory.mktemp("models"))
 
@@ -624,9 +624,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_real(
     tmp_path: Path, model: Path, params: dict[str, Any], *, steps: int = 3
 ) -> tuple[Any, Any, float]:
-    from autotune.outcome import classify
-    from autotune.runner import EarlyStopConfig, WatchdogConfig, run_trial
-    from autotune.study import free_port
+    from autotune.study.loop import free_port
+    from autotune.trial.outcome import classify
+    from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 
     b = TrlBackend()
     ctx = make_ctx(
@@ -698,7 +698,7 @@ def test_real_trial_zero2_under_torchrun(
     pytest.importorskip("deepspeed")
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
         # compile DeepSpeed's CPU ops once per machine, not once per test run
-        from autotune.tinymodels import default_cache_dir
+        from autotune.workload.tinymodels import default_cache_dir
 
         monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(default_cache_dir() / "torch_extensions"))
     rec, verdict, _ = run_real(tmp_path, tiny_model, {"per_device_train_batch_size": 4, "zero_stage": 2})
@@ -763,7 +763,7 @@ def test_zero_stage_is_fixed_off_without_deepspeed(monkeypatch: pytest.MonkeyPat
     import importlib.util
 
     from autotune.backends.trl import TrlBackend
-    from autotune.space import load_space
+    from autotune.study.space import load_space
 
     backend = TrlBackend()
     space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(

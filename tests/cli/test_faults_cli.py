@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.outcome import LIVE_HEALTH_MIN_STEPS
+from autotune.trial.outcome import LIVE_HEALTH_MIN_STEPS
 from tests.cli.conftest import autotune_exe
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")

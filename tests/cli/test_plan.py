@@ -234,7 +234,7 @@ def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], case: 
 
 
 def _nvml_works() -> bool:
-    from probes.nvml import NvmlUnavailable, detect_gpus
+    from autotune.probes.nvml import NvmlUnavailable, detect_gpus
 
     try:
         return bool(detect_gpus().devices)

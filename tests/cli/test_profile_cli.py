@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from autotune.probes.timeline import read_timeline
 
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.records import TrialSpec
-from probes.timeline import read_timeline
 
 
 @pytest.mark.e2e
@@ -18,7 +18,7 @@ from probes.timeline import read_timeline
 def test_profile_of_a_real_trl_trial(cli, tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from autotune.backends.trl import TrlBackend
-    from autotune.tinymodels import ensure_model
+    from autotune.workload.tinymodels import ensure_model
 
     model = ensure_model("tiny-qwen2", tmp_path / "models")
     trial_dir = tmp_path / "job"

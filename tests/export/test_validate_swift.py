@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from autotune.datasets import write_prompts
 from autotune.export import export_study, write_export
+from autotune.workload.datasets import write_prompts
 from tests.export.conftest import edit_settings, make_study, script_command, script_env
 from tests.export.test_golden import swift_gpu_study, trl_gpu_study
 
@@ -112,7 +112,7 @@ def cpu_swift_study(root: Path, model_path: str) -> Path:
 @pytest.mark.e2e
 def test_exported_swift_script_trains_two_steps_on_cpu(tmp_path: Path) -> None:
     """``bash command.sh --max_steps 2`` runs ms-swift GRPO on the tiny model to the end."""
-    from autotune.models import resolve_model
+    from autotune.workload.models import resolve_model
 
     swift = shutil.which("swift") or str(Path(sys.executable).with_name("swift"))
     if not Path(swift).exists():

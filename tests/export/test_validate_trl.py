@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from autotune.datasets import write_prompts
 from autotune.export import export_study, write_export
+from autotune.workload.datasets import write_prompts
 from tests.export.conftest import make_study
 from tests.export.test_golden import swift_gpu_study, trl_gpu_study
 
@@ -161,7 +161,7 @@ def test_cpu_trl_accelerate_config_runs_one_cpu_process(
 @pytest.mark.e2e
 def test_exported_trl_config_trains_two_steps_on_cpu(tmp_path: Path) -> None:
     """``bash command.sh --max_steps 2``: the exported TRL job trains the tiny model on CPU."""
-    from autotune.models import resolve_model
+    from autotune.workload.models import resolve_model
 
     trl_cli = Path(sys.executable).with_name("trl")
     if not trl_cli.exists():

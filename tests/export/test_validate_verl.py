@@ -139,7 +139,7 @@ def test_exported_reward_scores_as_the_demo_reward(fixture_study: Path) -> None:
     spec = importlib.util.spec_from_loader("autotune_verl_reward", loader=None)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     exec(compile(source, "autotune_verl_reward.py", "exec"), module.__dict__)
-    from autotune.datasets import score_completion
+    from autotune.workload.datasets import score_completion
 
     for text, truth in (("42", "42"), ("the answer is 7", "8"), ("", "1")):
         assert module.compute_score("math", text, truth) == pytest.approx(score_completion(text, truth))

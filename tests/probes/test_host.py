@@ -10,10 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from probes.host import HostSampler, process_tree_pids
-from probes.testing import wait_until
-from probes.timeline import HOST_METRICS
+from autotune.probes.host import HostSampler, process_tree_pids
+from autotune.probes.testing import wait_until
+from autotune.probes.timeline import HOST_METRICS
 
 # A root that starts a short-lived sleeper, then a CPU burner, and waits for both. The children
 # announce themselves by writing their pid to a file.

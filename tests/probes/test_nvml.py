@@ -7,8 +7,7 @@ import time
 
 import pynvml
 import pytest
-
-from probes.nvml import (
+from autotune.probes.nvml import (
     NvmlGate,
     NvmlSampler,
     NvmlUnavailable,
@@ -16,8 +15,8 @@ from probes.nvml import (
     gpu_processes,
     memory_used,
 )
-from probes.testing import FakeGpu, FakeHandle, GiB, fake_nvml, wait_until
-from probes.timeline import GPU_METRICS
+from autotune.probes.testing import FakeGpu, FakeHandle, GiB, fake_nvml, wait_until
+from autotune.probes.timeline import GPU_METRICS
 
 POLLED = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w")
 

@@ -24,9 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pynvml
-
-from probes.nvml import NvmlSampler
-from probes.testing import USED_FUNCTIONS, FakeGpu, GiB, fake_nvml
+from autotune.probes.nvml import NvmlSampler
+from autotune.probes.testing import USED_FUNCTIONS, FakeGpu, GiB, fake_nvml
 
 DATA = Path(__file__).parent / "data" / "sampler_rows.json"
 TICKS = 40

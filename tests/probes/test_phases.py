@@ -1,4 +1,4 @@
-"""probes.phases: markers written from inside training processes, and the probes' import boundary."""
+"""autotune.probes.phases: markers written from inside training processes, and the probes' import boundary."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from probes import phases
+from autotune.probes import phases
 
 PROBES_DIR = Path(phases.__file__).resolve().parent
 
@@ -109,7 +108,7 @@ def test_read_phases_skips_partial_and_foreign_lines(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys
-from probes import phases
+from autotune.probes import phases
 for i in range(int(sys.argv[1])):
     with phases.phase("rollout", step=i):
         pass
@@ -127,13 +126,14 @@ def test_concurrent_writers_never_interleave_lines(marker_file: Path) -> None:
 
 
 def test_phases_is_stdlib_only_and_probes_never_import_autotune() -> None:
+    """Training processes import the phase markers: they load nothing of autotune but the probes."""
     code = (
-        "import sys; import probes.phases; "
+        "import sys; import autotune.probes.phases; "
         "heavy = {'autotune', 'pandas', 'numpy', 'psutil', 'pynvml', 'torch', 'pyarrow'}; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == str(["autotune", "autotune.probes", "autotune.probes.phases"])
     for path in PROBES_DIR.glob("*.py"):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
@@ -142,4 +142,7 @@ def test_phases_is_stdlib_only_and_probes_never_import_autotune() -> None:
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            assert not any(n == "autotune" or n.startswith("autotune.") for n in names), path.name
+            outside = [
+                n for n in names if n.split(".")[0] == "autotune" and not n.startswith("autotune.probes")
+            ]
+            assert not outside, f"{path.name} imports {outside}"

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from probes.host import HostSampler
-from probes.nvml import NvmlSampler
-from probes.testing import fake_nvml, wait_until
-from probes.timeline import GPU_METRICS, HOST_METRICS, KEY_COLUMNS, read_timeline, write_timeline
+from autotune.probes.host import HostSampler
+from autotune.probes.nvml import NvmlSampler
+from autotune.probes.testing import fake_nvml, wait_until
+from autotune.probes.timeline import GPU_METRICS, HOST_METRICS, KEY_COLUMNS, read_timeline, write_timeline
 
 
 @pytest.fixture

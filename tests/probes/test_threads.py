@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from probes._threads import join_or_abandon
+from autotune.probes._threads import join_or_abandon
 
 
 def test_a_thread_that_ends_is_joined_without_warnings() -> None:

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from probes.phases import PHASES, read_phases
-from probes.timeline import (
+from autotune.probes.phases import PHASES, read_phases
+from autotune.probes.timeline import (
     COLUMNS,
     GPU_METRICS,
     InferenceThresholds,

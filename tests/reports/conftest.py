@@ -17,7 +17,7 @@ def fixture_study() -> Path:
 @pytest.fixture(scope="session")
 def rendered(tmp_path_factory: pytest.TempPathFactory):
     """The fixture study rendered once (HTML + markdown + PNGs) into a temporary directory."""
-    from reports import render_study
+    from autotune.reports import render_study
 
     out = tmp_path_factory.mktemp("report")
     return render_study(FIXTURE_STUDY, out_dir=out)

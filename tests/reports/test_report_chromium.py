@@ -106,8 +106,7 @@ def test_study_report_renders_every_chart_without_errors(rendered, tmp_path: Pat
 
 def test_profile_report_renders_in_chromium(tmp_path: Path) -> None:
     import make_fixture as mf
-
-    from reports import render_profile
+    from autotune.reports import render_profile
 
     src = tmp_path / "s"
     mf.write_study(src, [mf.spec(7)])
@@ -130,8 +129,7 @@ def test_screenshot_of_the_report(rendered, tmp_path: Path) -> None:
 def test_the_probe_catches_a_broken_chart(tmp_path: Path) -> None:
     """Negative control: a chart whose data cannot be parsed shows up as an error and an undrawn chart."""
     import make_fixture as mf
-
-    from reports import render_profile
+    from autotune.reports import render_profile
 
     src = tmp_path / "s"
     mf.write_study(src, [mf.spec(15)])

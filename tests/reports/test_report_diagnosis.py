@@ -6,10 +6,8 @@ from pathlib import Path
 
 import make_fixture as mf
 import pytest
-
-from autotune.records import TrialStatus
-from reports._load import load_study
-from reports.diagnosis import (
+from autotune.reports._load import load_study
+from autotune.reports.diagnosis import (
     Context,
     Finding,
     OffloadFit,
@@ -27,6 +25,8 @@ from reports.diagnosis import (
     rule_unhealthy_trials,
     rule_zero3_gather_peak,
 )
+
+from autotune.records import TrialStatus
 
 GB = 1e9
 
@@ -112,7 +112,7 @@ def test_offload_bottleneck_when_the_estimate_says_it_does_not_fit(tmp_path: Pat
 
 
 def test_offload_bottleneck_with_the_real_estimator_never_crashes(tmp_path: Path) -> None:
-    from reports.diagnosis import estimate_without_offload
+    from autotune.reports.diagnosis import estimate_without_offload
 
     ctx = study(tmp_path, mf.spec(1), estimator=estimate_without_offload)
     f = run_trial_rule(ctx, rule_offload_bottleneck, 1)

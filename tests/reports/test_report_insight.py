@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from autotune.reports._load import load_study
+from autotune.reports.insight import best_so_far, param_importances, pareto_points
 
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
-from reports._load import load_study
-from reports.insight import best_so_far, param_importances, pareto_points
 
 
 def result(

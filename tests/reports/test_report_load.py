@@ -8,11 +8,11 @@ from pathlib import Path
 
 import make_fixture as mf
 import pytest
+from autotune.reports._load import load_profile, load_study, spans_from_markers
+from autotune.reports._signals import signals
 
 from autotune.errors import UsageError
 from autotune.records import TrialStatus
-from reports._load import load_profile, load_study, spans_from_markers
-from reports._signals import signals
 
 
 def test_fixture_loads_every_trial(fixture_study: Path) -> None:
@@ -123,7 +123,7 @@ def test_profile_directory(tmp_path: Path) -> None:
 
 
 def test_phases_are_inferred_by_probes_when_no_markers_were_written(tmp_path: Path) -> None:
-    pytest.importorskip("probes.timeline")
+    pytest.importorskip("autotune.probes.timeline")
     root = tmp_path / "s"
     mf.write_study(root, [mf.spec(0)])
     (root / "trials" / "0" / "phases.jsonl").unlink()

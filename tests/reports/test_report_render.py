@@ -10,9 +10,8 @@ from pathlib import Path
 
 import make_fixture as mf
 import pytest
-
-from reports import render_profile, render_study
-from reports._render import compact_shell, md_cell, md_text
+from autotune.reports import render_profile, render_study
+from autotune.reports._render import compact_shell, md_cell, md_text
 
 EXPECTED_RULES = {
     "hang_pattern",

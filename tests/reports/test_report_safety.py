@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from reports._safety import MASK, Sanitizer, is_secret_name
+from autotune.reports._safety import MASK, Sanitizer, is_secret_name
 
 
 @pytest.mark.parametrize(

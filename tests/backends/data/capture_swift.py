@@ -27,7 +27,7 @@ from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends._swift_log import STEP_KEY, parse_dict_literal
 from autotune.backends.swift import SwiftBackend
 from autotune.records import TrialSpec
-from autotune.tinymodels import ensure_model
+from autotune.workload.tinymodels import ensure_model
 
 HERE = Path(__file__).parent
 

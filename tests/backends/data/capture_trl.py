@@ -25,8 +25,8 @@ from typing import IO
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.trl import TrlBackend
 from autotune.records import TrialSpec
-from autotune.study import free_port
-from autotune.tinymodels import ensure_model
+from autotune.study.loop import free_port
+from autotune.workload.tinymodels import ensure_model
 
 HERE = Path(__file__).parent
 Line = tuple[float, str, str]  # (seconds since launch, "stdout"|"stderr"|file name, text)

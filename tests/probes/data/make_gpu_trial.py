@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from probes.timeline import write_timeline
+from autotune.probes.timeline import write_timeline
 
 GiB = 1024**3
 T0_MONO_S = 1000.0

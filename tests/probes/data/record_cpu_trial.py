@@ -25,8 +25,7 @@ N_STEPS = 6
 
 def child(metrics_path: str) -> None:
     import torch
-
-    from probes import phases
+    from autotune.probes import phases
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -84,8 +83,8 @@ def child(metrics_path: str) -> None:
 
 
 def main(out_dir: Path) -> None:
-    from probes.host import HostSampler
-    from probes.timeline import write_timeline
+    from autotune.probes.host import HostSampler
+    from autotune.probes.timeline import write_timeline
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("metrics.jsonl", "phases.jsonl"):

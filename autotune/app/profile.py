@@ -1,0 +1,169 @@
+"""``autotune profile``: one run of any training command under the probes — timeline, phases,
+diagnosis — with no search.
+
+Step records are recognised in every format autotune knows: JSON lines (stdout or
+``$AUTOTUNE_METRICS_FILE``), ms-swift's log dicts and ``logging.jsonl``, and verl's console lines. Phase
+markers come from ``probes.phases`` inside the training process (``$AUTOTUNE_PHASES_FILE``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.backends._base import StepParser
+from autotune.errors import UsageError
+from autotune.records import Hardware, LaunchPlan, StepMetrics
+
+__all__ = ["ProfileRequest", "AnyFormatParser", "run_profile"]
+
+
+class AnyFormatParser(StepParser):
+    """Feeds every line to each known parser; the first to report a step number wins it."""
+
+    def __init__(self, parsers: Sequence[StepParser]) -> None:
+        self.parsers = list(parsers)
+        self._seen: set[int] = set()
+
+    def _keep(self, steps: list[StepMetrics]) -> list[StepMetrics]:
+        out = []
+        for s in steps:
+            if s.step not in self._seen:
+                self._seen.add(s.step)
+                out.append(s)
+        return out
+
+    def feed(self, stream: str, line: str, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        return self._keep([s for p in self.parsers for s in p.feed(stream, line, t_mono_s, t_wall_s)])
+
+    def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        return self._keep([s for p in self.parsers for s in p.poll(t_mono_s, t_wall_s)])
+
+    def finish(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        return self._keep([s for p in self.parsers for s in p.finish(t_mono_s, t_wall_s)])
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What ``autotune profile`` was asked to do."""
+
+    command: tuple[str, ...]
+    out: Path
+    hardware: Hardware
+    sample_interval_s: float = 0.1
+    metrics_file: Path | None = None
+    global_batch: int | None = None
+    startup_timeout_s: float = 3600.0
+    hang_floor_s: float = 1800.0
+    hang_k: float = 20.0
+
+
+def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
+    """Run the command under the probes; write the run's files, ``profile.json`` and the report.
+
+    Returns:
+        (the command's exit code, report.html, report.md).
+    """
+    from autotune.backends._swift_log import SwiftLogParser
+    from autotune.backends._verl_log import VerlLogParser
+    from autotune.backends.command import CommandParser
+    from autotune.records import TrialResult
+    from autotune.studydir import ensure_writable, write_json_atomic
+    from autotune.trial.execute import ProbeSettings, make_samplers, summarize_trial
+    from autotune.trial.outcome import classify, health_check
+    from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
+    from autotune.trial.steady import steady_estimate
+
+    if not req.command:
+        raise UsageError(
+            "autotune profile needs a command after --", hint="e.g. autotune profile -- python train.py"
+        )
+    ensure_writable(req.out)
+    if (req.out / "profile.json").exists() or (req.out / "result.json").exists():
+        raise UsageError(
+            f"{req.out} already holds a profile", hint="Choose a new --out so the earlier run is kept"
+        )
+    metrics = req.metrics_file or (req.out / "command_metrics.jsonl")
+    env = {
+        "AUTOTUNE_PHASES_FILE": str((req.out / "phases.jsonl").resolve()),
+        "AUTOTUNE_METRICS_FILE": str(metrics.resolve()),
+        "VERL_FILE_LOGGER_PATH": str((req.out / "verl_metrics.jsonl").resolve()),
+    }
+    if req.hardware.gpus and req.hardware.visible:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
+    plan = LaunchPlan(argv=tuple(req.command), env=env, cwd=str(Path.cwd()), metrics_paths=())
+    parser = AnyFormatParser(
+        [
+            CommandParser(metrics),
+            SwiftLogParser(samples=req.global_batch),
+            VerlLogParser(req.out / "verl_metrics.jsonl"),
+        ]
+    )
+    watchdog = WatchdogConfig(
+        startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s
+    )
+    header = {
+        "command": list(req.command),
+        "command_line": shlex.join(req.command),
+        "hardware": req.hardware.model_dump(mode="json"),
+        "started_wall_s": time.time(),
+    }
+    write_json_atomic(req.out / "profile.json", header)
+    record = run_trial(
+        plan,
+        parser,
+        req.out,
+        global_batch=req.global_batch or 1,
+        watchdog=watchdog,
+        early_stop=EarlyStopConfig(enabled=False),
+        samplers=make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
+        stop_event=threading.Event(),
+    )
+    steps = list(record.steps)
+    batch = req.global_batch or next((s.samples for s in steps if s.samples), None)
+    steady = steady_estimate(steps, batch) if batch else None
+    health = (
+        health_check(steps, beta=None, max_completion_length=None, baseline=None)
+        if steps and record.exit_code == 0
+        else []
+    )
+    verdict = classify(record, health=health)
+    summary = summarize_trial(req.out, steps)
+    peaks = [g.get("peak_mem_bytes") for g in (summary or {}).get("gpus", [])]
+    result = TrialResult(
+        number=0,
+        params={},
+        status=verdict.status,
+        reason=verdict.reason,
+        evidence=verdict.evidence,
+        exit_code=record.exit_code,
+        signal=record.signal,
+        steps=len(steps),
+        steady=steady,
+        health=health,
+        peak_mem_bytes=peaks,
+        timeline_summary=summary,
+        started_wall_s=record.started_wall_s,
+        duration_s=record.duration_s,
+        startup_s=record.startup_s,
+        gpu_seconds=record.duration_s * max(1, len(req.hardware.gpus)),
+    )
+    write_json_atomic(req.out / "result.json", result.model_dump(mode="json"))
+    write_json_atomic(
+        req.out / "profile.json",
+        {
+            **header,
+            "finished_wall_s": time.time(),
+            "status": result.status.value,
+            "reason": result.reason,
+        },
+    )
+    from autotune.reports import render_profile
+
+    paths = render_profile(req.out)
+    code = record.exit_code if record.exit_code is not None else (128 + (record.signal or 0))
+    return code, paths.html, paths.markdown

@@ -1,0 +1,441 @@
+"""The ``autotune search`` job: validate every input, then build and run the study.
+
+Everything the user typed is checked before the study directory is touched, so bad input never costs
+what the directory already holds.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+
+from autotune.app.durations import format_duration, parse_duration_s
+from autotune.errors import UsageError
+from autotune.study.loop import NullView, StudyView
+
+__all__ = ["SearchRequest", "run_search", "collect_versions"]
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """What the user asked for, as typed (strings not yet parsed)."""
+
+    command: tuple[str, ...] = ()
+    model: str = "tiny-qwen2"
+    backend: str = "trl"
+    gpus: int | None = None
+    gpu_type: str | None = None
+    gpu_memory_gib: float | None = None
+    out: str | None = None
+    space: str | None = None
+    fixed: str | None = None
+    baseline: str | None = None
+    trials: int = 8
+    time_budget: str | None = None
+    search: str = "auto"
+    storage: str | None = None
+    global_batch: int = 16
+    num_generations: int = 4
+    max_steps: int = 20
+    max_completion_length: int = 16
+    dataset: str | None = None
+    seed: int = 0
+    startup_timeout: str | None = None
+    hang_k: float = 5.0
+    hang_floor: str = "60s"
+    trial_timeout: str | None = None
+    sample_interval_s: float = 0.1
+    early_stop: bool = True
+    metrics_file: str | None = None
+    executable: str | None = None
+
+
+def collect_versions(backend: str) -> dict[str, str]:
+    """Versions of the packages that matter for a study (for study.json and the report)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import autotune
+
+    out = {"autotune": autotune.__version__, "python": sys.version.split()[0]}
+    for dist in (
+        "torch",
+        "transformers",
+        "trl",
+        "accelerate",
+        "deepspeed",
+        "vllm",
+        "ms-swift",
+        "optuna",
+        "nvidia-ml-py",
+    ):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def _positive(value: float, flag: str, example: str) -> None:
+    if value <= 0:
+        raise UsageError(f"{flag} must be positive, got {value:g}", hint=f"For example {flag} {example}")
+
+
+def _load_mapping_file(path: str, flag: str) -> dict[str, Any]:
+    from autotune.yamlfile import read_yaml
+
+    data = read_yaml(path, what=flag, flag=flag)
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"{flag} file {path} must hold a mapping of name: value", hint="Write one name: value per line"
+        )
+    return data
+
+
+def run_search(req: SearchRequest, console: Console, view: ClosingView | None = None) -> int:
+    """Run the study the request describes; return the process exit code.
+
+    Args:
+        req: the validated-on-use request (every flag of ``autotune search``).
+        console: where notices and the summary are printed.
+        view: the live view of the trials (the CLI passes its rich table); None prints nothing live.
+    """
+    from autotune.backends import get_backend
+    from autotune.strategy import SEARCH_KINDS
+    from autotune.study.hardware import resolve_hardware
+    from autotune.study.loop import check_budget
+    from autotune.study.space import load_space
+    from autotune.trial.runner import WatchdogConfig, default_startup_timeout_s
+
+    # 1. numbers and names: nothing touched yet.
+    check_budget(req.trials)
+    if req.search not in SEARCH_KINDS:
+        raise UsageError(
+            f"unknown search {req.search!r}", hint=f"Use --search with one of: {', '.join(SEARCH_KINDS)}"
+        )
+    time_budget_s = parse_duration_s(req.time_budget, flag="--time-budget") if req.time_budget else None
+    trial_timeout_s = (
+        parse_duration_s(req.trial_timeout, flag="--trial-timeout") if req.trial_timeout else None
+    )
+    hang_floor_s = _signed_duration(req.hang_floor, "--hang-floor")
+    startup_s = (
+        parse_duration_s(req.startup_timeout, flag="--startup-timeout") if req.startup_timeout else None
+    )
+    for value, flag, example in (
+        (req.global_batch, "--global-batch", "16"),
+        (req.num_generations, "--num-generations", "4"),
+        (req.max_steps, "--max-steps", "20"),
+        (req.max_completion_length, "--max-completion-length", "64"),
+        (req.sample_interval_s, "--sample-interval", "0.1"),
+        (req.hang_k, "--hang-k", "5"),
+    ):
+        _positive(value, flag, example)
+    if req.num_generations < 2:
+        raise UsageError(
+            f"--num-generations must be at least 2 for GRPO, got {req.num_generations}",
+            hint="Use --num-generations 4",
+        )
+    if req.global_batch % req.num_generations:
+        raise UsageError(
+            f"--global-batch {req.global_batch} is not a multiple of --num-generations {req.num_generations}",
+            hint="Every prompt needs all its completions in one batch: pick a multiple",
+        )
+    backend_options: dict[str, Any] = {}
+    if req.backend == "command":
+        if not req.command:
+            raise UsageError(
+                "the command backend needs a command after --",
+                hint="e.g. autotune search --backend command --space s.yaml -- python train.py --bs {per_device_train_batch_size}",
+            )
+        if not req.space:
+            raise UsageError(
+                "the command backend needs --space", hint="Write a search-space YAML of your script's knobs"
+            )
+        backend_options = {"template": list(req.command), "metrics_file": req.metrics_file}
+    elif req.backend == "swift" and req.executable:
+        backend_options = {"executable": req.executable}
+    backend = get_backend(req.backend, **backend_options)
+    # 2. hardware, framework, space, fixed arguments, model.
+    hardware = resolve_hardware(req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib)
+    info = backend.probe()
+    space_src: Any = req.space or backend.default_space()
+    space = load_space(space_src, backend=req.backend, known_knobs=backend.knob_names)
+    gpu_present = bool(hardware.gpus)
+    space = space.restrict(gpu_present=gpu_present)
+    space, adapt_notices = backend.adapt_space(space)
+    for notice in adapt_notices:
+        console.print(f"note: {notice}", markup=False, style="yellow")
+    if req.backend == "command":
+        backend.check_template(space)  # type: ignore[attr-defined]
+    from autotune.study.fixed import coerce_knob_values, load_fixed, split_baseline
+
+    # The YAML file, then the flags after -- (which win). Knob flags among them are the user's own
+    # current configuration: trial 0, unless --baseline names one.
+    fixed_args = load_fixed(req.fixed, argv=req.command if req.backend != "command" else ())
+    passthrough: tuple[str, ...] = ()
+    fixed_args, flag_baseline = split_baseline(fixed_args, [*space.names, *space.dropped])
+    user_baseline = (
+        _load_mapping_file(req.baseline, "--baseline") if req.baseline else (flag_baseline or None)
+    )
+    if user_baseline is not None:
+        user_baseline = coerce_knob_values(user_baseline, space)
+        space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
+    from autotune.workload.models import resolve_model
+
+    model = resolve_model(req.model) if req.backend != "command" else _command_model(req.model)
+    watchdog = WatchdogConfig(
+        startup_timeout_s=startup_s
+        if startup_s is not None
+        else default_startup_timeout_s(model.facts.get("params")),
+        hang_k=req.hang_k,
+        hang_floor_s=hang_floor_s,
+        trial_timeout_s=trial_timeout_s,
+    )
+    # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
+    out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
+    for notice in backend.check_flags(
+        space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
+    ):
+        console.print(f"note: {notice}", markup=False, style="yellow")
+    from autotune.studydir import ensure_writable
+
+    ensure_writable(out)
+    # 3. the study.
+    return _run(
+        req,
+        console,
+        _Prepared(
+            backend=backend,
+            info=info,
+            hardware=hardware,
+            space=space,
+            fixed_args=fixed_args,
+            passthrough=passthrough,
+            user_baseline=user_baseline,
+            model=model,
+            out=out,
+            watchdog=watchdog,
+            time_budget_s=time_budget_s,
+        ),
+        view if view is not None else _QuietView(),
+    )
+
+
+class ClosingView(StudyView, Protocol):
+    """A live view of the study that is closed once the study ends (the CLI's rich table)."""
+
+    def close(self) -> None: ...
+
+
+class _QuietView(NullView):
+    """No live view: Python callers get the summary only."""
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """Everything the study needs, validated from the request before anything was launched."""
+
+    backend: Any
+    info: Any  # the backend's probe (installed framework version)
+    hardware: Any
+    space: Any
+    fixed_args: dict[str, Any]
+    passthrough: tuple[str, ...]
+    user_baseline: dict[str, Any] | None
+    model: Any
+    out: Path
+    watchdog: Any
+    time_budget_s: float | None
+
+
+def _signed_duration(text: str, flag: str) -> float:
+    if text.strip().startswith("-"):
+        raise UsageError(
+            f"{flag} must not be negative, got {text!r}", hint=f"Give a duration such as {flag} 60s"
+        )
+    return parse_duration_s(text, flag=flag)
+
+
+def _command_model(name: str) -> Any:
+    from autotune.backends import ModelRef
+
+    return ModelRef(name=name, path_or_id=name, local=False, facts={})
+
+
+def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingView) -> int:
+    from autotune.study.loop import Study, StudyConfig
+    from autotune.trial.execute import Executor, ProbeSettings, make_samplers
+    from autotune.trial.runner import EarlyStopConfig, reap_orphan
+
+    backend, hardware, space, fixed_args, out = (
+        prep.backend,
+        prep.hardware,
+        prep.space,
+        prep.fixed_args,
+        prep.out,
+    )
+    for name, why in space.dropped.items():
+        console.print(f"note: knob {name} dropped: {why}", markup=False, style="yellow")
+    if hardware.gpus and not hardware.visible:
+        console.print(
+            "note: GPUs are declared, not visible here: no NVML timelines will be sampled",
+            markup=False,
+            style="yellow",
+        )
+    if not hardware.gpus:
+        console.print("note: no GPU detected: trials run on the CPU", markup=False, style="yellow")
+    cfg = StudyConfig(
+        study_dir=out,
+        backend=req.backend,
+        model=prep.model,
+        hardware=hardware,
+        global_batch=req.global_batch,
+        num_generations=req.num_generations,
+        max_steps=req.max_steps,
+        max_completion_length=req.max_completion_length,
+        fixed=fixed_args,
+        passthrough=prep.passthrough,
+        dataset=req.dataset,
+        seed=req.seed,
+        search=req.search,
+        n_trials=req.trials,
+        time_budget_s=prep.time_budget_s,
+        storage_url=req.storage,
+        user_baseline=prep.user_baseline,
+        command_line=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv else "autotune search",
+        versions=collect_versions(req.backend),
+        backend_version=prep.info.version,
+    )
+    stop_event = threading.Event()
+    beta = fixed_args.get("beta")
+    executor = Executor(
+        backend=backend,
+        hardware=hardware,
+        watchdog=prep.watchdog,
+        early_stop=EarlyStopConfig(enabled=req.early_stop),
+        samplers=make_samplers(hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
+        stop_event=stop_event,
+        beta=float(beta) if beta is not None else _default_beta(req.backend),
+    )
+    memory_gate = _memory_gate(hardware, prep.model, req, fixed_args, backend, out, prep.passthrough)
+    study = Study(
+        cfg,
+        backend,
+        space,
+        executor,
+        memory_gate=memory_gate,
+        view=view,
+        reaper=reap_orphan,
+        hygiene=_hygiene(hardware, out),
+        interrupted=stop_event.is_set,
+    )
+    presses = {"n": 0}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        presses["n"] += 1
+        if presses["n"] == 1:
+            stop_event.set()
+            console.print(
+                "\ninterrupt: ending the current trial cleanly (press Ctrl-C again to force)",
+                markup=False,
+                style="yellow",
+            )
+        else:
+            raise KeyboardInterrupt
+
+    previous = (
+        signal.signal(signal.SIGINT, on_sigint)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
+    try:
+        outcome = study.run()
+    finally:
+        view.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    _finish(console, cfg, outcome, out)
+    if outcome.stopped == "interrupted":
+        console.print(f"resume with: {cfg.command_line}", markup=False)
+        return 130
+    return 0
+
+
+def _default_beta(backend: str) -> float | None:
+    return {"trl": 0.0, "swift": 0.04}.get(backend)
+
+
+def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_args: dict[str, Any]) -> Any:
+    """A study-level TrialContext (no trial directory yet) for checks that need the study's facts."""
+    from autotune.backends import TrialContext
+
+    return TrialContext(
+        study_dir=out,
+        trial_dir=out / "trials",
+        model=model,
+        gpus=hardware.gpus,
+        global_batch=req.global_batch,
+        num_generations=req.num_generations,
+        max_steps=req.max_steps,
+        max_completion_length=req.max_completion_length,
+        fixed=dict(fixed_args),
+        dataset=req.dataset,
+        seed=req.seed,
+    )
+
+
+def _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough):  # noqa: ANN001, ANN202
+    """The estimator-backed pre-screen, when the GPUs and the model's facts are known."""
+    if not hardware.gpus or not model.facts or req.backend == "command":
+        return None
+    from autotune.study.memory_gate import EstimatorGate
+    from autotune.studydir import StudyDir
+
+    ctx = _context(req, out, model, hardware, fixed_args)
+    job = {
+        **fixed_args,
+        "global_batch": req.global_batch,
+        "num_generations": req.num_generations,
+        "max_completion_length": req.max_completion_length,
+    }
+    sd = StudyDir(out)
+    calibration = sd.read_settings().get("calibration") if sd.exists() else None
+    return EstimatorGate.build(
+        hardware, model, req.backend, job, lambda p: backend.derive(p, ctx), calibration
+    )
+
+
+def _hygiene(hardware, out):  # noqa: ANN001, ANN202
+    if not hardware.visible:
+        return None
+    from autotune.trial.hygiene import GpuHygiene
+
+    return GpuHygiene([g.index for g in hardware.gpus], out).wait_until_free
+
+
+def _finish(console: Console, cfg: Any, outcome: Any, out: Path) -> None:
+    from autotune.study.loop import summary_line
+
+    console.print(f"study {out}: {outcome.detail}; {outcome.trials_run_now} trial(s) run now", markup=False)
+    console.print(summary_line(outcome), markup=False)
+    from autotune.export.best import write_best
+
+    write_best(out)
+    try:
+        from autotune.reports import render_study
+
+        paths = render_study(out)
+        console.print(f"report: {paths.html}  {paths.markdown}", markup=False)
+    except ImportError as exc:  # pragma: no cover - reports ship with autotune
+        console.print(f"note: report not rendered ({exc})", markup=False, style="yellow")
+    total = sum(r.duration_s for r in outcome.results)
+    console.print(f"time in trials: {format_duration(total)}", markup=False)

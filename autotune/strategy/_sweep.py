@@ -1,0 +1,88 @@
+"""A DeepSpeed-autotuner-style sweep, for comparison in the search-efficiency bench.
+
+DeepSpeed's autotuner (``deepspeed/autotuning``) tunes the ZeRO stage and the micro-batch size only:
+stage by stage, it grows the micro-batch until the first run that fails, keeps the fastest, and stops
+moving to the next stage once a stage is slower than the one before. Every other knob stays at the
+baseline. It measures throughput only, so a run that does not learn (or leaves too little memory)
+does not stop it — it is just never recommended. This module reproduces that procedure on top of the study loop; it is not offered by the
+CLI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from autotune.records import TrialResult, TrialStatus
+from autotune.strategy._strategy import SearchStrategy, usable_complete
+from autotune.study.space import SearchSpace, canonical_key
+
+__all__ = ["DeepSpeedSweep"]
+
+
+class DeepSpeedSweep(SearchStrategy):
+    """ZeRO stage, then micro-batch size up to the first failure; other knobs at the baseline.
+
+    Args:
+        space: the search space.
+        base: the baseline configuration the sweep starts from.
+        stage_knob: the knob that selects the ZeRO stage (``zero_stage``, ms-swift ``deepspeed``).
+        stages: its values, in the order DeepSpeed tries them (stage 0 first).
+        batch_knob: the micro-batch knob.
+        feasible: the sweep's own pre-check (DeepSpeed prunes with model-state arithmetic only).
+        usable: whether a result counts as a success.
+        seed: seed of the Optuna sampler (never consulted while the sweep has proposals).
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        *,
+        base: Mapping[str, Any],
+        stage_knob: str,
+        stages: Sequence[Any],
+        batch_knob: str = "per_device_train_batch_size",
+        feasible: Callable[[Mapping[str, Any]], bool] | None = None,
+        usable: Callable[[TrialResult], bool] = usable_complete,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(space, "random", seed=seed, feasible=feasible, usable=usable)
+        self.base = dict(base)
+        self.stage_knob = stage_knob
+        self.stages = tuple(stages)
+        self.batch_knob = batch_knob
+        self.batches = tuple(sorted(space[batch_knob].values()))
+
+    def _plan(self, history: Sequence[TrialResult]) -> dict[str, Any] | None:
+        by_key = {canonical_key(r.params): r for r in history if r.status is not TrialStatus.INTERRUPTED}
+        previous_best: float | None = None
+        for stage in self.stages:
+            stage_best: float | None = None
+            for batch in self.batches:
+                params = self.space.active({**self.base, self.stage_knob: stage, self.batch_knob: batch})
+                result = by_key.get(canonical_key(params))
+                if result is None:
+                    if not self._feasible(params):
+                        break  # predicted not to fit: the largest batch of this stage is reached
+                    return params
+                if result.status.is_failure and result.status is not TrialStatus.UNHEALTHY:
+                    break  # the first run that failed (OOM, hang, ...): next stage
+                if self._usable(result):  # DeepSpeed sees no health or headroom: it goes on regardless
+                    stage_best = max(stage_best or 0.0, result.throughput or 0.0)
+            if stage_best is not None and previous_best is not None and stage_best < previous_best:
+                return None  # DeepSpeed's early termination: this stage was slower than the last
+            if stage_best is not None:
+                previous_best = max(previous_best or 0.0, stage_best)
+        return None
+
+    def propose(self, history: Sequence[TrialResult], visited: set[str]) -> dict[str, Any] | None:
+        """The next configuration of the sweep (None once it is complete)."""
+        return self._plan(history)
+
+    def converged(
+        self, history: Sequence[TrialResult], launched_budget_left: int, visited: set[str] | None = None
+    ) -> str | None:
+        """Stop once the sweep has nothing left to try."""
+        if self._plan(history) is None:
+            return "the DeepSpeed-style sweep (ZeRO stage × micro-batch) is complete"
+        return None

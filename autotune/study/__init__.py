@@ -1,0 +1,1 @@
+"""The study loop and what defines a study: space, fixed arguments, hardware, recommendation."""

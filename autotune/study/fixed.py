@@ -1,0 +1,214 @@
+"""Fixed arguments: everything about the user's job that stays the same for every trial.
+
+The dataset, reward functions, template, LoRA rank, beta, system prompt … are not tuned; they come from a
+YAML file (a mapping of flag name → value, the layout ms-swift's own ``swift rlhf config.yaml`` uses) or
+from the arguments given after ``--`` on autotune's command line (``-- --beta 0.04 --reward_funcs a b``).
+Both give one plain dict, flag name → value, that every backend renders in its own way.
+
+Names are normalised: leading dashes are dropped and ``-`` becomes ``_`` (``--max-completion-length``
+and ``max_completion_length`` are the same flag). Values from a YAML file keep their YAML types; values
+from argv stay text, exactly as typed (a flag given alone is ``True``, a flag with several values is a
+list), so rendering them back reproduces the user's command.
+
+The user's current flags may name knobs of the search space as well (``--per_device_train_batch_size 4``):
+:func:`split_baseline` separates those, so they become trial 0 (the user's own baseline) instead of
+overriding every trial.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import UsageError
+from autotune.yamlfile import read_yaml
+
+if TYPE_CHECKING:
+    from autotune.study.space import SearchSpace
+
+__all__ = [
+    "coerce_knob_values",
+    "flag_name",
+    "load_fixed",
+    "parse_flag_argv",
+    "read_fixed_file",
+    "split_baseline",
+]
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_NUMBER_RE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def flag_name(raw: str) -> str:
+    """The normalised name of a flag: ``--max-completion-length`` → ``max_completion_length``.
+
+    Raises:
+        UsageError: when ``raw`` is not a usable flag name.
+    """
+    name = raw.lstrip("-").replace("-", "_")
+    if not _NAME_RE.match(name):
+        raise UsageError(f"{raw!r} is not a flag name", hint="Write flags as --name value")
+    return name
+
+
+def _is_flag(item: str) -> bool:
+    # "-5" and "-1e-3" are negative numbers (values), not flags.
+    return item.startswith("-") and len(item) > 1 and not _NUMBER_RE.match(item)
+
+
+def parse_flag_argv(argv: Sequence[str]) -> dict[str, Any]:
+    """Parse the arguments after ``--``: ``--name value``, ``--name=value``, ``--name v1 v2``, ``--name``.
+
+    Args:
+        argv: argument items, as the shell split them.
+
+    Returns:
+        name → value: text for one value, a list of text for several, ``True`` for a flag given alone.
+
+    Raises:
+        UsageError: an item that belongs to no flag, or a flag given twice.
+    """
+    out: dict[str, Any] = {}
+    current: str | None = None
+    values: list[str] = []
+
+    def close() -> None:
+        if current is None:
+            return
+        out[current] = True if not values else values[0] if len(values) == 1 else list(values)
+
+    for item in argv:
+        if _is_flag(item):
+            close()
+            raw, eq, inline = item.partition("=")
+            name = flag_name(raw)
+            if name in out or name == current:
+                raise UsageError(f"flag --{name} is given twice", hint="Give each fixed flag once")
+            current, values = name, []
+            if eq:
+                values.append(inline)
+        elif current is None:
+            raise UsageError(
+                f"{item!r} after -- belongs to no flag",
+                hint="Give the framework's flags after --, e.g. -- --beta 0.04",
+            )
+        else:
+            values.append(item)
+    close()
+    return out
+
+
+def read_fixed_file(path: Path | str) -> dict[str, Any]:
+    """Read a YAML file that maps flag names to values.
+
+    Raises:
+        UsageError: missing or unreadable file, invalid YAML, not a mapping, or a key that is no flag name.
+    """
+    path = Path(path)
+    data = read_yaml(path, what="fixed-arguments", flag="--fixed")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"fixed-arguments file {path} is not a mapping of flag names to values",
+            hint="Write one 'flag_name: value' per line",
+        )
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise UsageError(
+                f"{path}: key {key!r} is not a flag name", hint="Write one 'flag_name: value' per line"
+            )
+        if key == "ENV":
+            raise UsageError(
+                f"{path}: an ENV section is not supported in fixed arguments",
+                hint="Export those environment variables before running autotune",
+            )
+        name = flag_name(key)
+        if name in out:
+            raise UsageError(f"{path}: flag {name!r} is given twice", hint="Give each fixed flag once")
+        out[name] = value
+    return out
+
+
+def load_fixed(path: Path | str | None = None, argv: Sequence[str] = ()) -> dict[str, Any]:
+    """The fixed arguments of a study: the YAML file's, then those after ``--`` (which win).
+
+    Args:
+        path: a YAML file mapping flag names to values, or None.
+        argv: the items after ``--`` on autotune's command line.
+
+    Returns:
+        flag name → value.
+
+    Raises:
+        UsageError: see :func:`read_fixed_file` and :func:`parse_flag_argv`.
+    """
+    fixed = read_fixed_file(path) if path is not None else {}
+    fixed.update(parse_flag_argv(argv))
+    return fixed
+
+
+def split_baseline(
+    fixed: Mapping[str, Any], knob_names: Iterable[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate the user's own knob settings from the truly fixed arguments.
+
+    Args:
+        fixed: flag name → value (from :func:`load_fixed`).
+        knob_names: the knobs of the search space.
+
+    Returns:
+        ``(rest, baseline)``: the arguments that stay fixed, and the knob values of the user's current
+        configuration (trial 0). Values from argv are still text here; the space's types apply later.
+    """
+    knobs = set(knob_names)
+    rest = {k: v for k, v in fixed.items() if k not in knobs}
+    baseline = {k: v for k, v in fixed.items() if k in knobs}
+    return rest, baseline
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+_NONE = {"none", "null", "~", ""}
+
+
+def _coerce_text(name: str, value: Any, typ: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in _NONE:
+        return None
+    try:
+        if typ == "bool":
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise ValueError(text)
+        if typ == "int":
+            return int(text)
+        if typ == "float":
+            return float(text)
+    except ValueError:
+        raise UsageError(
+            f"--{name} {value!r} is not a valid {typ}", hint=f"Give --{name} a {typ} value"
+        ) from None
+    return text
+
+
+def coerce_knob_values(values: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """Give the user's knob settings (text when they came from argv) the types of the space's knobs.
+
+    ``"4"`` becomes ``4`` for an int knob, ``"true"`` becomes ``True`` for a bool knob, ``"none"`` becomes
+    ``None``. Values already typed (from YAML) are kept. Knobs the space does not have are kept as given.
+
+    Raises:
+        UsageError: a value that cannot be read as its knob's type.
+    """
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        out[name] = _coerce_text(name, value, space[name].type) if name in space else value
+    return out

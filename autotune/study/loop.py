@@ -1,0 +1,654 @@
+"""The study loop: ask → pre-screen → run → tell, with resume, budgets and the recommendation.
+
+Collaborators (backend, search strategy, memory gate, runner, samplers, GPU hygiene, view) are passed
+in, so tests substitute fakes. The study never samples hardware itself: measurements arrive in the
+runner's record and the timeline summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+
+from autotune.backends import Backend, ModelRef, TrialContext
+from autotune.errors import UsageError
+from autotune.records import Hardware, TrialResult, TrialSpec, TrialStatus
+from autotune.strategy import SearchStrategy, infer_infeasible
+from autotune.study.recommend import Recommendation, headroom_bytes, recommend
+from autotune.study.space import SearchSpace, canonical_key
+from autotune.studydir import StudyDir
+
+__all__ = ["StudyConfig", "StudyOutcome", "StudyView", "NullView", "MemoryGate", "TrialExecutor", "Study"]
+
+log = logging.getLogger(__name__)
+
+# Settings that define *what* is tuned; a resumed study must keep them.
+_IDENTITY_KEYS = ("backend", "global_batch", "num_generations", "max_completion_length")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Resolved settings of a study (everything in ``study.json`` except its outcome)."""
+
+    study_dir: Path
+    backend: str
+    model: ModelRef
+    hardware: Hardware
+    global_batch: int
+    num_generations: int
+    max_steps: int
+    max_completion_length: int
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    passthrough: tuple[str, ...] = ()
+    dataset: str | None = None
+    seed: int = 0
+    search: str = "auto"
+    n_trials: int = 8
+    time_budget_s: float | None = None
+    storage_url: str | None = None
+    user_baseline: Mapping[str, Any] | None = None
+    min_headroom_frac: float = 0.05
+    command_line: str = ""
+    versions: Mapping[str, str] = field(default_factory=dict)
+    backend_version: str | None = None
+    max_duplicate_asks: int = 50
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "model": self.model.name,
+            "global_batch": self.global_batch,
+            "num_generations": self.num_generations,
+            "max_completion_length": self.max_completion_length,
+        }
+
+
+@dataclass(frozen=True)
+class StudyOutcome:
+    """How a study ended.
+
+    Attributes:
+        results: every trial, by number.
+        recommendation: the winner, or None.
+        stopped: budget | converged | exhausted | interrupted.
+        detail: one line saying why it stopped (and, when early, how much of the budget it used).
+        trials_run_now: trials launched by this run (a resumed study counts only its own).
+        trials_run: trials launched in the whole study.
+        budget_trials: the trial budget.
+    """
+
+    results: list[TrialResult]
+    recommendation: Recommendation | None
+    stopped: str
+    detail: str
+    trials_run_now: int
+    trials_run: int = 0
+    budget_trials: int = 0
+
+
+class StudyView(Protocol):
+    """Live display of a study (rich in the CLI, nothing in tests)."""
+
+    def study_started(self, cfg: StudyConfig, done: int, budget: int) -> None: ...
+    def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None: ...
+    def trial_step(self, number: int, step: int, throughput: float | None) -> None: ...
+    def trial_finished(self, result: TrialResult) -> None: ...
+    def notice(self, text: str) -> None: ...
+
+
+class NullView:
+    """A view that shows nothing."""
+
+    def study_started(self, cfg: StudyConfig, done: int, budget: int) -> None:
+        pass
+
+    def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None:
+        pass
+
+    def trial_step(self, number: int, step: int, throughput: float | None) -> None:
+        pass
+
+    def trial_finished(self, result: TrialResult) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
+        pass
+
+
+class MemoryGate(Protocol):
+    """Pre-screens candidates with the memory estimate and learns from measured peaks."""
+
+    def check(
+        self, params: Mapping[str, Any], derived: Mapping[str, Any]
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """(reason to prune or None, the predicted breakdown or None).
+
+        The search reads ``peak_bytes``, ``capacity_bytes``, ``vllm_startup_deficit_bytes`` and
+        ``kv_deficit_bytes`` from the breakdown when present (``MemoryEstimate.to_dict()``) to weigh
+        the risk of running out of memory.
+        """
+        ...
+
+    def rank(self, params: Mapping[str, Any]) -> float | None:
+        """Predicted throughput, for ordering only."""
+        ...
+
+    def observe(self, result: TrialResult) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+
+class TrialExecutor(Protocol):
+    """Runs one launched trial and returns its result (see :class:`autotune.trial.execute.Executor`)."""
+
+    def execute(
+        self,
+        spec: TrialSpec,
+        ctx: TrialContext,
+        *,
+        on_step: Callable[[int, float | None, float], str | None],
+        time_left_s: float | None,
+    ) -> TrialResult: ...
+
+
+def free_port() -> int:
+    """A TCP port free right now on this host (for torch.distributed's MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SlowerThanBest(optuna.pruners.BasePruner):
+    """Prune a trial whose optimistic throughput is clearly below the best completed trial.
+
+    The study reports ``throughput × (1 + rel_ci95)`` (the optimistic end of the estimate) after every
+    steady step; the trial is pruned once it has ``min_reports`` reports and that value is below
+    ``best × (1 − margin)``. The baseline is never pruned (its throughput defines the speedup).
+    """
+
+    def __init__(self, margin: float = 0.15, min_reports: int = 3) -> None:
+        self.margin = margin
+        self.min_reports = min_reports
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if trial.user_attrs.get("is_baseline") or len(trial.intermediate_values) < self.min_reports:
+            return False
+        best = max(
+            (
+                t.value
+                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.value and t.user_attrs.get("status") == TrialStatus.COMPLETE.value
+            ),
+            default=None,
+        )
+        if best is None:
+            return False
+        last = trial.intermediate_values[max(trial.intermediate_values)]
+        return last < best * (1 - self.margin)
+
+
+class Study:
+    """One tuning study. ``run()`` resumes whatever the study directory already holds."""
+
+    def __init__(
+        self,
+        cfg: StudyConfig,
+        backend: Backend,
+        space: SearchSpace,
+        executor: TrialExecutor,
+        *,
+        memory_gate: MemoryGate | None = None,
+        view: StudyView | None = None,
+        reaper: Callable[[Path], str | None] | None = None,
+        hygiene: Callable[[], None] | None = None,
+        interrupted: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
+        strategy: SearchStrategy | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.space = space
+        self.executor = executor
+        self.memory_gate = memory_gate
+        self.view = view or NullView()
+        self.reaper = reaper
+        self.hygiene = hygiene
+        self.interrupted = interrupted
+        self.clock = clock
+        self.dir = StudyDir(cfg.study_dir)
+        self.strategy = strategy or SearchStrategy(
+            space,
+            cfg.search,
+            seed=cfg.seed,
+            rank=memory_gate.rank if memory_gate else None,
+            valid=self._valid,
+            feasible=self._cheap_feasible,
+            memory_load=self._memory_load if memory_gate else None,
+            usable=self.usable,
+        )
+        self.pruner = SlowerThanBest()
+        self._results: dict[int, TrialResult] = {}
+
+    # -- settings -----------------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "name": c.study_dir.name,
+            "created_wall_s": time.time(),
+            "backend": c.backend,
+            "backend_version": c.backend_version,
+            "command": c.command_line,
+            "model": {
+                "name": c.model.name,
+                "path_or_id": c.model.path_or_id,
+                "local": c.model.local,
+                "facts": c.model.facts,
+            },
+            "hardware": c.hardware.model_dump(mode="json"),
+            "global_batch": c.global_batch,
+            "num_generations": c.num_generations,
+            "max_steps": c.max_steps,
+            "max_completion_length": c.max_completion_length,
+            "fixed": dict(c.fixed),
+            "passthrough": list(c.passthrough),
+            "dataset": c.dataset,
+            "seed": c.seed,
+            "space": self.space.describe(),
+            "space_source": self.space.source,
+            "dropped_knobs": dict(self.space.dropped),
+            "versions": dict(c.versions),
+            "search": c.search,
+            "budget": {"trials": c.n_trials, "time_s": c.time_budget_s},
+            "storage": c.storage_url or "sqlite:///study.db",
+            "identity": c.identity(),
+        }
+
+    def _check_compatible(self) -> dict[str, Any] | None:
+        if not self.dir.exists():
+            return None
+        old = self.dir.read_settings()
+        identity = old.get("identity") or {}
+        for key, value in self.cfg.identity().items():
+            if key in identity and identity[key] != value:
+                raise UsageError(
+                    f"{self.dir.root} holds a study with {key}={identity[key]!r}, not {value!r}",
+                    hint="Run with the same settings to resume it, or choose a new --out",
+                )
+        return old
+
+    # -- optuna --------------------------------------------------------------------------------
+    def _open(self) -> optuna.Study:
+        url = self.cfg.storage_url or f"sqlite:///{self.dir.db_path}"
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            return optuna.create_study(
+                # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial
+                # results still land in the study directory, but Optuna's own history does not persist
+                storage=None if url == ":memory:" else url,
+                study_name=self.cfg.study_dir.name,
+                direction="maximize",
+                sampler=self.strategy.sampler(),
+                pruner=self.pruner,
+                load_if_exists=True,
+            )
+        except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
+            raise UsageError(
+                f"cannot open study storage {url}: {exc}",
+                hint="Pass a valid Optuna storage URL with --storage",
+            ) from None
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
+        infeasible = result.status.is_failure or (result.status is TrialStatus.PRUNED and result.steps == 0)
+        trial.set_user_attr("status", result.status.value)
+        trial.set_user_attr("reason", result.reason[:500])
+        trial.set_constraint("infeasible", 1.0 if infeasible else 0.0)
+        if result.status is TrialStatus.INTERRUPTED:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return
+        value = result.throughput if result.throughput is not None and not infeasible else 0.0
+        study.tell(trial, value)
+
+    # -- pre-screen ------------------------------------------------------------------------------
+    def _context(self, trial_dir: Path, master_port: int = 0) -> TrialContext:
+        c = self.cfg
+        return TrialContext(
+            study_dir=c.study_dir,
+            trial_dir=trial_dir,
+            model=c.model,
+            gpus=c.hardware.gpus,
+            global_batch=c.global_batch,
+            num_generations=c.num_generations,
+            max_steps=c.max_steps,
+            max_completion_length=c.max_completion_length,
+            fixed=dict(c.fixed),
+            passthrough=c.passthrough,
+            master_port=master_port,
+            dataset=c.dataset,
+            seed=c.seed,
+        )
+
+    def _valid(self, params: Mapping[str, Any]) -> bool:
+        """The framework's start-up rules hold (static: the same answer for the whole study)."""
+        ctx = self._context(self.dir.trials_dir)
+        return not self.backend.check_rules(dict(params), self.backend.derive(dict(params), ctx), ctx)
+
+    def _cheap_feasible(self, params: Mapping[str, Any]) -> bool:
+        ctx = self._context(self.dir.trials_dir)
+        derived = self.backend.derive(dict(params), ctx)
+        if self.backend.check_rules(dict(params), derived, ctx):
+            return False
+        if infer_infeasible(self.space, params, self._results.values()):
+            return False
+        if self.memory_gate is not None:
+            reason, _ = self.memory_gate.check(params, derived)
+            return reason is None
+        return True
+
+    def _memory_load(self, params: Mapping[str, Any]) -> float | None:
+        """Predicted peak ÷ capacity per GPU (above 1 by the deficit when vLLM's checks fail), or None."""
+        if self.memory_gate is None:
+            return None
+        derived = self.backend.derive(dict(params), self._context(self.dir.trials_dir))
+        _, breakdown = self.memory_gate.check(params, derived)
+        if not breakdown:
+            return None
+        capacity = float(breakdown.get("capacity_bytes") or 0)
+        peak = breakdown.get("peak_bytes")
+        if capacity <= 0 or peak is None:
+            return None
+        deficit = max(
+            float(breakdown.get("vllm_startup_deficit_bytes") or 0),
+            float(breakdown.get("kv_deficit_bytes") or 0),
+        )
+        if deficit > 0:
+            return max(float(peak) / capacity, 1.0 + deficit / capacity)
+        return float(peak) / capacity
+
+    def usable(self, result: TrialResult) -> bool:
+        """Whether a result may be recommended: complete, with a throughput and the headroom asked for."""
+        if result.status is not TrialStatus.COMPLETE or not result.throughput:
+            return False
+        gpus = self.cfg.hardware.gpus
+        for i, room in enumerate(headroom_bytes(result, self.cfg.hardware)):
+            if room is not None and room < self.cfg.min_headroom_frac * gpus[i].memory_total_bytes:
+                return False
+        return True
+
+    def _prescreen(self, number: int, params: dict[str, Any], is_baseline: bool) -> TrialResult | None:
+        ctx = self._context(self.dir.trial_dir(number))
+        derived = self.backend.derive(params, ctx)
+        base = {"number": number, "params": params, "derived": derived, "is_baseline": is_baseline}
+        violations = self.backend.check_rules(params, derived, ctx)
+        if violations:
+            text = "; ".join(f"{v.rule}: {v.message}" for v in violations)
+            return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched, breaks {text}")
+        inferred = infer_infeasible(self.space, params, self._results.values())
+        if inferred is not None:
+            return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched: {inferred.reason}")
+        if self.memory_gate is not None:
+            reason, breakdown = self.memory_gate.check(params, derived)
+            if reason is not None:
+                return TrialResult(
+                    **base, status=TrialStatus.PRUNED, reason=f"not launched: {reason}", estimate=breakdown
+                )
+        return None
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _baseline_params(self) -> dict[str, Any]:
+        if self.cfg.user_baseline is not None:
+            params = self.space.active(dict(self.cfg.user_baseline))
+            self.space.validate_params(params)
+            return params
+        return self.space.active(
+            self.backend.baseline(self.space.defaults(), self._context(self.dir.trials_dir))
+        )
+
+    def _recover(self, study: optuna.Study) -> list[dict[str, Any]]:
+        """Mark trials left RUNNING by a killed tuner as interrupted; return their params to re-run."""
+        rerun: list[dict[str, Any]] = []
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            trial_dir = self.dir.trial_dir(t.number)
+            note = self.reaper(trial_dir) if self.reaper else None
+            params = self.space.active(t.params)
+            reason = "autotune was stopped while this trial ran; it says nothing about the configuration"
+            if note:
+                reason += f" ({note})"
+            existing = self.dir.read_result(t.number)
+            if existing is None or existing.status is TrialStatus.RUNNING:
+                result = TrialResult(
+                    number=t.number,
+                    params=params,
+                    status=TrialStatus.INTERRUPTED,
+                    reason=reason,
+                    is_baseline=bool(t.user_attrs.get("is_baseline")),
+                )
+                self.dir.write_result(result)
+                self._results[t.number] = result
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            self.view.notice(
+                f"trial {t.number} was left running by a stopped autotune: marked interrupted, will run again"
+            )
+            rerun.append(params)
+        return rerun
+
+    def run(self) -> StudyOutcome:
+        """Run (or resume) the study until a budget ends, it converges, or the user interrupts."""
+        old = self._check_compatible()
+        self.dir.trials_dir.mkdir(parents=True, exist_ok=True)
+        settings = self.settings()
+        if old is not None:
+            settings["created_wall_s"] = old.get("created_wall_s", settings["created_wall_s"])
+            if "calibration" in old:
+                settings["calibration"] = old["calibration"]
+        self.dir.write_settings(settings)
+        study = self._open()
+        for r in self.dir.results():
+            self._results[r.number] = r
+        if self.memory_gate is not None:
+            for r in self._results.values():
+                self.memory_gate.observe(r)
+        pending: list[tuple[dict[str, Any], bool]] = [(p, False) for p in self._recover(study)]
+        visited = {
+            canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
+        }
+        baseline_done = any(
+            r.is_baseline and r.status is not TrialStatus.INTERRUPTED for r in self._results.values()
+        )
+        if not baseline_done:
+            baseline = self._baseline_params()
+            pending = [(p, b) for p, b in pending if canonical_key(p) != canonical_key(baseline)]
+            pending.insert(0, (baseline, True))
+        launched_total = sum(
+            1
+            for r in self._results.values()
+            if r.steps > 0 or r.status not in (TrialStatus.PRUNED, TrialStatus.INTERRUPTED)
+        )
+        start = self.clock()
+        self.view.study_started(self.cfg, launched_total, self.cfg.n_trials)
+        run_now, duplicates, stopped, detail = 0, 0, "budget", ""
+        while True:
+            if self.interrupted():
+                stopped, detail = "interrupted", "stopped by the user"
+                break
+            if launched_total >= self.cfg.n_trials:
+                stopped, detail = "budget", f"trial budget of {self.cfg.n_trials} reached"
+                break
+            elapsed = self.clock() - start
+            if self.cfg.time_budget_s is not None and elapsed >= self.cfg.time_budget_s:
+                stopped, detail = "budget", f"time budget of {self.cfg.time_budget_s:.0f}s reached"
+                break
+            history = list(self._results.values())
+            if not pending and baseline_done_or(self._results):
+                reason = self.strategy.converged(history, self.cfg.n_trials - launched_total, visited)
+                if reason:
+                    used = f"used {launched_total} of {self.cfg.n_trials} trials"
+                    stopped, detail = "converged", f"{reason}; {used}"
+                    break
+                nxt = self.strategy.propose(history, visited)
+                if nxt is not None:
+                    pending.append((nxt, False))
+                elif self.strategy.kind == "grid":
+                    stopped, detail = "exhausted", "every configuration of the space has been tried"
+                    break
+            fixed_params, is_baseline = pending.pop(0) if pending else (None, False)
+            if fixed_params is not None:
+                study.enqueue_trial(fixed_params, skip_if_exists=False)
+            trial = study.ask()
+            params = self.space.suggest(trial)
+            key = canonical_key(params)
+            if key in visited:
+                twin = next((r for r in self._results.values() if canonical_key(r.params) == key), None)
+                trial.set_user_attr("duplicate_of", twin.number if twin else -1)
+                if twin is not None and twin.status is not TrialStatus.INTERRUPTED:
+                    self._tell(study, trial, twin)
+                else:
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                duplicates += 1
+                if duplicates >= 2:
+                    nxt = self.strategy.next_unvisited(visited)
+                    if nxt is None:
+                        stopped, detail = "exhausted", "every configuration of the space has been tried"
+                        break
+                    pending.append((nxt, False))
+                    duplicates = 0
+                continue
+            duplicates = 0
+            trial.set_user_attr("is_baseline", is_baseline)
+            visited.add(key)
+            result = self._prescreen(trial.number, params, is_baseline)
+            if result is None:
+                left = (
+                    None
+                    if self.cfg.time_budget_s is None
+                    else max(1.0, self.cfg.time_budget_s - (self.clock() - start))
+                )
+                result = self._launch(study, trial, params, is_baseline, left)
+                launched_total += 1
+                run_now += 1
+                if is_baseline:
+                    baseline_done = True
+            elif is_baseline:
+                baseline_done = True
+            self.dir.write_result(result)
+            self._results[result.number] = result
+            if result.status is TrialStatus.INTERRUPTED:
+                visited.discard(key)
+            if self.memory_gate is not None:
+                self.memory_gate.observe(result)
+            self._tell(study, trial, result)
+            self.view.trial_finished(result)
+            if result.status is TrialStatus.INTERRUPTED and self.interrupted():
+                stopped, detail = "interrupted", f"stopped by the user during trial {result.number}"
+                break
+        results = sorted(self._results.values(), key=lambda r: r.number)
+        rec = recommend(results, self.cfg.hardware, min_headroom_frac=self.cfg.min_headroom_frac)
+        settings["finished_wall_s"] = time.time()
+        settings["outcome"] = {
+            "stopped": stopped,
+            "detail": detail,
+            "trials_run": launched_total,
+            "trials_run_now": run_now,
+            "gpu_seconds": sum(r.gpu_seconds for r in results),
+            "recommended_trial": rec.trial if rec else None,
+        }
+        settings["recommendation"] = rec.model_dump(mode="json") if rec is not None else None
+        if self.memory_gate is not None:
+            settings["calibration"] = self.memory_gate.state()
+        self.dir.write_settings(settings)
+        return StudyOutcome(
+            results=results,
+            recommendation=rec,
+            stopped=stopped,
+            detail=detail,
+            trials_run_now=run_now,
+            trials_run=launched_total,
+            budget_trials=self.cfg.n_trials,
+        )
+
+    def _launch(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        params: dict[str, Any],
+        is_baseline: bool,
+        time_left_s: float | None,
+    ) -> TrialResult:
+        number = trial.number
+        trial_dir = self.dir.trial_dir(number)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        ctx = self._context(trial_dir, master_port=free_port())
+        derived = self.backend.derive(params, ctx)
+        spec = TrialSpec(number=number, params=params, derived=derived, is_baseline=is_baseline)
+        self.dir.write_result(
+            TrialResult(
+                number=number,
+                params=params,
+                derived=derived,
+                is_baseline=is_baseline,
+                status=TrialStatus.RUNNING,
+                reason="running",
+            )
+        )
+        if self.hygiene is not None:
+            self.hygiene()
+        self.view.trial_started(number, params, is_baseline)
+
+        def on_step(step: int, throughput: float | None, optimistic: float) -> str | None:
+            self.view.trial_step(number, step, throughput)
+            if throughput is None or is_baseline:
+                return None
+            trial.report(optimistic, step)
+            if trial.should_prune():
+                best = study.best_value if _has_complete(study) else None
+                return (
+                    f"pruned: at most {optimistic:.3g} completions/s, clearly below the best so far ({best:.3g})"
+                    if best
+                    else "pruned"
+                )
+            return None
+
+        result = self.executor.execute(spec, ctx, on_step=on_step, time_left_s=time_left_s)
+        if self.memory_gate is not None and result.estimate is None:
+            _, breakdown = self.memory_gate.check(params, derived)
+            if breakdown is not None:
+                result = result.model_copy(update={"estimate": breakdown})
+        return result
+
+
+def _has_complete(study: optuna.Study) -> bool:
+    return any(t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def baseline_done_or(results: Mapping[int, TrialResult]) -> bool:
+    """True once the baseline has been run (or could not be)."""
+    return any(r.is_baseline and r.status is not TrialStatus.INTERRUPTED for r in results.values())
+
+
+def check_budget(n_trials: int) -> None:
+    if n_trials < 1:
+        raise UsageError(
+            f"--trials must be at least 1, got {n_trials}",
+            hint="Give the number of trials to run, e.g. --trials 8",
+        )
+
+
+def summary_line(outcome: StudyOutcome) -> str:
+    """The one line printed at the end of a study."""
+    rec = outcome.recommendation
+    if rec is None:
+        return "no healthy trial completed: nothing to recommend (see report.md for why each trial failed)"
+    line = f"best: trial {rec.trial} at {rec.throughput:.3g} completions/s"
+    if rec.speedup is not None:
+        line += f", speedup {rec.speedup:.2f}x over the baseline (trial {rec.baseline_trial})"
+    else:
+        line += "; the baseline did not complete, so no speedup can be given"
+    if outcome.stopped == "converged" and outcome.budget_trials:
+        line += f"; stopped early after {outcome.trials_run} of {outcome.budget_trials} trials (further trials unlikely to gain more)"
+    return line

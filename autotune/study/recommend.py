@@ -1,0 +1,70 @@
+"""Choosing the winner: the fastest healthy trial that leaves memory headroom on every GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autotune.records import Hardware, Recommendation, TrialResult, TrialStatus
+
+__all__ = ["Recommendation", "recommend", "headroom_bytes"]
+
+
+def headroom_bytes(result: TrialResult, hardware: Hardware | None) -> list[int | None]:
+    """Memory left at the trial's NVML peak on each GPU (None where unmeasured)."""
+    if hardware is None or not hardware.gpus:
+        return []
+    out: list[int | None] = []
+    for i, gpu in enumerate(hardware.gpus):
+        peak = result.peak_mem_bytes[i] if i < len(result.peak_mem_bytes) else None
+        out.append(None if peak is None else gpu.memory_total_bytes - peak)
+    return out
+
+
+def recommend(
+    results: Sequence[TrialResult],
+    hardware: Hardware | None,
+    *,
+    min_headroom_frac: float = 0.05,
+) -> Recommendation | None:
+    """The fastest COMPLETE trial with at least ``min_headroom_frac`` of memory left on every GPU.
+
+    Unhealthy, failed, pruned and interrupted trials are never recommended. A trial whose measured
+    peak leaves less headroom than asked is passed over (it would OOM on a longer prompt).
+    """
+    baseline = next((r for r in results if r.is_baseline), None)
+    base_tp = baseline.throughput if baseline and baseline.status is TrialStatus.COMPLETE else None
+    ranked = sorted(
+        (r for r in results if r.status is TrialStatus.COMPLETE and r.throughput),
+        key=lambda r: r.throughput or 0.0,
+        reverse=True,
+    )
+    skipped: list[tuple[int, str]] = []
+    for r in ranked:
+        room = headroom_bytes(r, hardware)
+        tight = [
+            (i, h)
+            for i, h in enumerate(room)
+            if h is not None
+            and hardware is not None
+            and h < min_headroom_frac * hardware.gpus[i].memory_total_bytes
+        ]
+        if tight:
+            i, h = tight[0]
+            skipped.append((r.number, f"only {h / 2**30:.2f} GiB left on GPU {hardware.gpus[i].index}"))  # type: ignore[union-attr]
+            continue
+        tp = r.throughput or 0.0
+        speedup = tp / base_tp if base_tp else None
+        why = f"fastest healthy trial: {tp:.3g} completions/s"
+        if speedup is not None:
+            why += f", {speedup:.2f}x the baseline (trial {baseline.number})"  # type: ignore[union-attr]
+        return Recommendation(
+            trial=r.number,
+            throughput=tp,
+            baseline_trial=baseline.number if baseline else None,
+            baseline_throughput=base_tp,
+            speedup=speedup,
+            headroom_bytes=room,
+            why=why,
+            skipped=skipped,
+        )
+    return None

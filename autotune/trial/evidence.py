@@ -1,0 +1,118 @@
+"""A framework's failure text: the patterns common to every framework, and how output lines are read.
+
+The runner keeps every line that matches a pattern as evidence while a trial runs; the outcome module
+decides from that evidence once it ended. Both read lines the same way (rank prefixes stripped).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from autotune.backends._base import FailurePattern
+
+__all__ = ["COMMON_PATTERNS", "EXCEPTION_LINE", "last_error_line", "match_patterns", "strip_rank_prefix"]
+
+COMMON_PATTERNS: tuple[FailurePattern, ...] = (
+    # PyTorch's CUDA allocator: torch.OutOfMemoryError (2.x), torch.cuda.OutOfMemoryError (1.13-2.0),
+    # RuntimeError: CUDA out of memory (older) all carry this phrase.
+    FailurePattern("OOM", r"CUDA out of memory", "CUDA out of memory"),
+    FailurePattern("OOM", r"CUDA error: out of memory", "CUDA out of memory (CUDA runtime error)"),
+    FailurePattern("OOM", r"HIP out of memory", "GPU out of memory (HIP)"),
+    FailurePattern("OOM", r"CUBLAS_STATUS_ALLOC_FAILED", "GPU out of memory (cuBLAS could not allocate)"),
+    FailurePattern(
+        "VLLM_INIT",
+        r"Free memory on device .*on startup is less than desired GPU memory utilization",
+        "vLLM could not start: free GPU memory is below the requested gpu_memory_utilization",
+    ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"No available memory for the cache blocks",
+        "vLLM could not start: no memory left for KV cache blocks",
+    ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"KV cache is needed, which is larger than the available KV cache memory",
+        "vLLM could not start: the KV cache cannot hold one sequence of max_model_len",
+    ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"is larger than the maximum number of tokens that can be stored in KV cache",
+        "vLLM could not start: the KV cache cannot hold one sequence of max_model_len",
+    ),
+    FailurePattern("HOST_OOM", r"exitcode\s*:\s*-9\b", "a rank was killed by SIGKILL (host out of memory?)"),
+    FailurePattern(
+        "HOST_OOM",
+        r"Signal 9 \(SIGKILL\) received by PID",
+        "a rank was killed by SIGKILL (host out of memory?)",
+    ),
+    FailurePattern("HOST_OOM", r"DefaultCPUAllocator: can't allocate memory", "host RAM allocation failed"),
+    FailurePattern(
+        "HANG",
+        r"ProcessGroup\w*'s watchdog got stuck for \d+ seconds",
+        "the collective-communication watchdog saw no progress (distributed hang)",
+    ),
+    FailurePattern(
+        "HANG",
+        r"Watchdog caught collective operation timeout",
+        "a collective operation timed out (distributed hang)",
+    ),
+    FailurePattern(
+        "INVALID",
+        r": error: (?:unrecognized arguments|argument |the following arguments are required|invalid choice)",
+        "the framework rejected its arguments",
+    ),
+    FailurePattern(
+        "INVALID",
+        r"Some specified arguments are not used by the HfArgumentParser",
+        "the framework rejected its arguments",
+    ),
+    FailurePattern(
+        "INVALID",
+        r"^Error: (?:No such option|Invalid value for|Missing option|Got unexpected extra argument)",
+        "the framework rejected its arguments",
+    ),
+)
+
+# "[rank1]: ", "[rank1]:[E1111 17:01:37] ", "(EngineCore pid=253) ", "(RayWorker pid=9, ip=...) "
+_PREFIX = re.compile(r"^(?:\[rank\d+\]:\s?|\[default\d+\]:\s?|\(\w+ pid=\d+(?:, ip=[^)]*)?\)\s*)+")
+EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Failure|Interrupt|Exit))\b(?::\s*(.*))?$"
+)
+_FATAL = re.compile(r"^Fatal Python error: (.+)$")
+_WRAPPER_EXC = ("ChildFailedError",)
+
+
+def strip_rank_prefix(line: str) -> str:
+    """``[rank1]: ValueError: x`` → ``ValueError: x`` (torchrun, vLLM worker and Ray prefixes)."""
+    return _PREFIX.sub("", line).rstrip()
+
+
+def match_patterns(
+    lines: Iterable[str], patterns: Sequence[FailurePattern]
+) -> dict[str, tuple[FailurePattern, str]]:
+    """The first line matching each status's patterns: status name → (pattern, line)."""
+    compiled = [(p, re.compile(p.regex)) for p in patterns]
+    found: dict[str, tuple[FailurePattern, str]] = {}
+    for raw in lines:
+        line = strip_rank_prefix(raw)
+        for pattern, rx in compiled:
+            if pattern.status not in found and (rx.search(line) or rx.search(raw)):
+                found[pattern.status] = (pattern, raw.strip())
+    return found
+
+
+def last_error_line(lines: Sequence[str]) -> str | None:
+    """The final ``SomethingError: ...`` line (a wrapper such as ChildFailedError only if alone)."""
+    best: str | None = None
+    wrapper: str | None = None
+    for raw in lines:
+        line = strip_rank_prefix(raw)
+        m = EXCEPTION_LINE.match(line) or _FATAL.match(line)
+        if not m:
+            continue
+        if line.startswith("Fatal Python error") or m.group(1) not in _WRAPPER_EXC:
+            best = line
+        else:
+            wrapper = line
+    return best or wrapper

@@ -1,0 +1,240 @@
+"""Running one launched trial: render → run under the probes → classify → health gate → result.
+
+This is the one place that isolates trial failures: whatever the trial does, a
+:class:`~autotune.records.TrialResult` comes back. Errors of autotune itself propagate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.backends import Backend, TrialContext
+from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
+from autotune.trial.outcome import classify, health_check, live_health
+from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
+from autotune.trial.steady import steady_estimate
+
+__all__ = ["Executor", "ProbeSettings", "make_samplers", "summarize_trial"]
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How the probes sample during a trial."""
+
+    gpu_interval_s: float = 0.1
+    host_interval_s: float = 0.25
+    enabled: bool = True
+
+
+def make_samplers(hardware: Hardware, settings: ProbeSettings) -> Callable[[int], Sequence[Any]]:
+    """A factory the runner calls with the trial's pid: host sampler, plus NVML when GPUs are visible."""
+
+    def factory(pid: int) -> Sequence[Any]:
+        if not settings.enabled:
+            return []
+        from autotune.probes.host import HostSampler
+
+        host = HostSampler(pid, interval_s=settings.host_interval_s)
+        samplers: list[Any] = [host]
+        if hardware.visible:
+            from autotune.probes.nvml import NvmlSampler
+
+            # The host sampler already walks the trial's process tree: reuse its pids for attribution.
+            samplers.append(
+                NvmlSampler(
+                    [g.index for g in hardware.gpus], interval_s=settings.gpu_interval_s, pids=host.pids
+                )
+            )
+        return samplers
+
+    return factory
+
+
+def summarize_trial(
+    trial_dir: Path,
+    steps: Sequence[StepMetrics],
+    *,
+    model_flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+) -> dict[str, Any] | None:
+    """Timeline summary of a trial directory (None when it has no timeline)."""
+    from autotune.probes.phases import read_phases
+    from autotune.probes.timeline import read_timeline, summarize
+
+    path = trial_dir / "timeline.parquet"
+    if not path.exists():
+        return None
+    df = read_timeline(path)
+    phases_path = trial_dir / "phases.jsonl"
+    phases = read_phases(phases_path) if phases_path.exists() else []
+    step_dicts = [
+        {"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)}
+        for s in steps
+    ]
+    return summarize(df, step_dicts, phases, model_flops_per_step=model_flops_per_step, peak_flops=peak_flops)
+
+
+@dataclass
+class Executor:
+    """Runs trials for a study.
+
+    Args:
+        backend: the framework backend.
+        hardware: selected GPUs and host.
+        watchdog: hang / start-up / timeout limits.
+        early_stop: when a trial's estimate is stable enough to stop.
+        samplers: probe factory (see :func:`make_samplers`); None runs without probes.
+        stop_event: set by the CLI on Ctrl-C; the running trial ends as INTERRUPTED.
+        beta: the KL coefficient of the job (health gate: kl must move when beta > 0).
+        baseline_steps: step records of the baseline (health gate: degenerate rollouts).
+    """
+
+    backend: Backend
+    hardware: Hardware
+    watchdog: WatchdogConfig
+    early_stop: EarlyStopConfig
+    samplers: Callable[[int], Sequence[Any]] | None = None
+    stop_event: threading.Event | None = None
+    beta: float | None = None
+    baseline_steps: list[StepMetrics] | None = None
+    model_flops_per_step: Callable[[TrialSpec], float | None] | None = None
+    peak_flops: float | None = None
+    _run: Callable[..., RunRecord] = field(default=run_trial, repr=False)
+
+    def execute(
+        self,
+        spec: TrialSpec,
+        ctx: TrialContext,
+        *,
+        on_step: Callable[[int, float | None, float], str | None],
+        time_left_s: float | None,
+    ) -> TrialResult:
+        plan = self.backend.render(spec, ctx)
+        parser = self.backend.parser(spec, ctx)
+        watchdog = self.watchdog
+        if time_left_s is not None and (
+            watchdog.trial_timeout_s is None or time_left_s < watchdog.trial_timeout_s
+        ):
+            watchdog = replace(watchdog, trial_timeout_s=time_left_s)
+
+        beta = self.beta
+        baseline = None if spec.is_baseline else self.baseline_steps
+
+        class _Observer:
+            def __init__(self) -> None:
+                self.steps: list[StepMetrics] = []
+                self.problems: list[str] = []
+
+            def on_started(self, pid: int, pgid: int) -> None:
+                pass
+
+            def on_step(self, step: StepMetrics, estimate: Any) -> str | None:
+                # a run that cannot learn is stopped at once (classified UNHEALTHY below)
+                self.steps.append(step)
+                self.problems = live_health(self.steps, beta=beta, baseline=baseline)
+                if self.problems:
+                    return f"stopped: {self.problems[0]}"
+                if estimate is None:
+                    return on_step(step.step, None, 0.0)
+                return on_step(step.step, estimate.throughput, estimate.throughput * (1 + estimate.rel_ci95))
+
+        t0 = time.time()
+        record = self._run(
+            plan,
+            parser,
+            ctx.trial_dir,
+            global_batch=ctx.global_batch,
+            watchdog=watchdog,
+            early_stop=self.early_stop,
+            observer=(observer := _Observer()),
+            samplers=self.samplers,
+            stop_event=self.stop_event,
+        )
+        steps = list(record.steps)
+        steady = steady_estimate(steps, ctx.global_batch)
+        health: list[str] = []
+        ended_well = record.stopped_by in ("early_stop", "pruned") or (
+            record.stopped_by is None and record.exit_code == 0
+        )
+        if ended_well and steps:
+            health = health_check(
+                steps,
+                beta=self.beta,
+                max_completion_length=ctx.max_completion_length,
+                baseline=None if spec.is_baseline else self.baseline_steps,
+            )
+            if record.stopped_by == "pruned":  # stopped for its health: what the live check saw counts
+                health += [p for p in observer.problems if p not in health]
+        verdict = classify(record, patterns=self.backend.failure_patterns(), health=health)
+        status = verdict.status
+        if (
+            status is TrialStatus.TIMEOUT
+            and record.stopped_by == "timeout"
+            and self._study_budget_cut(time_left_s, watchdog)
+        ):
+            status = TrialStatus.INTERRUPTED
+        flops = self.model_flops_per_step(spec) if self.model_flops_per_step else None
+        summary = None
+        try:
+            summary = summarize_trial(
+                ctx.trial_dir, steps, model_flops_per_step=flops, peak_flops=self.peak_flops
+            )
+        except (OSError, ValueError) as exc:  # a broken timeline must not lose the trial's result
+            summary = {"error": f"timeline unreadable: {exc}"}
+        peaks: list[int | None] = []
+        if summary and summary.get("gpus"):
+            by_index = {g["index"]: g for g in summary["gpus"]}
+            peaks = [by_index.get(g.index, {}).get("peak_mem_bytes") for g in self.hardware.gpus]
+        host_peak = (summary or {}).get("host", {}).get("peak_rss_bytes") if summary else None
+        fw_mem = [s.values.get("memory_gib") for s in steps if s.values.get("memory_gib") is not None]
+        n_gpus = max(1, len(self.hardware.gpus))
+        if spec.is_baseline and status is TrialStatus.COMPLETE:
+            self.baseline_steps = steps
+        return TrialResult(
+            number=spec.number,
+            params=spec.params,
+            derived=spec.derived,
+            is_baseline=spec.is_baseline,
+            status=status,
+            reason=verdict.reason,
+            evidence=verdict.evidence,
+            exit_code=record.exit_code,
+            signal=record.signal,
+            steps=len(steps),
+            steady=steady
+            if status in (TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.UNHEALTHY)
+            else None,
+            health=health,
+            peak_mem_bytes=peaks,
+            framework_peak_mem_bytes=int(max(fw_mem) * 2**30) if fw_mem else None,
+            host_peak_rss_bytes=int(host_peak) if host_peak else None,
+            timeline_summary=summary,
+            started_wall_s=record.started_wall_s or t0,
+            duration_s=record.duration_s,
+            startup_s=record.startup_s,
+            gpu_seconds=record.duration_s * n_gpus,
+        )
+
+    @staticmethod
+    def _study_budget_cut(time_left_s: float | None, watchdog: WatchdogConfig) -> bool:
+        return (
+            time_left_s is not None
+            and watchdog.trial_timeout_s is not None
+            and abs(watchdog.trial_timeout_s - time_left_s) < 1e-6
+        )
+
+
+def load_steps(path: Path) -> list[StepMetrics]:
+    """Step records from a ``metrics.jsonl`` written by the runner."""
+    steps = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                steps.append(StepMetrics.model_validate(json.loads(line)))
+    return steps

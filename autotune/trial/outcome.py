@@ -1,0 +1,431 @@
+"""How a trial ended, decided from evidence; and whether a trial that ran actually learns.
+
+Evidence is, in this order of weight: what we did to the process (our watchdog, our early stop, the
+user's interrupt), the framework's own failure text on any rank, the exit code and signal, and the
+last traceback. The word "error" alone never decides anything.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal as signal_mod
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.backends._base import FailurePattern
+from autotune.records import StepMetrics, TrialStatus
+from autotune.trial.evidence import (
+    COMMON_PATTERNS,
+    EXCEPTION_LINE,
+    last_error_line,
+    match_patterns,
+    strip_rank_prefix,
+)
+from autotune.trial.runner import RunRecord
+
+__all__ = [
+    "COMMON_PATTERNS",
+    "Verdict",
+    "classify",
+    "health_check",
+    "last_error_line",
+    "live_health",
+    "LIVE_HEALTH_MIN_STEPS",
+    "match_patterns",
+    "strip_rank_prefix",
+]
+
+_MAX_REASON_CHARS = 300
+_RANK = re.compile(r"\[(?:rank|default)(\d+)\]:")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
+_TORCHRUN_SIGNAL = re.compile(r"exitcode\s*:\s*-(\d+)\b")
+_CONFIG_FRAME = re.compile(r"config|arg|param|option|setting|__post_init__|parse", re.IGNORECASE)
+_SHELL_SIGNAL_BASE = 128
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one trial.
+
+    Attributes:
+        status: how the trial ended.
+        reason: one line saying why, with the numbers.
+        evidence: the output line (or watchdog fact) the decision rests on, when there is one.
+    """
+
+    status: TrialStatus
+    reason: str
+    evidence: str | None = None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal_mod.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
+
+
+def _rank_of(line: str) -> str:
+    m = _RANK.search(line)
+    return f" on rank {m.group(1)}" if m else ""
+
+
+def _oom_detail(line: str) -> str:
+    m = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", line)
+    gpu = re.search(
+        r"GPU (\d+) has a total capacity of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B) is free", line
+    )
+    parts = []
+    if m:
+        parts.append(f"tried to allocate {m.group(1)}")
+    if gpu:
+        parts.append(f"GPU {gpu.group(1)} had {gpu.group(3)} free of {gpu.group(2)}")
+    return f": {', '.join(parts)}" if parts else ""
+
+
+def _config_traceback(lines: Sequence[str]) -> str | None:
+    """The final exception line when the last traceback is an argument/config rejection, else None.
+
+    A rejection is a ``ValueError``/``TypeError`` (or argparse's ``ArgumentError``/``ArgumentTypeError``)
+    whose traceback passes through a frame whose file or function names configuration or argument
+    handling (``config``, ``arg``, ``param``, ``option``, ``setting``, ``parse``, ``__post_init__``):
+    e.g. TRL's ``GRPOConfig.__post_init__`` in ``grpo_config.py``, ms-swift's ``rlhf_args.py``. A
+    ``TypeError: ... got an unexpected keyword argument`` counts without frames (a config class called
+    with a name it does not have).
+    """
+    clean = [strip_rank_prefix(x) for x in lines]
+    start = max(
+        (i for i, x in enumerate(clean) if x.startswith("Traceback (most recent call last)")), default=None
+    )
+    if start is None:
+        return None
+    frames: list[tuple[str, str]] = []
+    for line in clean[start + 1 :]:
+        fm = _FRAME.match(line)
+        if fm:
+            frames.append((fm.group(1).rsplit("/", 1)[-1], fm.group(2)))
+            continue
+        em = EXCEPTION_LINE.match(line)
+        if em:
+            name = em.group(1)
+            if name in ("ValueError", "TypeError", "ArgumentError", "ArgumentTypeError"):
+                if "unexpected keyword argument" in line:
+                    return line
+                if any(_CONFIG_FRAME.search(f) or _CONFIG_FRAME.search(fn) for f, fn in frames):
+                    return line
+            break
+    return None
+
+
+def classify(
+    record: RunRecord,
+    *,
+    patterns: Sequence[FailurePattern] = (),
+    health: Sequence[str] = (),
+) -> Verdict:
+    """Decide a trial's status from the evidence in ``record``.
+
+    Rules, first that applies wins:
+
+    1. Interrupted by the user (``stopped_by == "interrupt"``) → INTERRUPTED.
+    2. The trial was making progress when *we* stopped it: ``early_stop`` → COMPLETE, ``pruned`` →
+       PRUNED. A clean exit (code 0) with at least one step → COMPLETE. A COMPLETE or PRUNED trial
+       with health problems (``health``, from :func:`health_check`) becomes UNHEALTHY (a trial stopped
+       early by :func:`live_health` is "pruned" for its health).
+    3. Otherwise the trial failed or was stopped by the watchdog. Failure text on any rank
+       (``patterns`` first, then :data:`COMMON_PATTERNS`, searched in the lines the runner kept as
+       evidence and in both tails): OOM, then VLLM_INIT — a rank that OOMs leaves the others waiting,
+       so this beats the watchdog's HANG and the generic exit code.
+    4. Our watchdog: ``hang`` / ``startup_timeout`` → HANG, ``timeout`` → TIMEOUT.
+    5. SIGKILL that we did not send (exit -9, a shell's 137, or torchrun's ``exitcode: -9`` /
+       ``Signal 9 (SIGKILL) received by PID``), or the CPU allocator's failure text → HOST_OOM.
+    6. The NCCL watchdog's text (``watchdog got stuck``, ``collective operation timeout``) → HANG.
+    7. INVALID: the process ended non-zero before its first step *and* the evidence is an argument
+       rejection: argparse's usage error (``prog: error: unrecognized arguments`` / ``argument`` /
+       ``the following arguments are required``; exit code 2, argparse's own), HfArgumentParser's unused
+       arguments, or a final ``ValueError``/``TypeError`` raised from config or argument construction
+       (see :func:`_config_traceback`).
+    8. Exit 0 without a step → CRASH ("exited without a step").
+    9. CRASH with the last meaningful error line: the final ``SomethingError: ...`` line of a
+       traceback, or the fatal signal's name (SIGSEGV, SIGABRT, ...).
+
+    Args:
+        record: what the runner observed.
+        patterns: the backend's own failure patterns (:meth:`Backend.failure_patterns`).
+        health: problems found by :func:`health_check` (empty = healthy).
+    """
+    n_steps = len(record.steps)
+    if record.stopped_by == "interrupt":
+        return Verdict(TrialStatus.INTERRUPTED, record.stop_reason or "stopped by the user")
+
+    def complete(reason: str) -> Verdict:
+        if health:
+            more = f" (and {len(health) - 1} more)" if len(health) > 1 else ""
+            return Verdict(TrialStatus.UNHEALTHY, _one_line(health[0] + more), None)
+        return Verdict(TrialStatus.COMPLETE, reason)
+
+    if record.stopped_by == "early_stop":
+        return complete(record.stop_reason or f"stopped at steady state after {n_steps} steps")
+    if record.stopped_by == "pruned":  # by the study (slower than the best) or for its health
+        if health:
+            return complete("")
+        return Verdict(TrialStatus.PRUNED, _one_line(record.stop_reason or "pruned by the study"))
+    if record.stopped_by is None and record.exit_code == 0 and n_steps > 0:
+        return complete(f"completed {n_steps} steps")
+
+    lines = [x.text for x in record.evidence] + list(record.stderr_tail) + list(record.stdout_tail)
+    found = match_patterns(lines, tuple(patterns) + COMMON_PATTERNS)
+
+    for status in ("OOM", "VLLM_INIT"):
+        if status in found:
+            pattern, line = found[status]
+            detail = _oom_detail(line) if status == "OOM" else ""
+            return Verdict(TrialStatus(status), _one_line(f"{pattern.reason}{_rank_of(line)}{detail}"), line)
+
+    if record.stopped_by in ("hang", "startup_timeout"):
+        return Verdict(TrialStatus.HANG, _one_line(record.stop_reason or "no progress"), None)
+    if record.stopped_by == "timeout":
+        return Verdict(
+            TrialStatus.TIMEOUT, _one_line(record.stop_reason or "trial wall budget ran out"), None
+        )
+
+    exit_code = record.exit_code
+    sig = record.signal
+    if sig is None and exit_code is not None and _SHELL_SIGNAL_BASE < exit_code <= _SHELL_SIGNAL_BASE + 64:
+        shell_sig: int | None = exit_code - _SHELL_SIGNAL_BASE
+    else:
+        shell_sig = None
+    if sig == signal_mod.SIGKILL or shell_sig == signal_mod.SIGKILL:
+        how = (
+            "exit -9" if sig == signal_mod.SIGKILL else f"exit code {exit_code}, a shell's report of SIGKILL"
+        )
+        return Verdict(
+            TrialStatus.HOST_OOM,
+            f"killed by SIGKILL that autotune did not send ({how}): most likely the host ran out of RAM",
+            None,
+        )
+    if "HOST_OOM" in found:
+        pattern, line = found["HOST_OOM"]
+        return Verdict(TrialStatus.HOST_OOM, _one_line(f"{pattern.reason}{_rank_of(line)}"), line)
+    if "HANG" in found:
+        pattern, line = found["HANG"]
+        return Verdict(TrialStatus.HANG, _one_line(f"{pattern.reason}{_rank_of(line)}"), line)
+
+    for status in found:
+        if status not in ("INVALID", "OOM", "VLLM_INIT", "HOST_OOM", "HANG", "CRASH"):
+            pattern, line = found[status]  # a backend pattern naming another status
+            return Verdict(TrialStatus(status), _one_line(pattern.reason), line)
+
+    err_lines = list(record.stderr_tail) + list(record.stdout_tail)
+    if n_steps == 0 and exit_code not in (None, 0):
+        if "INVALID" in found:
+            pattern, line = found["INVALID"]
+            return Verdict(
+                TrialStatus.INVALID, _one_line(f"{pattern.reason}: {strip_rank_prefix(line)}"), line
+            )
+        rejected = _config_traceback(record.stderr_tail) or _config_traceback(record.stdout_tail)
+        if rejected:
+            return Verdict(
+                TrialStatus.INVALID,
+                _one_line(f"the framework rejected its configuration: {rejected}"),
+                rejected,
+            )
+        if exit_code == 2 and sig is None:
+            last = last_error_line(err_lines) or _last_nonblank(record.stderr_tail)
+            tail = f": {last}" if last else ""
+            return Verdict(
+                TrialStatus.INVALID, _one_line(f"exit code 2 before the first step (usage error){tail}"), last
+            )
+
+    if "CRASH" in found:
+        pattern, line = found["CRASH"]
+        return Verdict(TrialStatus.CRASH, _one_line(pattern.reason), line)
+    if exit_code == 0 and n_steps == 0:
+        return Verdict(
+            TrialStatus.CRASH, "exited without a step (exit code 0)", _last_nonblank(record.stdout_tail)
+        )
+
+    last = last_error_line(record.stderr_tail) or last_error_line(record.stdout_tail)
+    fatal_sig = sig if sig is not None else shell_sig
+    if fatal_sig is None:
+        m = next((_TORCHRUN_SIGNAL.search(x) for x in reversed(lines) if _TORCHRUN_SIGNAL.search(x)), None)
+        if m:
+            fatal_sig = int(m.group(1))
+    at = f" at step {record.steps[-1].step}" if n_steps else " before the first step"
+    if fatal_sig is not None:
+        name = _signal_name(fatal_sig)
+        detail = f" ({last})" if last else ""
+        return Verdict(TrialStatus.CRASH, _one_line(f"killed by {name}{at}{detail}"), last)
+    if last:
+        return Verdict(TrialStatus.CRASH, _one_line(f"exit code {exit_code}{at}: {last}"), last)
+    fallback = _last_nonblank(record.stderr_tail) or _last_nonblank(record.stdout_tail)
+    tail = f": {strip_rank_prefix(fallback)}" if fallback else ""
+    return Verdict(TrialStatus.CRASH, _one_line(f"exit code {exit_code}{at}{tail}"), fallback)
+
+
+def _last_nonblank(lines: Sequence[str]) -> str | None:
+    return next((x for x in reversed(lines) if x.strip()), None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Health gate
+
+
+def _series(steps: Sequence[StepMetrics], key: str) -> list[tuple[int, float]]:
+    ordered = sorted(steps, key=lambda s: s.step)
+    return [(s.step, float(s.values[key])) for s in ordered if key in s.values and s.values[key] is not None]
+
+
+def _non_finite(steps: Sequence[StepMetrics]) -> list[str]:
+    problems: list[str] = []
+    for key in ("loss", "grad_norm", "kl"):
+        bad = [(st, v) for st, v in _series(steps, key) if not math.isfinite(v)]
+        if bad:
+            kind = "NaN" if math.isnan(bad[0][1]) else "infinite"
+            problems.append(
+                f"{key} is {kind} at step {bad[0][0]} ({len(bad)} of {len(steps)} steps not finite)."
+            )
+    return problems
+
+
+LIVE_HEALTH_MIN_STEPS = 4  # steps a trial shows a never-moving model before it is stopped as UNHEALTHY
+
+
+def live_health(
+    steps: Sequence[StepMetrics], *, beta: float | None, baseline: Sequence[StepMetrics] | None = None
+) -> list[str]:
+    """Problems conclusive while the trial still runs, so it can be stopped early; empty = go on.
+
+    The failures a run never recovers from: a non-finite ``loss``, ``grad_norm`` or ``kl`` (at once);
+    ``grad_norm`` exactly 0 on every step so far, or ``kl`` exactly 0 on every step after the first
+    while ``beta`` > 0, once :data:`LIVE_HEALTH_MIN_STEPS` steps (after the first, for kl) show it;
+    every completion clipped at the max length (``completions/clipped_ratio`` 1) on each of the last
+    :data:`LIVE_HEALTH_MIN_STEPS` steps while the baseline (same model and data) clipped under 90 % -
+    degenerate rollouts, e.g. after a broken weight reload. What a few steps cannot prove
+    (``reward_std`` 0, a collapsing reward) is left to :func:`health_check` at the end of the trial.
+    """
+    problems = _non_finite(steps)
+    clip = [v for _, v in _series(steps, "completions/clipped_ratio")][-LIVE_HEALTH_MIN_STEPS:]
+    if len(clip) == LIVE_HEALTH_MIN_STEPS:
+        problems += _all_clipped(clip, baseline or (), limit="", span=f"the last {len(clip)} steps")
+    return problems + _never_moves(steps, beta=beta, min_steps=LIVE_HEALTH_MIN_STEPS)
+
+
+def _never_moves(steps: Sequence[StepMetrics], *, beta: float | None, min_steps: int) -> list[str]:
+    """``grad_norm`` 0 on every step, or ``kl`` 0 on every step after the first while ``beta`` > 0,
+    each over at least ``min_steps`` steps."""
+    problems = []
+    grad = [v for _, v in _series(steps, "grad_norm")]
+    if len(grad) >= min_steps and all(v == 0.0 for v in grad):
+        problems.append(f"grad_norm is 0 on all {len(grad)} steps: the model is never updated.")
+    if beta is not None and beta > 0:
+        kl = _series(steps, "kl")[1:]
+        if len(kl) >= min_steps and all(v == 0.0 for _, v in kl):
+            problems.append(
+                f"kl is 0 on all {len(kl)} steps after the first although beta = {beta:g}: "
+                "the policy never moves away from the reference."
+            )
+    return problems
+
+
+def _all_clipped(
+    clip: Sequence[float], baseline: Sequence[StepMetrics], *, limit: str, span: str
+) -> list[str]:
+    """Every completion clipped on each of ``clip``'s steps while the baseline clipped under 90 %."""
+    base_clip = [v for _, v in _series(baseline, "completions/clipped_ratio")]
+    if not base_clip or not all(v >= 0.999 for v in clip):
+        return []
+    base_mean = statistics.fmean(base_clip)
+    if base_mean >= 0.9:
+        return []
+    return [
+        f"every completion hit the max length{limit} on {span} (clipped ratio 1.0) "
+        f"while the baseline clipped {base_mean:.0%}: rollouts are degenerate."
+    ]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def health_check(
+    steps: Sequence[StepMetrics],
+    *,
+    beta: float | None,
+    max_completion_length: int | None,
+    baseline: Sequence[StepMetrics] | None,
+) -> list[str]:
+    """Problems that show a trial does not learn; each one sentence with the numbers. Empty = healthy.
+
+    Checks (metric names as TRL and ms-swift log them):
+
+    - ``loss``, ``grad_norm`` or ``kl`` NaN or infinite on any step.
+    - ``grad_norm`` exactly 0 on every step (at least 2): the weights never change.
+    - ``kl`` exactly 0 on every step after the first (at least 2 of them) while ``beta`` > 0.
+    - ``reward_std`` 0 on every step (at least 2): every completion of a prompt gets the same reward,
+      so every advantage is 0.
+    - Against the baseline trial only (fixed-length completions clip every sample by design, so a
+      fully clipped trial alone proves nothing): every completion clipped at max length
+      (``completions/clipped_ratio`` 1, or ``completions/mean_length`` at ``max_completion_length``)
+      while the baseline's were not; or the reward collapsing — its mean over the trial's second half
+      more than one baseline ``reward_std`` below the baseline's mean reward and below the trial's own
+      first half.
+
+    A loss near 0 is normal for GRPO (advantages are zero-mean) and is not a problem.
+    """
+    problems = _non_finite(steps) + _never_moves(steps, beta=beta, min_steps=2)
+
+    rstd = [v for _, v in _series(steps, "reward_std")]
+    if len(rstd) >= 2 and all(v == 0.0 for v in rstd):
+        problems.append(
+            f"reward_std is 0 on all {len(rstd)} steps: every completion of a prompt gets the same reward, "
+            "so every advantage is 0."
+        )
+
+    if baseline:
+        problems.extend(_degenerate_rollouts(steps, baseline, max_completion_length))
+    return problems
+
+
+def _degenerate_rollouts(
+    steps: Sequence[StepMetrics], baseline: Sequence[StepMetrics], max_completion_length: int | None
+) -> list[str]:
+    problems: list[str] = []
+    clip = [v for _, v in _series(steps, "completions/clipped_ratio")]
+    limit = f" ({max_completion_length} tokens)" if max_completion_length else ""
+    if len(clip) >= 2:
+        problems += _all_clipped(clip, baseline, limit=limit, span=f"all {len(clip)} steps")
+    elif max_completion_length and not clip:
+        length = [v for _, v in _series(steps, "completions/mean_length")]
+        base_len = [v for _, v in _series(baseline, "completions/mean_length")]
+        if len(length) >= 2 and base_len and all(v >= max_completion_length - 0.5 for v in length):
+            base_mean = statistics.fmean(base_len)
+            if base_mean < 0.9 * max_completion_length:
+                problems.append(
+                    f"mean completion length is the max ({max_completion_length} tokens) on all {len(length)} "
+                    f"steps while the baseline's was {_fmt(base_mean)}: rollouts are degenerate."
+                )
+
+    reward = [v for _, v in _series(steps, "reward") if math.isfinite(v)]
+    base_reward = [v for _, v in _series(baseline, "reward") if math.isfinite(v)]
+    if len(reward) >= 2 and len(base_reward) >= 2:
+        half = len(reward) // 2
+        early, late = statistics.fmean(reward[:half]), statistics.fmean(reward[half:])
+        base_mean = statistics.fmean(base_reward)
+        base_std = [v for _, v in _series(baseline, "reward_std") if math.isfinite(v)]
+        scale = statistics.fmean(base_std) if base_std else 0.0
+        if scale <= 0:
+            scale = statistics.stdev(base_reward) or 0.1 * abs(base_mean) or 1e-9
+        if late < base_mean - scale and late < early:
+            problems.append(
+                f"reward fell to {_fmt(late)} over the last {len(reward) - half} steps against {_fmt(base_mean)} "
+                f"in the baseline (more than one reward_std, {_fmt(scale)}, below): rewards are collapsing."
+            )
+    return problems

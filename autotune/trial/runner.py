@@ -1,0 +1,802 @@
+"""Run one trial as a child process in its own session; watch it; stop it; clean up after it.
+
+Who calls what:
+
+- The study calls :func:`run_trial` once per trial, from one thread. The trial starts in a new session
+  (its own process group, ``pgid == pid``), with the plan's environment on top of ours, its stdout and
+  stderr streamed to ``stdout.log`` / ``stderr.log`` by two reader threads. The calling thread runs the
+  watchdog loop: it feeds every output segment to the backend's parser, polls the parser's metric
+  files, writes ``metrics.jsonl``, asks the observer whether to prune, stops at steady state, and
+  stops hangs.
+- Stopping only ever touches the trial's own process group and the descendants seen during the run:
+  SIGTERM, a grace period, SIGKILL, then a check that nothing survived (:func:`terminate_group`).
+  Nothing is ever matched by name.
+- :func:`reap_orphan` ends a trial group left behind when autotune itself was killed with SIGKILL;
+  the study calls it on resume. It relies on ``proc.json`` (pid, pgid, create time) in the trial dir.
+
+The runner decides *when* to stop; :mod:`autotune.trial.outcome` decides what the trial's end means.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import re
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import psutil
+
+from autotune.backends._base import FailurePattern, StepParser
+from autotune.errors import BackendError, UsageError
+from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
+from autotune.trial.evidence import COMMON_PATTERNS, strip_rank_prefix
+from autotune.trial.steady import EarlyStopConfig, is_stable, steady_estimate, step_durations
+
+__all__ = [
+    "EarlyStopConfig",
+    "OutputLine",
+    "RunObserver",
+    "RunRecord",
+    "Sampler",
+    "WatchdogConfig",
+    "alive_pids",
+    "default_startup_timeout_s",
+    "reap_orphan",
+    "run_trial",
+    "terminate_group",
+]
+
+TAIL_LINES = 400  # lines of each stream kept in memory for classification
+EVIDENCE_LINES = 200  # failure-pattern lines kept in memory (the logs keep everything)
+MAX_LINE_CHARS = 4000  # longer lines are cut in memory (not in the logs)
+_MAX_SEGMENT_BYTES = 1 << 20  # a segment without any newline is cut at 1 MiB
+_DESCENDANT_SCAN_S = 1.0  # how often the process tree is walked (psutil, a few ms each)
+_READER_JOIN_S = 5.0
+_SPLIT = re.compile(rb"[\r\n]")
+_STOP_FLAGS = {
+    "startup_timeout_s": "--startup-timeout",
+    "hang_k": "--hang-k",
+    "hang_floor_s": "--hang-floor",
+    "trial_timeout_s": "--trial-timeout",
+    "grace_s": "--grace",
+    "poll_interval_s": "--poll-interval",
+}
+
+
+def default_startup_timeout_s(param_count: int | None) -> float:
+    """Start-up budget (launch → first step) that grows with model size.
+
+    600 s covers imports, a tiny or small model, DeepSpeed op builds and vLLM start-up; each billion
+    parameters adds 60 s (loading and sharding weights, profiling the KV cache): 7B → 1020 s,
+    72B → 4920 s. Unknown size → 600 s.
+    """
+    if not param_count or param_count <= 0:
+        return 600.0
+    return 600.0 + 60.0 * param_count / 1e9
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    """When a trial counts as hung or out of time, and how it is stopped.
+
+    Attributes:
+        startup_timeout_s: launch → first step budget (see :func:`default_startup_timeout_s`). Until
+            a step duration is known (two steps, or a step reporting its own duration), the gap after
+            the last step is also held to this budget.
+        hang_k: after the first steps, no new step for ``max(hang_k × median step time,
+            hang_floor_s)`` is a hang.
+        hang_floor_s: the least time without a step that counts as a hang.
+        trial_timeout_s: the trial's whole wall-clock budget (None: no limit).
+        grace_s: SIGTERM → SIGKILL grace period.
+        poll_interval_s: how often the parser's files are polled and the watchdog checks.
+
+    Raises:
+        UsageError: a negative (or NaN) value, or a poll interval of 0.
+    """
+
+    startup_timeout_s: float = 600.0
+    hang_k: float = 5.0
+    hang_floor_s: float = 60.0
+    trial_timeout_s: float | None = None
+    grace_s: float = 5.0
+    poll_interval_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name, flag in _STOP_FLAGS.items():
+            value = getattr(self, name)
+            if value is None and name == "trial_timeout_s":
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or math.isnan(value)
+                or value < 0
+            ):
+                raise UsageError(
+                    f"{flag} must be a number of 0 or more, got {value!r}",
+                    hint=f"Give {flag} a non-negative value",
+                )
+        if self.poll_interval_s <= 0:
+            raise UsageError(
+                "--poll-interval must be above 0", hint="Give a poll interval such as 0.1 seconds"
+            )
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A probe that samples beside the trial (``probes.host.HostSampler``, ``probes.nvml.NvmlSampler``)."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def rows(self) -> list[dict[str, Any]]: ...
+
+
+class RunObserver(Protocol):
+    """Hooks the study passes to :func:`run_trial`; all are called from the calling thread.
+
+    ``on_output(stream, line)`` is optional: the runner calls it for every output segment when the
+    observer has it.
+    """
+
+    def on_started(self, pid: int, pgid: int) -> None:
+        """The trial process exists (called once, right after launch)."""
+
+    def on_step(self, step: StepMetrics, estimate: SteadyEstimate | None) -> str | None:
+        """A new step arrived. Return a one-line reason to stop the trial as PRUNED, else None."""
+
+
+class OutputLine(NamedTuple):
+    """One output segment: ``stream`` is "stdout" or "stderr"."""
+
+    stream: str
+    text: str
+
+
+@dataclass
+class RunRecord:
+    """What the runner observed of one trial (the input of :func:`autotune.trial.outcome.classify`).
+
+    Attributes:
+        exit_code: the process's return code (negative: killed by that signal); None if never started.
+        signal: the signal that ended the process, when one did.
+        stopped_by: None when the process ended on its own, else who stopped it: "hang",
+            "startup_timeout", "timeout", "early_stop", "pruned" or "interrupt".
+        stop_reason: one line saying why we stopped it.
+        steps: every step record, in arrival order.
+        stdout_tail, stderr_tail: the last :data:`TAIL_LINES` segments of each stream.
+        evidence: segments matching a failure pattern, from anywhere in the output (bounded).
+        duration_s: launch → process end.
+        startup_s: launch → first step record.
+        started_wall_s: launch time (``time.time()``).
+        pid, pgid: the trial's process and process group.
+        survivors: pids that were still alive after SIGTERM and its grace (SIGKILLed), or found in the
+            group after the trial's own process ended.
+        timeline_rows: rows the samplers produced (written to ``timeline.parquet``).
+        estimate: the steady-state estimate over all steps, when there is one.
+        pids_seen: the trial's pid and every descendant seen during the run (for GPU hygiene checks).
+        first_output_s: launch → first output segment.
+        cleanup_s: process end → run_trial returning (tuner overhead).
+        notes: things the lead may want to report (a sampler that failed, a metrics-file clash).
+    """
+
+    exit_code: int | None
+    signal: int | None
+    stopped_by: str | None
+    stop_reason: str | None
+    steps: list[StepMetrics]
+    stdout_tail: list[str]
+    stderr_tail: list[str]
+    evidence: list[OutputLine]
+    duration_s: float
+    startup_s: float | None
+    started_wall_s: float
+    pid: int
+    pgid: int
+    survivors: list[int] = field(default_factory=list)
+    timeline_rows: int = 0
+    estimate: SteadyEstimate | None = None
+    pids_seen: list[int] = field(default_factory=list)
+    first_output_s: float | None = None
+    cleanup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Process-group handling
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _is_live(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes whose process group is ``pgid`` (zombies excluded)."""
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and _is_live(proc):
+                members.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _known_live(known: Mapping[int, float | None] | Iterable[int]) -> list[psutil.Process]:
+    """Known pids that are still alive and still the same process (create time matches when given)."""
+    pairs = known.items() if isinstance(known, Mapping) else ((p, None) for p in known)
+    live = []
+    for pid, ctime in pairs:
+        try:
+            proc = psutil.Process(pid)
+            if ctime is not None and abs(proc.create_time() - ctime) > 0.01:
+                continue  # pid reused by an unrelated process
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        if _is_live(proc):
+            live.append(proc)
+    return live
+
+
+def _targets(pgid: int, known: Mapping[int, float | None] | Iterable[int]) -> dict[int, psutil.Process]:
+    own_group = pgid == os.getpgid(0)  # never our own group, whatever a caller passes
+    out = {p.pid: p for p in _group_members(pgid)} if pgid > 0 and not own_group else {}
+    for p in _known_live(known):
+        out.setdefault(p.pid, p)
+    out.pop(os.getpid(), None)  # never ourselves, whatever a caller passes
+    return out
+
+
+def _send(procs: Iterable[psutil.Process], pgid: int, sig: int) -> None:
+    if pgid > 0 and pgid != os.getpgid(0):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+
+
+def _wait_gone(procs: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until every process is gone or a zombie, without reaping anyone (our caller does)."""
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if _is_live(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if _is_live(p)]
+    return alive
+
+
+def terminate_group(
+    pgid: int, known_pids: Mapping[int, float | None] | Iterable[int] = (), grace_s: float = 5.0
+) -> list[int]:
+    """End a trial's process group and its known descendants; return the pids that needed SIGKILL.
+
+    SIGTERM to the group (and to each known descendant that left it, e.g. with ``setsid``), wait up
+    to ``grace_s``, SIGKILL whatever is left, then check again until no process of the group or of
+    ``known_pids`` is alive (a process forked during the kill is caught by the re-check). Idempotent:
+    a second call finds nothing and returns ``[]``. Zombies count as gone; reaping our own child is the
+    caller's job (``Popen.wait``).
+
+    Args:
+        pgid: the trial's process group id (its leader's pid).
+        known_pids: descendants seen during the run; a mapping pid → create time skips pids that were
+            reused by unrelated processes since.
+        grace_s: seconds between SIGTERM and SIGKILL.
+    """
+    targets = _targets(pgid, known_pids)
+    if not targets:
+        return []
+    _send(targets.values(), pgid, signal.SIGTERM)
+    left = _wait_gone(list(targets.values()), grace_s)
+    killed: list[int] = []
+    for _ in range(10):
+        if not left:
+            left = list(_targets(pgid, known_pids).values())
+            if not left:
+                break
+        killed.extend([p.pid for p in left if p.pid not in killed])
+        _send(left, pgid, signal.SIGKILL)
+        left = _wait_gone(left, 2.0)
+    return killed
+
+
+def alive_pids(pids: Iterable[int]) -> list[int]:
+    """The pids that are still alive (not zombies). For GPU hygiene: are the trial's processes gone?"""
+    out = []
+    for pid in pids:
+        try:
+            if _is_live(psutil.Process(pid)):
+                out.append(pid)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def _descendants(pid: int) -> dict[int, float]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return {}
+    out: dict[int, float] = {}
+    for child in children:
+        try:
+            out[child.pid] = child.create_time()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
+    """End a trial's process group left running after autotune was killed; describe it in one line.
+
+    Reads ``<trial_dir>/proc.json``. The group is ours when its leader is alive with the recorded
+    pid and create time, or when the leader is gone and the group's members started after it (Linux
+    does not hand out a pid that is still some group's id). Descendants recorded by pid + create
+    time are ended too. Returns None when there is nothing of ours left (or no proc.json).
+    """
+    path = Path(trial_dir) / "proc.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        pid, pgid = int(info["pid"]), int(info["pgid"])
+        ctime = info.get("create_time")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    known: dict[int, float | None] = {int(k): v for k, v in (info.get("descendants") or {}).items()}
+    leader_ctime = _create_time(pid)
+    leader_ours = leader_ctime is not None and ctime is not None and abs(leader_ctime - ctime) < 0.01
+    leader_reused = leader_ctime is not None and not leader_ours and pid == pgid
+    if leader_ours:
+        known[pid] = ctime
+    group_pgid = -1 if leader_reused else pgid
+    if group_pgid > 0 and not leader_ours and ctime is not None:
+        started = [_create_time(p.pid) for p in _group_members(group_pgid)]
+        if any(t is not None and t < ctime - 0.01 for t in started):
+            group_pgid = -1  # a member older than our trial: the group is not ours
+    targets = _targets(group_pgid, known)
+    if not targets:
+        return None
+    pids = sorted(targets)
+    killed = terminate_group(group_pgid, known, grace_s)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started_wall_s") or 0))
+    forced = f", {len(killed)} needed SIGKILL" if killed else ""
+    return (
+        f"ended orphaned trial processes of {Path(trial_dir).name} (group {pgid}, started {started}): "
+        f"{len(pids)} process{'es' if len(pids) != 1 else ''} {', '.join(map(str, pids))}{forced}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output pumping
+
+
+def _pump(fd: int, stream: str, log_path: Path, out: queue.SimpleQueue[Any]) -> None:
+    """Copy a pipe to its log file and put every \\n- or \\r-separated segment on ``out``."""
+    buf = b""
+    with open(log_path, "ab", buffering=0) as log:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            t_mono, t_wall = time.monotonic(), time.time()
+            log.write(chunk)
+            parts = _SPLIT.split(buf + chunk)
+            buf = parts.pop()
+            if len(buf) > _MAX_SEGMENT_BYTES:
+                parts.append(buf)
+                buf = b""
+            for part in parts:
+                if part:
+                    out.put((stream, part.decode("utf-8", "replace"), t_mono, t_wall))
+        if buf:
+            out.put((stream, buf.decode("utf-8", "replace"), time.monotonic(), time.time()))
+    out.put((stream, None, time.monotonic(), time.time()))
+
+
+def _write_timeline(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write sampler rows as parquet (through ``probes.timeline`` when it is there)."""
+    try:
+        from autotune.probes.timeline import write_timeline
+    except ImportError:
+        import pandas as pd
+
+        pd.DataFrame(rows).to_parquet(path, index=False)
+        return
+    write_timeline(path, rows)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _step_json(step: StepMetrics) -> str:
+    # json.dumps keeps NaN/inf as NaN/Infinity tokens (Python and pydantic read them back); the health
+    # gate needs them, and pydantic's own JSON would turn them into null.
+    return json.dumps(step.model_dump(mode="python"), allow_nan=True)
+
+
+class _Live:
+    """The mutable state of one run (kept together so the loop reads plainly)."""
+
+    def __init__(self, launched_mono: float) -> None:
+        self.launched_mono = launched_mono
+        self.steps: list[StepMetrics] = []
+        self.last_step_mono: float | None = None
+        self.first_output_mono: float | None = None
+        self.stdout_tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.evidence: deque[OutputLine] = deque(maxlen=EVIDENCE_LINES)
+        self.first_step_mono: float | None = None
+        self.open_streams = {"stdout", "stderr"}
+        self.median_step_s: float | None = None
+        self.stopped_by: str | None = None
+        self.stop_reason: str | None = None
+
+
+def _effective_plan(plan: LaunchPlan) -> LaunchPlan:
+    """The plan as launched: Python children unbuffered so step lines arrive live."""
+    if "PYTHONUNBUFFERED" in plan.env or "PYTHONUNBUFFERED" in os.environ:
+        return plan
+    return plan.model_copy(update={"env": {**plan.env, "PYTHONUNBUFFERED": "1"}})
+
+
+def _child_env(plan: LaunchPlan) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in plan.unset_env:
+        env.pop(key, None)
+    env.update(plan.env)
+    return env
+
+
+def run_trial(
+    plan: LaunchPlan,
+    parser: StepParser,
+    trial_dir: Path,
+    *,
+    global_batch: int,
+    watchdog: WatchdogConfig,
+    early_stop: EarlyStopConfig,
+    observer: RunObserver | None = None,
+    samplers: Callable[[int], Sequence[Sampler]] | None = None,
+    stop_event: threading.Event | None = None,
+    patterns: Sequence[FailurePattern] = (),
+) -> RunRecord:
+    """Run one trial to its end (or ours) and return what was observed.
+
+    Writes into ``trial_dir``: ``launch.json`` and ``command.sh`` (re-run by hand), ``proc.json``
+    (pid, pgid, create time, descendants; for :func:`reap_orphan`), ``stdout.log``, ``stderr.log``,
+    ``metrics.jsonl`` (every step as a :class:`StepMetrics` JSON line; skipped when the plan's own
+    metrics file already has that path) and ``timeline.parquet`` (when samplers produced rows).
+
+    The trial stops on its own, or is stopped (its process group only, see :func:`terminate_group`)
+    when: ``stop_event`` is set ("interrupt"); the wall budget runs out ("timeout"); no step arrives
+    within the start-up budget ("startup_timeout") or for too long after the last one ("hang"); the
+    observer returns a reason ("pruned"); or, with ``early_stop.enabled``, the steady-state estimate
+    is stable ("early_stop"). If the calling thread is interrupted (KeyboardInterrupt) or a parser or
+    observer raises, the trial is stopped and cleaned up before the exception propagates.
+
+    Args:
+        plan: what to start (argv list, never a shell).
+        parser: the backend's fresh parser for this trial.
+        trial_dir: the trial's directory (created if missing).
+        global_batch: completions per step, for throughput.
+        watchdog: hang / timeout / kill settings.
+        early_stop: steady-state stopping settings.
+        observer: the study's hooks (pruning, live table).
+        samplers: called with the trial's pid after launch; started, stopped at the end, rows written.
+        stop_event: set by another thread to end the trial cleanly as interrupted.
+        patterns: extra failure patterns to keep as evidence (the backend's), on top of the common ones.
+
+    Raises:
+        BackendError: argv[0] cannot be started (not found, not executable).
+    """
+    trial_dir = Path(trial_dir)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    plan = _effective_plan(plan)
+    (trial_dir / "launch.json").write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    cmd = trial_dir / "command.sh"
+    cmd.write_text(plan.to_shell(), encoding="utf-8")
+    cmd.chmod(0o755)
+    for name in ("stdout.log", "stderr.log"):
+        (trial_dir / name).write_bytes(b"")
+
+    metrics_path = trial_dir / "metrics.jsonl"
+    notes: list[str] = []
+    own_metrics = {Path(plan.cwd, p).resolve() for p in plan.metrics_paths}
+    write_metrics = metrics_path.resolve() not in own_metrics
+    if not write_metrics:
+        notes.append("metrics.jsonl is the framework's own metrics file; the runner did not write it")
+    evidence_rx = re.compile("|".join(f"(?:{p.regex})" for p in (*patterns, *COMMON_PATTERNS)))
+
+    started_wall = time.time()
+    launched = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(plan.argv),
+            cwd=plan.cwd,
+            env=_child_env(plan),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            bufsize=0,
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        raise BackendError(
+            f"cannot start {plan.argv[0]!r} in {plan.cwd}: {exc.strerror or exc}",
+            hint="Check the command (its first word must be an executable on PATH or a path)",
+        ) from None
+
+    pid = pgid = proc.pid  # start_new_session: the child is its session's and group's leader
+    known: dict[int, float | None] = {pid: _create_time(pid)}
+    proc_info: dict[str, Any] = {
+        "pid": pid,
+        "pgid": pgid,
+        "create_time": known[pid],
+        "started_wall_s": started_wall,
+        "runner_pid": os.getpid(),
+        "argv0": plan.argv[0],
+        "descendants": {},
+        "ended": False,
+    }
+    _write_json(trial_dir / "proc.json", proc_info)
+
+    lines: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    readers = [
+        threading.Thread(
+            target=_pump, args=(stream.fileno(), name, trial_dir / f"{name}.log", lines), daemon=True
+        )
+        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
+    ]
+    for r in readers:
+        r.start()
+
+    live = _Live(launched)
+    active_samplers: list[Sampler] = []
+    metrics_file = open(metrics_path, "w", encoding="utf-8") if write_metrics else None  # noqa: SIM115
+    on_output = getattr(observer, "on_output", None) if observer is not None else None
+
+    def handle_steps(new: Sequence[StepMetrics], deciding: bool) -> None:
+        if not new:
+            return
+        now = time.monotonic()
+        for step in new:
+            live.steps.append(step)
+            live.last_step_mono = now
+            if live.first_step_mono is None:
+                live.first_step_mono = min(now, step.t_mono_s) if step.t_mono_s >= launched else now
+            if metrics_file is not None:
+                metrics_file.write(_step_json(step) + "\n")
+                metrics_file.flush()
+            if not deciding or live.stopped_by is not None:
+                continue
+            est = steady_estimate(live.steps, global_batch, max_warmup=early_stop.max_warmup_steps)
+            verdict = observer.on_step(step, est) if observer is not None else None
+            if verdict:
+                live.stopped_by, live.stop_reason = "pruned", " ".join(str(verdict).split())
+            elif (
+                early_stop.enabled
+                and est is not None
+                and len(live.steps) >= early_stop.min_steps
+                and is_stable(est, early_stop)
+            ):
+                live.stopped_by = "early_stop"
+                live.stop_reason = (
+                    f"steady after {len(live.steps)} steps: {est.step_time_s:.3g} s/step "
+                    f"± {est.rel_ci95:.1%} (95 % CI, {est.steady_steps} steady steps)"
+                )
+        durations, _, _ = step_durations(live.steps)
+        live.median_step_s = statistics.median(durations) if durations else None
+
+    def handle_line(item: tuple[str, str | None, float, float], deciding: bool) -> None:
+        stream, text, t_mono, t_wall = item
+        if text is None:
+            live.open_streams.discard(stream)
+            return
+        if live.first_output_mono is None:
+            live.first_output_mono = t_mono
+        short = text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS]
+        (live.stdout_tail if stream == "stdout" else live.stderr_tail).append(short)
+        if evidence_rx.search(text) or evidence_rx.search(strip_rank_prefix(text)):
+            live.evidence.append(OutputLine(stream, short))
+        if on_output is not None:
+            on_output(stream, text)
+        handle_steps(parser.feed(stream, text, t_mono, t_wall), deciding)
+
+    def drain(deciding: bool, wait_s: float) -> None:
+        """Handle queued output; wait up to ``wait_s`` for the first item."""
+        try:
+            item = lines.get(timeout=wait_s) if wait_s > 0 else lines.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            handle_line(item, deciding)
+            if deciding and live.stopped_by is not None:
+                return  # stop now; the rest is handled after the group is ended
+            try:
+                item = lines.get_nowait()
+            except queue.Empty:
+                return
+
+    def watchdog_check(now: float) -> None:
+        if stop_event is not None and stop_event.is_set():
+            live.stopped_by, live.stop_reason = "interrupt", "stopped by the user"
+            return
+        elapsed = now - launched
+        if watchdog.trial_timeout_s is not None and elapsed >= watchdog.trial_timeout_s:
+            live.stopped_by = "timeout"
+            live.stop_reason = (
+                f"trial wall budget of {watchdog.trial_timeout_s:g} s ran out after {len(live.steps)} steps"
+            )
+            return
+        if live.last_step_mono is None:
+            if elapsed >= watchdog.startup_timeout_s:
+                live.stopped_by = "startup_timeout"
+                live.stop_reason = f"no step within the start-up budget of {watchdog.startup_timeout_s:g} s"
+            return
+        gap = now - live.last_step_mono
+        if live.median_step_s is not None:
+            allowed = max(watchdog.hang_k * live.median_step_s, watchdog.hang_floor_s)
+            rule = (
+                f"max({watchdog.hang_k:g} × median step {live.median_step_s:.3g} s, "
+                f"floor {watchdog.hang_floor_s:g} s)"
+            )
+        else:
+            allowed = watchdog.startup_timeout_s
+            rule = "the start-up budget, no step duration known yet"
+        if gap >= allowed:
+            live.stopped_by = "hang"
+            live.stop_reason = (
+                f"no step for {gap:.1f} s after step {live.steps[-1].step} (limit {allowed:.3g} s = {rule})"
+            )
+
+    def end_group() -> list[int]:
+        """Stop the trial if it still runs, reap it, end stragglers; return the pids SIGKILLed."""
+        killed: list[int] = []
+        if proc.poll() is None:
+            known.update({p: t for p, t in _descendants(pid).items() if p not in known})
+            killed = terminate_group(pgid, known, watchdog.grace_s)
+        try:
+            proc.wait(timeout=watchdog.grace_s + 5)
+        except subprocess.TimeoutExpired:  # only if the kernel cannot deliver SIGKILL
+            notes.append(f"trial process {pid} did not exit after SIGKILL")
+        # Stragglers left in the group after the main process ended, and escaped descendants.
+        return killed + [p for p in terminate_group(pgid, known, watchdog.grace_s) if p not in killed]
+
+    def stop_samplers() -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for sampler in active_samplers:
+            try:
+                sampler.stop()
+                rows.extend(sampler.rows())
+            except Exception as exc:  # a probe must never take a trial down
+                notes.append(f"sampler {type(sampler).__name__} failed: {exc}")
+        return rows
+
+    exited_mono: float | None = None
+    try:
+        if observer is not None:
+            observer.on_started(pid, pgid)
+        if samplers is not None:
+            try:
+                made = list(samplers(pid))
+            except Exception as exc:  # a probe must never take a trial down
+                notes.append(f"samplers could not be made: {exc}")
+                made = []
+            for sampler in made:
+                try:
+                    sampler.start()
+                    active_samplers.append(sampler)
+                except Exception as exc:  # a probe must never take a trial down
+                    notes.append(f"sampler {type(sampler).__name__} did not start: {exc}")
+        last_poll = time.monotonic()
+        next_scan = last_poll + min(0.2, _DESCENDANT_SCAN_S)
+        while True:
+            if live.open_streams:
+                drain(True, watchdog.poll_interval_s)
+            else:  # both pipes closed: the process is ending, wait for it rather than for output
+                try:
+                    proc.wait(timeout=watchdog.poll_interval_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            now = time.monotonic()
+            if live.stopped_by is None and now - last_poll >= watchdog.poll_interval_s:
+                handle_steps(parser.poll(now, time.time()), True)
+                last_poll = now
+            if now >= next_scan:
+                fresh = {p: t for p, t in _descendants(pid).items() if p not in known}
+                # Walking /proc costs ~5 ms per 100 processes: keep it under 2 % of a core on busy hosts.
+                next_scan = now + max(_DESCENDANT_SCAN_S, 50 * (time.monotonic() - now))
+                if fresh:
+                    known.update(fresh)
+                    proc_info["descendants"] = {str(p): t for p, t in known.items() if p != pid}
+                    _write_json(trial_dir / "proc.json", proc_info)
+            if proc.poll() is not None:
+                exited_mono = time.monotonic()
+                break
+            if live.stopped_by is None:
+                watchdog_check(now)
+            if live.stopped_by is not None:
+                break
+    except BaseException:
+        end_group()
+        stop_samplers()
+        if metrics_file is not None:
+            metrics_file.close()
+        raise
+
+    survivors = end_group()
+    if exited_mono is None:
+        exited_mono = time.monotonic()
+    for r in readers:
+        r.join(timeout=_READER_JOIN_S)
+    drain(False, 0)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None and not any(r.is_alive() for r in readers):
+            stream.close()
+    handle_steps(parser.finish(time.monotonic(), time.time()), False)
+    if metrics_file is not None:
+        metrics_file.close()
+
+    rows = stop_samplers()
+    if rows:
+        _write_timeline(trial_dir / "timeline.parquet", rows)
+
+    returncode = proc.returncode
+    proc_info.update({"ended": True, "exit_code": returncode, "ended_wall_s": time.time()})
+    proc_info["descendants"] = {str(p): t for p, t in known.items() if p != pid}
+    _write_json(trial_dir / "proc.json", proc_info)
+
+    startup = None if live.first_step_mono is None else max(0.0, live.first_step_mono - launched)
+    return RunRecord(
+        exit_code=returncode,
+        signal=-returncode if returncode is not None and returncode < 0 else None,
+        stopped_by=live.stopped_by,
+        stop_reason=live.stop_reason,
+        steps=live.steps,
+        stdout_tail=list(live.stdout_tail),
+        stderr_tail=list(live.stderr_tail),
+        evidence=list(live.evidence),
+        duration_s=exited_mono - launched,
+        startup_s=startup,
+        started_wall_s=started_wall,
+        pid=pid,
+        pgid=pgid,
+        survivors=survivors,
+        timeline_rows=len(rows),
+        estimate=steady_estimate(live.steps, global_batch, max_warmup=early_stop.max_warmup_steps),
+        pids_seen=sorted(known),
+        first_output_s=None if live.first_output_mono is None else live.first_output_mono - launched,
+        cleanup_s=time.monotonic() - exited_mono,
+        notes=notes,
+    )

@@ -1,0 +1,1 @@
+"""What a trial trains on: models (catalog entries or tiny local ones) and prompt datasets."""

@@ -1,0 +1,194 @@
+"""``--search auto`` through the real study loop with a fake backend, gate and executor (no processes):
+a resumed study continues the same search, early stops are reported with the budget used, and a
+strategy can be passed in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.backends import Backend, BackendInfo, ModelRef, RuleViolation, TrialContext
+from autotune.records import (
+    Hardware,
+    HostInfo,
+    LaunchPlan,
+    SteadyEstimate,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+)
+from autotune.strategy import DeepSpeedSweep
+from autotune.study.loop import Study, StudyConfig, summary_line
+from autotune.study.space import canonical_key, load_space
+
+SPACE = """
+backend: fake
+knobs:
+  per_device_train_batch_size: {type: int, choices: [1, 2, 4, 8, 16], default: 2, memory: increasing}
+  gradient_checkpointing: {type: bool, default: true, memory: decreasing}
+  zero_stage: {type: int, choices: [0, 2, 3], default: 0, memory: decreasing}
+  offload_optimizer: {type: bool, default: false, when: {zero_stage: [2, 3]}, memory: decreasing}
+  dataloader_num_workers: {type: int, choices: [0, 1, 2, 4], default: 0}
+"""
+GIB = 2**30
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def probe(self) -> BackendInfo:
+        return BackendInfo(name="fake", version="1")
+
+    def derive(self, params: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
+        return {
+            "world_size": 1,
+            "gradient_accumulation_steps": ctx.global_batch // params["per_device_train_batch_size"],
+        }
+
+    def check_rules(self, params, derived, ctx) -> list[RuleViolation]:
+        return []
+
+    def render(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
+        return LaunchPlan(argv=("true",), cwd=str(ctx.trial_dir))
+
+    def parser(self, spec, ctx):  # pragma: no cover - the fake executor never parses
+        raise NotImplementedError
+
+
+def memory_gib(p: dict[str, Any]) -> float:
+    states = {0: 16.0, 2: 8.0, 3: 4.0}[p["zero_stage"]] * (0.5 if p.get("offload_optimizer") else 1.0)
+    return states + p["per_device_train_batch_size"] * (1.0 if p["gradient_checkpointing"] else 3.0)
+
+
+def speed(p: dict[str, Any]) -> float:
+    tp = p["per_device_train_batch_size"] ** 0.5 * (0.85 if p["gradient_checkpointing"] else 1.0)
+    tp *= {0: 1.0, 2: 0.95, 3: 0.8}[p["zero_stage"]] * (0.6 if p.get("offload_optimizer") else 1.0)
+    return tp * (1.0 + 0.02 * p["dataloader_num_workers"])
+
+
+class FakeGate:
+    """An estimator that is right about memory to 10 % and about speed up to the data loader."""
+
+    def check(self, params, derived):
+        peak = memory_gib(params) * 0.9
+        breakdown = {"peak_bytes": int(peak * GIB), "capacity_bytes": 24 * GIB}
+        return ("predicted not to fit" if peak > 24 * 1.15 else None), breakdown
+
+    def rank(self, params):
+        return speed({**params, "dataloader_num_workers": 0})
+
+    def observe(self, result: TrialResult) -> None:
+        pass
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+
+class FakeExecutor:
+    def __init__(self) -> None:
+        self.ran: list[dict[str, Any]] = []
+
+    def execute(self, spec: TrialSpec, ctx: TrialContext, *, on_step, time_left_s) -> TrialResult:
+        p = spec.params
+        self.ran.append(dict(p))
+        base = {
+            "number": spec.number,
+            "params": p,
+            "derived": spec.derived,
+            "is_baseline": spec.is_baseline,
+            "duration_s": 60.0,
+            "gpu_seconds": 60.0,
+        }
+        if memory_gib(p) > 24:
+            return TrialResult(**base, status=TrialStatus.OOM, reason="CUDA out of memory")
+        tp = speed(p)
+        steady = SteadyEstimate(
+            step_time_s=1 / tp, rel_ci95=0.01, steady_steps=4, warmup_steps=1, throughput=tp
+        )
+        return TrialResult(**base, status=TrialStatus.COMPLETE, reason="completed", steps=5, steady=steady)
+
+
+def make(tmp_path: Path, name: str, n_trials: int, **kwargs: Any) -> tuple[Study, FakeExecutor]:
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(SPACE)
+    space = load_space(space_file, backend="fake")
+    hw = Hardware(
+        host=HostInfo(
+            hostname="h", cpu_cores_logical=2, cpu_cores_physical=1, ram_total_bytes=GIB, platform="x"
+        )
+    )
+    cfg = StudyConfig(
+        study_dir=tmp_path / name,
+        backend="fake",
+        model=ModelRef(name="m", path_or_id="m"),
+        hardware=hw,
+        global_batch=16,
+        num_generations=4,
+        max_steps=5,
+        max_completion_length=8,
+        search="auto",
+        n_trials=n_trials,
+        seed=11,
+    )
+    executor = FakeExecutor()
+    return Study(cfg, FakeBackend(), space, executor, memory_gate=FakeGate(), **kwargs), executor
+
+
+def test_a_resumed_study_continues_the_same_search(tmp_path: Path) -> None:
+    straight, ex_straight = make(tmp_path, "straight", 9)
+    straight.strategy.min_trials = 100  # no early stop: compare whole sequences
+    straight.run()
+    first, ex_first = make(tmp_path, "resumed", 4)
+    first.run()
+    second, ex_second = make(tmp_path, "resumed", 9)
+    second.strategy.min_trials = 100
+    second.run()
+    resumed = ex_first.ran + ex_second.ran
+    assert [canonical_key(p) for p in resumed] == [canonical_key(p) for p in ex_straight.ran]
+    assert len({canonical_key(p) for p in resumed}) == len(resumed) == 9
+
+
+def test_auto_finds_the_fastest_fitting_configuration_and_reports_an_early_stop(tmp_path: Path) -> None:
+    study, ex = make(tmp_path, "s", 30)
+    outcome = study.run()
+    assert outcome.stopped == "converged"
+    assert f"used {outcome.trials_run} of 30 trials" in outcome.detail
+    assert outcome.trials_run == len(ex.ran) < 30 and outcome.budget_trials == 30
+    assert "stopped early after" in summary_line(outcome)
+    fits = [p for p in study.space.grid() if memory_gib(p) <= 24]
+    best = max(speed(p) for p in fits)
+    assert outcome.recommendation is not None and outcome.recommendation.throughput >= 0.97 * best
+    # the pre-screen kept it off what the gate predicted would not fit: OOMs are rare
+    assert sum(memory_gib(p) > 24 for p in ex.ran) <= 2
+    settings = study.dir.read_settings()
+    assert (
+        settings["outcome"]["stopped"] == "converged"
+        and settings["outcome"]["trials_run"] == outcome.trials_run
+    )
+
+
+def test_a_strategy_can_be_passed_in(tmp_path: Path) -> None:
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(SPACE)
+    space = load_space(space_file, backend="fake")
+    sweep = DeepSpeedSweep(space, base=space.defaults(), stage_knob="zero_stage", stages=(0, 2, 3))
+    study, ex = make(tmp_path, "sweep", 30, strategy=sweep)
+    outcome = study.run()
+    assert study.strategy is sweep
+    assert outcome.stopped == "converged" and "DeepSpeed-style sweep" in outcome.detail
+    # baseline first, then stage 0 from batch 1 upwards
+    assert ex.ran[0] == space.defaults()
+    stage0 = [p["per_device_train_batch_size"] for p in ex.ran[1:] if p["zero_stage"] == 0]
+    assert stage0 == sorted(stage0) and stage0[0] == 1
+
+
+@pytest.mark.parametrize("search", ["random", "grid"])
+def test_comparison_kinds_run_through_the_same_loop(tmp_path: Path, search: str) -> None:
+    study, ex = make(tmp_path, search, 6)
+    study.cfg = study.cfg.__class__(**{**study.cfg.__dict__, "search": search})
+    study.strategy = study.strategy.__class__(study.space, search, seed=1, feasible=study._cheap_feasible)
+    outcome = study.run()
+    keys = [canonical_key(p) for p in ex.ran]
+    assert len(keys) == len(set(keys)) == outcome.trials_run == 6

@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import AutotuneError, UsageError
+from autotune.study.fixed import (
+    coerce_knob_values,
+    flag_name,
+    load_fixed,
+    parse_flag_argv,
+    read_fixed_file,
+    split_baseline,
+)
+from autotune.study.space import load_space
+
+SPACE = """
+backend: swift
+knobs:
+  per_device_train_batch_size: {type: int, choices: [1, 2, 4, 8], default: 1}
+  gradient_checkpointing: {type: bool, default: true}
+  vllm_gpu_memory_utilization: {type: float, low: 0.3, high: 0.9, default: 0.9}
+  deepspeed: {type: str, choices: [null, zero2, zero3], default: null}
+"""
+
+
+def test_parse_flag_argv_forms() -> None:
+    argv = [
+        "--beta", "0.04",
+        "--reward-funcs", "accuracy", "format",
+        "--system=You are a helpful assistant.",
+        "--use_vllm",
+        "--learning_rate", "-1e-6",
+        "--lora_rank", "16",
+    ]  # fmt: skip
+    assert parse_flag_argv(argv) == {
+        "beta": "0.04",
+        "reward_funcs": ["accuracy", "format"],
+        "system": "You are a helpful assistant.",
+        "use_vllm": True,
+        "learning_rate": "-1e-6",
+        "lora_rank": "16",
+    }
+    assert parse_flag_argv([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["accuracy"], "belongs to no flag"),
+        (["--beta", "0.1", "--beta", "0.2"], "given twice"),
+        (["--", "x"], "is not a flag name"),
+        (["--a b", "1"], "is not a flag name"),
+    ],
+)
+def test_parse_flag_argv_errors(argv: list[str], needle: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_flag_argv(argv)
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)  # one line
+    assert info.value.exit_code == 2
+
+
+def test_flag_name() -> None:
+    assert flag_name("--max-completion-length") == "max_completion_length"
+    assert flag_name("beta") == "beta"
+
+
+def test_read_fixed_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "dataset: /data/gsm8k.jsonl\n"
+        "reward_funcs: [accuracy, format]\n"
+        "--lora-rank: 16\n"
+        "beta: 0.04\n"
+        "use_vllm: true\n"
+        "vllm_engine_kwargs: {enforce_eager: true}\n"
+    )
+    assert read_fixed_file(path) == {
+        "dataset": "/data/gsm8k.jsonl",
+        "reward_funcs": ["accuracy", "format"],
+        "lora_rank": 16,
+        "beta": 0.04,
+        "use_vllm": True,
+        "vllm_engine_kwargs": {"enforce_eager": True},
+    }
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert read_fixed_file(empty) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("- a\n- b\n", "not a mapping"),
+        ("a: [1, 2\n", "not valid YAML at line"),
+        ("1: x\n", "is not a flag name"),
+        ("ENV:\n  A: 1\n", "ENV section"),
+        ("beta: 1\n--beta: 2\n", "given twice"),
+    ],
+)
+def test_read_fixed_file_errors(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as info:
+        read_fixed_file(path)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        read_fixed_file("/nonexistent/job.yaml")
+
+
+def test_load_fixed_argv_wins(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("beta: 0.04\ntemperature: 1.0\n")
+    assert load_fixed(path, ["--beta", "0.0"]) == {"beta": "0.0", "temperature": 1.0}
+    assert load_fixed(None, ["--beta", "0"]) == {"beta": "0"}
+    assert load_fixed() == {}
+
+
+def test_split_and_coerce_the_users_baseline(tmp_path: Path) -> None:
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(SPACE)
+    space = load_space(space_file)
+    fixed = parse_flag_argv(
+        [
+            "--per_device_train_batch_size", "4", "--gradient_checkpointing", "false",
+            "--vllm_gpu_memory_utilization", "0.5", "--deepspeed", "zero3", "--beta", "0.04",
+        ]
+    )  # fmt: skip
+    rest, baseline = split_baseline(fixed, space.names)
+    assert rest == {"beta": "0.04"}
+    typed = coerce_knob_values(baseline, space)
+    assert typed == {
+        "per_device_train_batch_size": 4,
+        "gradient_checkpointing": False,
+        "vllm_gpu_memory_utilization": 0.5,
+        "deepspeed": "zero3",
+    }
+    space.validate_params(typed)  # the space accepts the user's values as a trial
+    assert coerce_knob_values({"deepspeed": "none", "other": "x"}, space) == {"deepspeed": None, "other": "x"}
+    with pytest.raises(UsageError, match="is not a valid int"):
+        coerce_knob_values({"per_device_train_batch_size": "four"}, space)
+    with pytest.raises(AutotuneError):
+        coerce_knob_values({"gradient_checkpointing": "maybe"}, space)

@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import SpaceError
+from autotune.study.space import canonical_key, load_space
+
+SPACE = """
+backend: trl
+knobs:
+  per_device_train_batch_size: {type: int, choices: [2, 4, 8], default: 8, memory: increasing}
+  zero_stage: {type: int, choices: [0, 2, 3], default: 0, memory: decreasing}
+  offload_optimizer: {type: bool, default: false, when: {zero_stage: [2, 3]}, memory: decreasing}
+  offload_param: {type: bool, default: false, when: {zero_stage: [3]}}
+  use_vllm: {type: bool, default: false, applies: gpu}
+  vllm_gpu_memory_utilization: {type: float, low: 0.3, high: 0.9, step: 0.3, default: 0.3, when: {use_vllm: [true]}, applies: gpu}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "space.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_conditional_knobs_do_not_multiply_the_space(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE), backend="trl")
+    cpu = space.restrict(gpu_present=False)
+    # batch 3 × (zero0: 1, zero2: 2 offload, zero3: 2×2) = 3 × 7
+    assert cpu.size() == 21
+    assert set(cpu.dropped) == {"use_vllm", "vllm_gpu_memory_utilization"}
+    gpu = space.restrict(gpu_present=True)
+    # × (vllm off: 1, on: 3 utilizations) = 21 × 4
+    assert gpu.size() == 84
+    grid = list(gpu.grid())
+    assert all("offload_param" not in p for p in grid if p["zero_stage"] != 3)
+    assert len({canonical_key(p) for p in grid}) == len(grid)
+
+
+def test_active_drops_inactive_knobs_and_fills_defaults(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE)).restrict(gpu_present=False)
+    assert space.active({"zero_stage": 0, "offload_optimizer": True}) == {
+        "per_device_train_batch_size": 8,
+        "zero_stage": 0,
+    }
+    assert space.active({"zero_stage": 3})["offload_param"] is False
+
+
+def test_suggest_asks_only_active_knobs(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE)).restrict(gpu_present=True)
+    asked: list[str] = []
+
+    class Fake:
+        def suggest_categorical(self, name, choices):
+            asked.append(name)
+            return {"zero_stage": 2, "use_vllm": False}.get(name, choices[0])
+
+        def suggest_int(self, name, low, high, step=1, log=False):
+            raise AssertionError("no int ranges here")
+
+        def suggest_float(self, name, low, high, *, step=None, log=False):
+            asked.append(name)
+            return low
+
+    params = space.suggest(Fake())
+    assert asked == ["per_device_train_batch_size", "zero_stage", "offload_optimizer", "use_vllm"]
+    assert params == {
+        "per_device_train_batch_size": 2,
+        "zero_stage": 2,
+        "offload_optimizer": False,
+        "use_vllm": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("knobs: [unclosed", "not valid YAML"),
+        ("knobs:\n  bs: {type: int, choices: [1, 2]}\n", "has no default"),
+        ("knobs:\n  bs: {type: int, choices: [1, 'x'], default: 1}\n", "is not a int"),
+        ("knobs:\n  bs: {type: int, low: 1, high: 'big', default: 1}\n", "is not a int"),
+        (
+            "knobs:\n  a: {type: bool, default: false, when: {b: [true]}}\n  b: {type: bool, default: false}\n",
+            "not an earlier knob",
+        ),
+        ("knobs:\n  bs: {type: integer, choices: [1], default: 1}\n", "has type 'integer'"),
+        ("nothing: here\n", "no 'knobs' mapping"),
+        ("knobs:\n  bs: {type: int, choices: [1, 2], default: 3}\n", "default 3 is not one of its values"),
+    ],
+)
+def test_bad_space_files_give_one_line_errors(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(SpaceError) as info:
+        load_space(write(tmp_path, text))
+    message = info.value.one_line()
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_unknown_knob_for_backend(tmp_path: Path) -> None:
+    with pytest.raises(SpaceError, match="unknown knob 'bogus'"):
+        load_space(
+            write(tmp_path, "knobs:\n  bogus: {type: int, choices: [1], default: 1}\n"),
+            backend="trl",
+            known_knobs=frozenset({"zero_stage"}),
+        )
+
+
+def test_space_for_another_backend_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpaceError, match="written for backend 'swift'"):
+        load_space(
+            write(tmp_path, "backend: swift\nknobs:\n  a: {type: int, choices: [1], default: 1}\n"),
+            backend="trl",
+        )
+
+
+def test_float_range_values_and_contains(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE))
+    knob = space["vllm_gpu_memory_utilization"]
+    assert knob.values() == (0.3, 0.6, 0.9)
+    assert knob.contains(0.45) and not knob.contains(0.95) and not knob.contains(True)
+
+
+def test_narrow_keeps_listed_values_and_rejects_outside(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE)).restrict(gpu_present=False)
+    narrowed = space.narrow({"zero_stage": [3]})
+    assert {p["zero_stage"] for p in narrowed.grid()} == {3}
+    with pytest.raises(SpaceError, match="outside knob"):
+        space.narrow({"zero_stage": [1]})
+
+
+def test_canonical_key_is_order_and_float_stable() -> None:
+    assert canonical_key({"a": 1, "b": 0.30000000000000004}) == canonical_key({"b": 0.3, "a": 1})
+    assert canonical_key({"a": True}) != canonical_key({"a": 1.5})
