@@ -1,6 +1,6 @@
 """Do TRL knobs move real throughput? Real GRPO trials of a tiny local model, side by side.
 
-Renders each configuration with :class:`~autotune.backends.trl.TrlBackend` into a temporary directory,
+Renders each configuration with :class:`~autotune.backends.trl.backend.TrlBackend` into a temporary directory,
 runs the launch plan as a subprocess (one process, one torch thread), reads ``metrics.jsonl`` as it grows
 and drops the first steps as warm-up. Configurations are interleaved (round 1: A B C, round 2: A B C, ...)
 and every ratio is taken between neighbours of one round, then the median over rounds.
@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from autotune.backends import ModelRef, TrialContext
-from autotune.backends.trl import TrlBackend
+from autotune.backends.trl.backend import TrlBackend
 from autotune.records import TrialSpec
 from autotune.workload.tinymodels import ensure_model
 

@@ -68,9 +68,9 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     Returns:
         (the command's exit code, report.html, report.md).
     """
-    from autotune.backends._swift_log import SwiftLogParser
-    from autotune.backends._verl_log import VerlLogParser
     from autotune.backends.command import CommandParser
+    from autotune.backends.swift._log import SwiftLogParser
+    from autotune.backends.verl._log import VerlLogParser
     from autotune.records import TrialResult
     from autotune.studydir import ensure_writable, write_json_atomic
     from autotune.trial.execute import ProbeSettings, make_samplers, summarize_trial

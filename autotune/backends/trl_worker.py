@@ -1,7 +1,7 @@
 """One TRL GRPO trial, run inside its own process: ``python -m autotune.backends.trl_worker <config.json>``.
 
 Also runs under torchrun (``python -m torch.distributed.run --nproc_per_node N -m
-autotune.backends.trl_worker <config.json>``). :class:`~autotune.backends.trl.TrlBackend` writes the
+autotune.backends.trl_worker <config.json>``). :class:`~autotune.backends.trl.backend.TrlBackend` writes the
 config; its keys (see :class:`WorkerConfig`):
 
 ``model``           local directory or hub id of the policy.
@@ -21,6 +21,10 @@ Each metrics line::
 
 ``t_mono_s`` is the moment the optimizer step ended; ``duration_s`` the time since the previous step ended
 (the first step: since training began), so it covers generation, backward, optimizer and data loading.
+
+Its dotted name is public: trial commands run it with ``-m`` and exported TRL configs name its demo
+reward (``autotune.backends.trl_worker.autotune_reward``), so it keeps this path while the rest of the
+TRL backend lives in :mod:`autotune.backends.trl`.
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@
 be COMPLETE) and returns an :class:`Export` (file name → content, and the main file);
 ``write_export(export, out)`` writes it without overwriting the user's own files. Formats:
 
-- ``swift``: a runnable ``swift rlhf --rlhf_type grpo`` script (:mod:`autotune.export.swift`).
-- ``trl``: ``grpo.yaml`` for ``trl grpo --config`` + accelerate / DeepSpeed configs (:mod:`autotune.export.trl`).
-- ``verl``: the hydra overrides of ``verl.trainer.main_ppo`` as a script (:mod:`autotune.export.verl`).
+Each framework's own format is written by its backend; the framework-neutral ones live here.
+
+- ``swift``: a runnable ``swift rlhf --rlhf_type grpo`` script (:mod:`autotune.backends.swift.export`).
+- ``trl``: ``grpo.yaml`` for ``trl grpo --config`` + accelerate / DeepSpeed configs (:mod:`autotune.backends.trl.export`).
+- ``verl``: the hydra overrides of ``verl.trainer.main_ppo`` as a script (:mod:`autotune.backends.verl.export`).
 - ``deepspeed``: the ``ds_config.json`` of the ZeRO stage and offload (:mod:`autotune.export.deepspeed`).
 - ``json``: knobs, fixed arguments, measurements, versions (:mod:`autotune.export.jsonfmt`).
 - ``command``: the winning trial's own command (:mod:`autotune.export.command`).
@@ -38,23 +40,18 @@ __all__ = [
 
 
 def default_format(backend: str) -> str:
-    """The format of a study's own backend: ``swift`` → swift, ``trl`` → trl, anything else → command."""
-    return backend if backend in ("swift", "trl", "verl") else "command"
+    """The format of a study's own backend (its framework's files), else ``command`` (the trial's own)."""
+    from autotune.backends import EXPORTERS
+
+    return backend if backend in EXPORTERS else "command"
 
 
 def _exporter(fmt: str) -> Callable[[Winner], Export]:
-    if fmt == "swift":
-        from autotune.export.swift import export_swift
+    from autotune.backends import exporter
 
-        return export_swift
-    if fmt == "trl":
-        from autotune.export.trl import export_trl
-
-        return export_trl
-    if fmt == "verl":
-        from autotune.export.verl import export_verl
-
-        return export_verl
+    framework = exporter(fmt)
+    if framework is not None:
+        return framework
     if fmt == "deepspeed":
         from autotune.export.deepspeed import export_deepspeed
 

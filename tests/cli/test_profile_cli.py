@@ -17,7 +17,7 @@ from autotune.records import TrialSpec
 @pytest.mark.trl
 def test_profile_of_a_real_trl_trial(cli, tmp_path: Path) -> None:
     pytest.importorskip("trl")
-    from autotune.backends.trl import TrlBackend
+    from autotune.backends.trl.backend import TrlBackend
     from autotune.workload.tinymodels import ensure_model
 
     model = ensure_model("tiny-qwen2", tmp_path / "models")

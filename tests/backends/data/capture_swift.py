@@ -2,7 +2,7 @@
 
     /work/venvs/swift/bin/python tests/backends/data/capture_swift.py NAME [--nproc N] [--steps S]
 
-Renders a trial with :class:`autotune.backends.swift.SwiftBackend` for the tiny model, runs it, and
+Renders a trial with :class:`autotune.backends.swift.backend.SwiftBackend` for the tiny model, runs it, and
 writes ``NAME.events.jsonl`` next to this file: every stdout/stderr line with its time since launch,
 each ``logging.jsonl`` line placed right before the stdout line of the same record (rank 0 writes the
 file before it prints), the exit code, and a ``meta`` line (versions, argv, measured times). The trial
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from autotune.backends._base import ModelRef, TrialContext
-from autotune.backends._swift_log import STEP_KEY, parse_dict_literal
-from autotune.backends.swift import SwiftBackend
+from autotune.backends.swift._log import STEP_KEY, parse_dict_literal
+from autotune.backends.swift.backend import SwiftBackend
 from autotune.records import TrialSpec
 from autotune.workload.tinymodels import ensure_model
 

@@ -2,7 +2,7 @@
 
     /work/venvs/main/bin/python tests/backends/data/capture_trl.py NAME [--nproc N] [--steps S]
 
-Renders a trial with :class:`autotune.backends.trl.TrlBackend` for the tiny model, runs it with one
+Renders a trial with :class:`autotune.backends.trl.backend.TrlBackend` for the tiny model, runs it with one
 torch thread per process, and writes ``NAME.events.jsonl`` next to this file: every stdout/stderr line
 and every new line of the worker's ``metrics.jsonl`` and ``phases.jsonl``, each with its time since
 launch, then the exit code and a ``meta`` line (versions, argv, measured times). The trial and model
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from autotune.backends._base import ModelRef, TrialContext
-from autotune.backends.trl import TrlBackend
+from autotune.backends.trl.backend import TrlBackend
 from autotune.records import TrialSpec
 from autotune.study.loop import free_port
 from autotune.workload.tinymodels import ensure_model

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from autotune.backends._swift_log import SwiftLogParser, is_step_record, parse_dict_literal, record_values
+from autotune.backends.swift._log import SwiftLogParser, is_step_record, parse_dict_literal, record_values
 from autotune.records import StepMetrics
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 V46 = DATA / "swift_v4.6_cpu_1proc.events.jsonl"
 V46_2PROC = DATA / "swift_v4.6_cpu_2proc.events.jsonl"
 V3 = DATA / "swift_v3.12.4_cpu_1proc.events.jsonl"

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance import BackendConformance, Event, Recording
 
 from autotune.backends import get_backend
 from autotune.backends._base import ModelRef, TrialContext
-from autotune.backends.trl import TRL_DEFAULTS, TrlBackend, TrlMetricsParser, ds_config
+from autotune.backends.trl.backend import TRL_DEFAULTS, TrlBackend, TrlMetricsParser, ds_config
 from autotune.backends.trl_worker import (
     MetricsWriter,
     PhaseTracker,
@@ -28,6 +27,7 @@ from autotune.backends.trl_worker import (
 from autotune.errors import BackendError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
 from autotune.study.space import load_space
+from tests.backends.conformance import BackendConformance, Event, Recording
 
 GIB = 1 << 30
 
@@ -718,7 +718,7 @@ def test_worker_usage_message() -> None:
 
 # ---------------------------------------------------------------------------------------------- conformance
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 class TestTrlConformance(BackendConformance):
@@ -762,7 +762,7 @@ class TestTrlConformance(BackendConformance):
 def test_zero_stage_is_fixed_off_without_deepspeed(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from autotune.backends.trl import TrlBackend
+    from autotune.backends.trl.backend import TrlBackend
     from autotune.study.space import load_space
 
     backend = TrlBackend()

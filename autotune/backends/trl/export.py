@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from autotune.backends.swift import SwiftBackend
+from autotune.backends.swift.backend import SwiftBackend
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, drop_secrets, json_text, refuse, shell_script
 from autotune.export._job import demo_prompts, header, precision, user_dataset, uses_demo_reward

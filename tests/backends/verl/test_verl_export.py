@@ -21,7 +21,7 @@ from autotune.export import export_study, write_export
 from tests.export.conftest import edit_result, python_with, script_command, script_env
 from tests.export.test_golden import swift_gpu_study
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 _COMPOSE = r"""
 import importlib.util, json, os, sys

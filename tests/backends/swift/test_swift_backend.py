@@ -9,20 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance import BackendConformance, Event, Recording
 
 from autotune.backends import get_backend
 from autotune.backends._base import ModelRef, TrialContext
-from autotune.backends._swift_args import SwiftFlags, flag_items, parse_version
-from autotune.backends.swift import DEMO_REWARD, SwiftBackend
+from autotune.backends.swift._args import SwiftFlags, flag_items, parse_version
+from autotune.backends.swift.backend import DEMO_REWARD, SwiftBackend
 from autotune.errors import BackendError, UsageError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
 from autotune.study.space import load_space
 from autotune.trial.outcome import classify, match_patterns
 from autotune.trial.runner import RunRecord
+from tests.backends.conformance import BackendConformance, Event, Recording
 
 GIB = 1 << 30
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 ACCEPTED_46 = frozenset(
     {
         "rlhf_type", "model", "model_type", "template", "check_model", "tuner_type", "dataset", "external_plugins",

@@ -3,7 +3,7 @@
 The script exports the environment the job needs (``NPROC_PER_NODE`` for more than one process,
 ``CUDA_VISIBLE_DEVICES``; ``OMP_NUM_THREADS=1`` on a CPU-only study), then runs ms-swift with the
 winner's knobs and the user's fixed arguments, rendered for the ms-swift version the study used by
-:meth:`autotune.backends.swift.SwiftBackend.job_plan` — the trial's own command without what only a
+:meth:`autotune.backends.swift.backend.SwiftBackend.job_plan` — the trial's own command without what only a
 trial needs (``--max_steps``, ``--logging_steps 1``, ``--save_strategy no``, ``--report_to none``, the
 trial's ``--output_dir``, ...). Arguments given to the script are passed on (``bash command.sh
 --max_steps 2``). Secret arguments (``--hub_token``) are left out, with a note in the script.
@@ -151,7 +151,7 @@ def export_swift(w: Winner) -> Export:
         UsageError: a knob or fixed argument ms-swift cannot express (from a TRL study), or a study of
             the command backend.
     """
-    from autotune.backends.swift import SwiftBackend
+    from autotune.backends.swift.backend import SwiftBackend
 
     if w.backend not in ("swift", "trl"):
         raise refuse(f"a study of the {w.backend or 'unknown'} backend", "swift", "command")

@@ -11,12 +11,12 @@ the fixed arguments (the user's current setting) hold where the knob is not tune
 something with vLLM are left out of a trial without vLLM, and flags autotune controls (``--max_steps``,
 ``--logging_steps 1``, ``--output_dir`` in the trial directory …) replace the user's.
 
-Flags are rendered for the installed ms-swift version (:mod:`autotune.backends._swift_args`): a flag
+Flags are rendered for the installed ms-swift version (:mod:`autotune.backends.swift._args`): a flag
 the version does not accept is reported by :meth:`SwiftBackend.check_flags` before any launch, and the
 start-up validity rules ms-swift enforces (generation batch vs. ``num_generations``, vLLM TP vs. world
 size, vLLM without a mode …) by :meth:`SwiftBackend.check_rules`, so an invalid combination never
 costs a trial. Step records come from the stdout dict lines and ``logging.jsonl``
-(:mod:`autotune.backends._swift_log`).
+(:mod:`autotune.backends.swift._log`).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ from autotune.backends._base import (
     StepParser,
     TrialContext,
 )
-from autotune.backends._swift_args import (
+from autotune.backends.swift._args import (
     MIN_VERSION,
     SwiftFlags,
     flag_items,
     introspect_flag_names,
     parse_version,
 )
-from autotune.backends._swift_log import SwiftLogParser
+from autotune.backends.swift._log import SwiftLogParser
 from autotune.errors import BackendError, UsageError
 from autotune.records import LaunchPlan, TrialSpec
 from autotune.study.fixed import flag_name, parse_flag_argv

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autotune.backends._base import ModelRef, TrialContext
-from autotune.backends.swift import SwiftBackend
+from autotune.backends.swift.backend import SwiftBackend
 from autotune.errors import BackendError
 from autotune.records import TrialSpec, TrialStatus
 from autotune.trial.outcome import classify, health_check
@@ -148,7 +148,7 @@ def test_two_process_trial(tmp_path: Path) -> None:
 
 
 def test_installed_flags_are_read_from_ms_swift(tmp_path: Path) -> None:
-    from test_swift import ACCEPTED_46
+    from tests.backends.swift.test_swift_backend import ACCEPTED_46
 
     backend = SwiftBackend(str(_swift()), flag_cache_dir=tmp_path)
     info = backend.probe()

@@ -1,0 +1,1 @@
+"""ms-swift (``swift rlhf --rlhf_type grpo``): everything autotune knows about it."""

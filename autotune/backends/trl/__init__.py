@@ -1,0 +1,1 @@
+"""TRL's GRPOTrainer: everything autotune knows about it."""

@@ -1,0 +1,1 @@
+"""verl (``verl.trainer.main_ppo``): everything autotune knows about it."""
