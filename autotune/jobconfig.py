@@ -14,11 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["JobConfig", "WeightSync", "knob_text"]
+__all__ = ["OFFLOAD_FIELDS", "JobConfig", "WeightSync", "knob_text"]
 
 #: How weights reach a colocated vLLM at the sync: one parameter at a time, the whole model at once,
 #: or in ``move_model_batches`` batches of layers.
 WeightSync = Literal["parameter", "model", "batches"]
+
+
+#: the fields whose knobs keep model or optimizer state in host memory.
+OFFLOAD_FIELDS: tuple[str, ...] = (
+    "ds_offload_optimizer",
+    "ds_offload_param",
+    "rollout_offload_optimizer",
+    "rollout_offload_model",
+)
 
 
 def knob_text(name: str, value: Any) -> str:
@@ -123,10 +132,14 @@ class JobConfig:
         """vLLM shares the training GPUs."""
         return self.use_vllm and self.vllm_mode != "server"
 
+    def setting(self, name: str) -> str | None:
+        """The knob or argument behind field ``name`` as the user wrote it (``"deepspeed=zero2"``), if any."""
+        source = self.origin.get(name)
+        return knob_text(*source) if source is not None else None
+
     def named(self, name: str) -> str:
         """How the study named the setting behind field ``name``: ``"knob deepspeed=zero2"``."""
-        source = self.origin.get(name)
-        return f"knob {knob_text(*source)}" if source is not None else f"knob {name}"
+        return f"knob {self.setting(name) or name}"
 
     def knob(self, name: str) -> str | None:
         """The framework's name of the knob or argument behind field ``name``, when one set it."""

@@ -8,12 +8,14 @@ the JSON files of a study directory (``launch.json``, ``result.json``, ``study.j
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "ModelRef",
     "TrialStatus",
     "StepMetrics",
     "GpuInfo",
@@ -62,6 +64,23 @@ INFEASIBLE_STATUSES = frozenset(
         TrialStatus.CRASH,
     }
 )
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The model a study trains.
+
+    Attributes:
+        name: what the user typed (``tiny-qwen2``, ``Qwen2-7B``, a path).
+        path_or_id: what the framework receives (a local directory or a hub id).
+        local: True when ``path_or_id`` is a local directory autotune built or the user named.
+        facts: architecture facts when known (layers, hidden size, heads, ...), else empty.
+    """
+
+    name: str
+    path_or_id: str
+    local: bool = False
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 class _Frozen(BaseModel):

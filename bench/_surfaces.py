@@ -37,10 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from autotune.backends import Backend, ModelRef, TrialContext, get_backend
+from autotune.backends import (
+    Backend,
+    ModelRef,
+    TrialContext,
+    backend_class,
+    get_backend,
+    job_shape,
+)
 from autotune.estimate import GIB, GpuSpec, ModelSpec, find_gpu, find_model
 from autotune.estimate.memory import estimate_memory
-from autotune.estimate.shape import job_shape
 from autotune.estimate.timing import estimate_step_time
 from autotune.records import GpuInfo, Hardware, HostInfo, TrialStatus
 from autotune.study.space import SearchSpace, canonical_key, load_space
@@ -120,8 +126,10 @@ class Setting:
         return spec
 
     def space(self) -> SearchSpace:
-        space = load_space(SPACES_DIR / f"{self.backend}.yaml", backend=self.backend).restrict(
-            gpu_present=True
+        space = (
+            load_space(SPACES_DIR / f"{self.backend}.yaml", backend=self.backend)
+            .restrict(gpu_present=True)
+            .with_roles(backend_class(self.backend).knob_roles())
         )
         return space.narrow(self.narrow) if self.narrow else space
 
@@ -368,9 +376,10 @@ class Surface:
         self.flaky = rng.uniform(0.0, 1.0, table.n_rows) < 0.02
         # failure regions present on this seed
         self.hang_tp_sleep = bool(rng.uniform() < 0.5)
-        self.hang_z3_sync = bool(rng.uniform() < 0.5) and s.backend == "swift"
+        knobs = s.space().names  # failure modes of frameworks that have the knobs behind them
+        self.hang_z3_sync = bool(rng.uniform() < 0.5) and "move_model_batches" in knobs
         self.unhealthy_batch1 = bool(rng.uniform() < 0.5)
-        self.gibberish_sleep2 = bool(rng.uniform() < 0.5) and s.backend == "swift"
+        self.gibberish_sleep2 = bool(rng.uniform() < 0.5) and "sleep_level" in knobs
         # start-up costs (seconds)
         load_s = 25.0 + 2 * model.params / 1.5e9
         c = table.cols

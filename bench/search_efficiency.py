@@ -45,8 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _surfaces import SETTINGS, RawTable, Setting, Surface  # noqa: E402
 
-from autotune.backends import Backend, TrialContext  # noqa: E402
-from autotune.estimate import estimate_memory, job_shape  # noqa: E402
+from autotune.backends import (  # noqa: E402
+    Backend,
+    TrialContext,
+    job_shape,  # noqa: E402
+)
+from autotune.estimate import estimate_memory  # noqa: E402
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus  # noqa: E402
 from autotune.strategy import DeepSpeedSweep, launched  # noqa: E402
 from autotune.study.loop import Study, StudyConfig  # noqa: E402

@@ -18,7 +18,9 @@ from autotune.reports._load import StudyData, TrialData
 from autotune.reports._safety import Sanitizer
 from autotune.reports._signals import HOST_BUSY_PCT, IDLE_PCT, TrialSignals, signals
 
-from autotune.errors import AutotuneError
+from autotune.backends import Backend, backend_class
+from autotune.errors import AutotuneError, UsageError
+from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
 from autotune.records import TrialStatus
 
 __all__ = [
@@ -70,12 +72,6 @@ MEMORY_FAILURES = frozenset({TrialStatus.OOM, TrialStatus.VLLM_INIT})
 FITTED = frozenset(
     {TrialStatus.COMPLETE, TrialStatus.UNHEALTHY, TrialStatus.TIMEOUT, TrialStatus.HANG, TrialStatus.PRUNED}
 )
-
-# Knob names across frameworks (ms-swift and TRL share most; verl spells its own).
-UTIL_KNOBS = ("vllm_gpu_memory_utilization", "actor_rollout_ref.rollout.gpu_memory_utilization")
-TP_KNOBS = ("vllm_tensor_parallel_size", "actor_rollout_ref.rollout.tensor_model_parallel_size")
-BATCH_KNOBS = ("per_device_train_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
-WORKER_KNOBS = ("dataloader_num_workers",)
 
 
 class Severity(str, Enum):
@@ -141,15 +137,65 @@ class Context:
         fixed = self.data.meta.get("fixed")
         return dict(fixed) if isinstance(fixed, dict) else {}
 
-    def knob(self, trial: TrialData, names: Iterable[str]) -> tuple[str, Any] | None:
-        """The first of ``names`` that the trial's knobs (or the fixed arguments) set."""
+    def backend(self) -> type[Backend] | None:
+        """The class of the study's backend (None for a profiled run or a backend unknown here)."""
+        name = self.data.meta.get("backend")
+        if not isinstance(name, str):
+            return None
+        try:
+            return backend_class(name)
+        except UsageError:
+            return None
+
+    def knob_name(self, role: str) -> str | None:
+        """The study's backend's knob for ``role`` (a JobConfig field), or None."""
+        backend = self.backend()
+        return backend.knob_roles().get(role) if backend is not None else None
+
+    def knob(self, trial: TrialData, role: str) -> tuple[str, Any] | None:
+        """The knob (or fixed argument) that plays ``role`` for this trial — a JobConfig field, named by
+        the study's backend — with its value, when the trial or the fixed arguments set it."""
+        name = self.knob_name(role)
+        if name is None:
+            return None
         fixed = self.fixed()
-        for name in names:
-            if name in trial.params:
-                return name, trial.params[name]
-            if name in fixed:
-                return name, fixed[name]
+        if name in trial.params:
+            return name, trial.params[name]
+        if name in fixed:
+            return name, fixed[name]
         return None
+
+    def config(self, params: Mapping[str, Any]) -> JobConfig | None:
+        """What ``params`` (over the study's fixed arguments) mean to the study's backend, if it can say."""
+        backend = self.backend()
+        if backend is None:
+            return None
+        job = dict(self.fixed())
+        for key in ("global_batch", "num_generations", "max_completion_length"):
+            if key in self.data.meta and key not in job:
+                job[key] = self.data.meta[key]
+        n_gpus = len(self.data.hardware.gpus) if self.data.hardware is not None else 0
+        try:
+            return backend.describe(params, {}, job, n_gpus)
+        except (AutotuneError, TypeError, ValueError):
+            return None
+
+    def offload_knobs(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The knobs (or fixed arguments) that keep model or optimizer state in host memory."""
+        config = self.config(params)
+        if config is None:
+            return {}
+        out: dict[str, Any] = {}
+        for role in OFFLOAD_FIELDS:
+            if getattr(config, role) and role in config.origin:
+                name, value = config.origin[role]
+                out[name] = value
+        return out
+
+    def without_offload(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with every offload knob turned off, in the backend's own words."""
+        backend = self.backend()
+        return backend.without_offload(params) if backend is not None else dict(params)
 
     def memory_knobs(self) -> set[str] | None:
         """Knobs the search space marks as affecting memory (None when the space does not say)."""
@@ -179,39 +225,15 @@ def _num(value: Any) -> float | None:
 
 
 def _uses_vllm(ctx: Context, trial: TrialData) -> bool:
-    hit = ctx.knob(trial, ("use_vllm",))
+    hit = ctx.knob(trial, "use_vllm")
     if hit is not None:
         return bool(hit[1])
-    return ctx.knob(trial, UTIL_KNOBS) is not None
+    return ctx.knob(trial, "vllm_util") is not None
 
 
 def _is_zero3(ctx: Context, trial: TrialData) -> bool:
-    ds = ctx.knob(trial, ("deepspeed",))
-    if ds is not None and isinstance(ds[1], str) and "zero3" in ds[1]:
-        return True
-    stage = ctx.knob(trial, ("zero_stage",))
-    return stage is not None and _num(stage[1]) == 3
-
-
-def offload_knobs(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The knobs of ``params`` that keep model or optimizer state in host memory."""
-    out: dict[str, Any] = {}
-    for name, value in params.items():
-        if name == "deepspeed" and isinstance(value, str) and "offload" in value:
-            out[name] = value
-        elif (
-            name in ("offload_optimizer", "offload_param", "offload_model") or name.endswith("_offload")
-        ) and value is True:
-            out[name] = value
-    return out
-
-
-def without_offload(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` with every offload knob turned off."""
-    out = dict(params)
-    for name, value in offload_knobs(params).items():
-        out[name] = value.replace("_offload", "") if isinstance(value, str) else False
-    return out
+    config = ctx.config(trial.params)
+    return config is not None and config.deepspeed and config.zero_stage == 3
 
 
 def _same_memory_knobs(
@@ -268,7 +290,7 @@ def rule_rollout_idle(ctx: Context, trial: TrialData, sig: TrialSignals) -> Find
         or head < ROLLOUT_MIN_HEADROOM_FRAC * cap
     ):
         return None
-    util_knob = ctx.knob(trial, UTIL_KNOBS)
+    util_knob = ctx.knob(trial, "vllm_util")
     evidence: dict[str, Any] = {
         "idle_share": round(idle_share, 4),
         "rollout_idle_fraction": round(rollout_fraction, 4),
@@ -299,7 +321,7 @@ def rule_rollout_idle(ctx: Context, trial: TrialData, sig: TrialSignals) -> Find
                 advice[-1] += (
                     f"; {ceiling[0]:g} already failed at this batch size in {_trials_text(ceiling[1])}"
                 )
-    tp = ctx.knob(trial, TP_KNOBS)
+    tp = ctx.knob(trial, "vllm_tp")
     n_gpus = len(sig.capacity_bytes)
     if tp is not None and _num(tp[1]) is not None and n_gpus and int(tp[1]) < n_gpus:
         advice.append(
@@ -321,7 +343,7 @@ def rule_rollout_idle(ctx: Context, trial: TrialData, sig: TrialSignals) -> Find
 
 def _util_ceiling(ctx: Context, trial: TrialData, util_name: str) -> tuple[float, list[int]] | None:
     """The lowest utilization that ran out of memory at this trial's micro-batch, and which trials."""
-    batch = ctx.knob(trial, BATCH_KNOBS)
+    batch = ctx.knob(trial, "per_device_batch")
     failed: dict[float, list[int]] = {}
     for other in ctx.data.trials:
         if other.status not in MEMORY_FAILURES:
@@ -341,7 +363,7 @@ def rule_offload_bottleneck(ctx: Context, trial: TrialData, sig: TrialSignals) -
     """PCIe traffic with idle GPUs during training under offload → offload is the bottleneck."""
     if not _performance_trial(ctx, trial):
         return None
-    offload = offload_knobs(trial.params) or offload_knobs(ctx.fixed())
+    offload = ctx.offload_knobs(trial.params)
     if not offload:
         return None
     pcie = sig.pcie_bytes_s_by_phase.get("train")
@@ -360,13 +382,13 @@ def rule_offload_bottleneck(ctx: Context, trial: TrialData, sig: TrialSignals) -
         "train_idle_share": round(idle, 4),
         "offload": offload,
     }
-    off_params = without_offload(trial.params)
+    off_params = ctx.without_offload(trial.params)
     fits: bool | None = None
     measured = [
         t
         for t in ctx.data.trials
         if t.number != trial.number
-        and not offload_knobs(t.params)
+        and not ctx.offload_knobs(t.params)
         and _same_memory_knobs(ctx, t.params, off_params)
     ]
     ran = [t for t in measured if t.status in FITTED and t.steps]
@@ -403,7 +425,7 @@ def rule_offload_bottleneck(ctx: Context, trial: TrialData, sig: TrialSignals) -
         else:
             text += f" Whether it fits without offload is unknown: {estimate}."
             evidence["estimate_without_offload"] = None
-    off = ", ".join(f"{k}={knob_value(v)}" for k, v in offload_knobs_off(offload).items())
+    off = ", ".join(f"{k}={knob_value(v)}" for k, v in ctx.without_offload(offload).items())
     if fits is False:
         text += f" Try: free memory first (a lower vLLM utilization or micro-batch), then {off}."
     elif fits is None:
@@ -420,10 +442,6 @@ def rule_offload_bottleneck(ctx: Context, trial: TrialData, sig: TrialSignals) -
     )
 
 
-def offload_knobs_off(offload: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (v.replace("_offload", "") if isinstance(v, str) else False) for k, v in offload.items()}
-
-
 def rule_host_cpu_stall(ctx: Context, trial: TrialData, sig: TrialSignals) -> Finding | None:
     """Host CPU saturated while the GPUs wait → more dataloader workers (or lighter host work)."""
     if not _performance_trial(ctx, trial):
@@ -437,7 +455,7 @@ def rule_host_cpu_stall(ctx: Context, trial: TrialData, sig: TrialSignals) -> Fi
         or sig.host_busy_idle_share < HOST_MIN_BUSY_SHARE
     ):
         return None
-    workers = ctx.knob(trial, WORKER_KNOBS)
+    workers = ctx.knob(trial, "dataloader_num_workers")
     text = (
         f"All GPUs were idle {share(idle_share)} of the steady time ({seconds(sig.gpu_idle_s)}), and during "
         f"{share(sig.host_busy_idle_share)} of that idle time the host CPU was at or above {HOST_BUSY_PCT:.0f} % "
@@ -448,7 +466,7 @@ def rule_host_cpu_stall(ctx: Context, trial: TrialData, sig: TrialSignals) -> Fi
         target = max(2, current * 2)
         text += f" Try: raise {workers[0]} from {current} to {target}"
     else:
-        text += " Try: set dataloader_num_workers to 2 or more"
+        text += " Try: 2 or more data-loading workers"
     text += ", and move heavy reward computation off the training process."
     evidence = {
         "gpu_idle_s": sig.gpu_idle_s,
@@ -473,7 +491,7 @@ def rule_micro_batch_headroom(ctx: Context, trial: TrialData, sig: TrialSignals)
     pos, head, cap = room
     if head < BATCH_MIN_HEADROOM_FRAC * cap or head < BATCH_MIN_HEADROOM_BYTES:
         return None
-    batch = ctx.knob(trial, BATCH_KNOBS)
+    batch = ctx.knob(trial, "per_device_batch")
     peak = sig.peak_bytes[pos]
     text = f"The measured peak was {gib(peak)} of {gib(cap)} on {_gpu_at(ctx, pos)}: {gib(head)} ({share(head / cap)}) stayed free on every GPU."
     evidence: dict[str, Any] = {"min_headroom_bytes": head, "capacity_bytes": cap, "peak_bytes": peak}
@@ -522,7 +540,7 @@ def rule_zero3_gather_peak(ctx: Context, trial: TrialData, sig: TrialSignals) ->
     tight = cap is not None and cap - sig.sync_peak_bytes < GATHER_TIGHT_FRAC * cap
     if not (oom_in_sync or tight):
         return None
-    mmb = ctx.knob(trial, ("move_model_batches",))
+    mmb = ctx.knob(trial, "move_model_batches")
     current = int(mmb[1]) if mmb is not None and _num(mmb[1]) is not None else None
     suggested = 8 if current is None else current * 2
     where = (
@@ -533,7 +551,7 @@ def rule_zero3_gather_peak(ctx: Context, trial: TrialData, sig: TrialSignals) ->
     text = (
         f"Memory peaked at the weight sync: {gib(sig.sync_peak_bytes)} there against {gib(sig.rest_peak_bytes)} in rollout "
         f"and training ({gib(excess)} more), and {where}. Under ZeRO-3 the sync gathers the full weights at once. "
-        f"Try: move_model_batches {suggested}"
+        f"Try: {ctx.knob_name('move_model_batches') or 'gathering the sync in batches of'} {suggested}"
         + (f" (from {current})" if current is not None else " (it was not set)")
         + " to gather them in parts; the sync gets slower, the peak smaller."
     )
@@ -789,10 +807,11 @@ def rule_host_memory(ctx: Context) -> Finding | None:
     for t in killed:
         sig = ctx.signals.get(t.number)
         line = f"trial {t.number}"
-        host_knobs = {**offload_knobs(t.params)}
-        sleep = t.params.get("sleep_level")
-        if _num(sleep) == 1:
-            host_knobs["sleep_level"] = sleep
+        host_knobs = ctx.offload_knobs(t.params)
+        config = ctx.config(t.params)
+        if config is not None and config.sleep_level == 1 and "sleep_level" in config.origin:
+            name, value = config.origin["sleep_level"]
+            host_knobs[name] = value
         if host_knobs:
             line += " (" + ", ".join(f"{k}={knob_value(v)}" for k, v in host_knobs.items()) + ")"
         if sig is not None and sig.host_min_available_bytes is not None:
@@ -852,7 +871,8 @@ STUDY_RULES: tuple[StudyRule, ...] = (
 def estimate_without_offload(data: StudyData, trial: TrialData, params: dict[str, Any]) -> OffloadFit | str:
     """Ask ``autotune.estimate`` (when installed) whether ``params`` fit; a sentence when it cannot say."""
     try:
-        from autotune.estimate import estimate_memory, find_gpu, find_model, job_shape
+        from autotune.backends import job_shape
+        from autotune.estimate import estimate_memory, find_gpu, find_model
     except ImportError:
         return "the memory estimate is unavailable"
     model_meta = data.meta.get("model") or {}

@@ -10,6 +10,7 @@ import shlex
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -106,7 +107,7 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
         console: where notices and the summary are printed.
         view: the live view of the trials (the CLI passes its rich table); None prints nothing live.
     """
-    from autotune.backends import get_backend
+    from autotune.backends import backend_class
     from autotune.strategy import SEARCH_KINDS
     from autotune.study.hardware import resolve_hardware
     from autotune.study.loop import check_budget
@@ -146,39 +147,26 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
             f"--global-batch {req.global_batch} is not a multiple of --num-generations {req.num_generations}",
             hint="Every prompt needs all its completions in one batch: pick a multiple",
         )
-    backend_options: dict[str, Any] = {}
-    if req.backend == "command":
-        if not req.command:
-            raise UsageError(
-                "the command backend needs a command after --",
-                hint="e.g. autotune search --backend command --space s.yaml -- python train.py --bs {per_device_train_batch_size}",
-            )
-        if not req.space:
-            raise UsageError(
-                "the command backend needs --space", hint="Write a search-space YAML of your script's knobs"
-            )
-        backend_options = {"template": list(req.command), "metrics_file": req.metrics_file}
-    elif req.backend == "swift" and req.executable:
-        backend_options = {"executable": req.executable}
-    backend = get_backend(req.backend, **backend_options)
+    backend = backend_class(req.backend).from_cli(
+        command=req.command, space=req.space, metrics_file=req.metrics_file, executable=req.executable
+    )
     # 2. hardware, framework, space, fixed arguments, model.
     hardware = resolve_hardware(req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib)
     info = backend.probe()
     space_src: Any = req.space or backend.default_space()
-    space = load_space(space_src, backend=req.backend, known_knobs=backend.knob_names)
+    space = load_space(space_src, backend=req.backend, known_knobs=backend.knob_names).with_roles(
+        backend.knob_roles()
+    )
     gpu_present = bool(hardware.gpus)
     space = space.restrict(gpu_present=gpu_present)
     space, adapt_notices = backend.adapt_space(space)
     for notice in adapt_notices:
         console.print(f"note: {notice}", markup=False, style="yellow")
-    if req.backend == "command":
-        backend.check_template(space)  # type: ignore[attr-defined]
     from autotune.study.fixed import coerce_knob_values, load_fixed, split_baseline
 
     # The YAML file, then the flags after -- (which win). Knob flags among them are the user's own
     # current configuration: trial 0, unless --baseline names one.
-    fixed_args = load_fixed(req.fixed, argv=req.command if req.backend != "command" else ())
-    passthrough: tuple[str, ...] = ()
+    fixed_args = load_fixed(req.fixed, argv=() if backend.takes_command else req.command)
     fixed_args, flag_baseline = split_baseline(fixed_args, [*space.names, *space.dropped])
     user_baseline = (
         _load_mapping_file(req.baseline, "--baseline") if req.baseline else (flag_baseline or None)
@@ -186,9 +174,7 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
     if user_baseline is not None:
         user_baseline = coerce_knob_values(user_baseline, space)
         space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
-    from autotune.workload.models import resolve_model
-
-    model = resolve_model(req.model) if req.backend != "command" else _command_model(req.model)
+    model = backend.resolve_model(req.model)
     watchdog = WatchdogConfig(
         startup_timeout_s=startup_s
         if startup_s is not None
@@ -216,7 +202,6 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
             hardware=hardware,
             space=space,
             fixed_args=fixed_args,
-            passthrough=passthrough,
             user_baseline=user_baseline,
             model=model,
             out=out,
@@ -230,11 +215,17 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
 class ClosingView(StudyView, Protocol):
     """A live view of the study that is closed once the study ends (the CLI's rich table)."""
 
+    def use_labels(self, labels: Mapping[str, str]) -> None:
+        """Short knob names (from the search space) to show instead of the framework's long ones."""
+
     def close(self) -> None: ...
 
 
 class _QuietView(NullView):
     """No live view: Python callers get the summary only."""
+
+    def use_labels(self, labels: Mapping[str, str]) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -249,7 +240,6 @@ class _Prepared:
     hardware: Any
     space: Any
     fixed_args: dict[str, Any]
-    passthrough: tuple[str, ...]
     user_baseline: dict[str, Any] | None
     model: Any
     out: Path
@@ -263,12 +253,6 @@ def _signed_duration(text: str, flag: str) -> float:
             f"{flag} must not be negative, got {text!r}", hint=f"Give a duration such as {flag} 60s"
         )
     return parse_duration_s(text, flag=flag)
-
-
-def _command_model(name: str) -> Any:
-    from autotune.backends import ModelRef
-
-    return ModelRef(name=name, path_or_id=name, local=False, facts={})
 
 
 def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingView) -> int:
@@ -303,7 +287,6 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         max_steps=req.max_steps,
         max_completion_length=req.max_completion_length,
         fixed=fixed_args,
-        passthrough=prep.passthrough,
         dataset=req.dataset,
         seed=req.seed,
         search=req.search,
@@ -316,7 +299,14 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         backend_version=prep.info.version,
     )
     stop_event = threading.Event()
-    beta = fixed_args.get("beta")
+    job = {
+        "global_batch": req.global_batch,
+        "num_generations": req.num_generations,
+        "max_completion_length": req.max_completion_length,
+        **fixed_args,
+    }
+    # the KL coefficient the job trains with: the user's, else the framework's default
+    beta = backend.describe(space.defaults(), {}, job, len(hardware.gpus)).beta
     executor = Executor(
         backend=backend,
         hardware=hardware,
@@ -324,9 +314,10 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         early_stop=EarlyStopConfig(enabled=req.early_stop),
         samplers=make_samplers(hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
         stop_event=stop_event,
-        beta=float(beta) if beta is not None else _default_beta(req.backend),
+        beta=beta,
     )
-    memory_gate = _memory_gate(hardware, prep.model, req, fixed_args, backend, out, prep.passthrough)
+    memory_gate = _memory_gate(hardware, prep.model, req, fixed_args, backend, out)
+    view.use_labels({k.name: k.short for k in space.knobs})
     study = Study(
         cfg,
         backend,
@@ -370,10 +361,6 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     return 0
 
 
-def _default_beta(backend: str) -> float | None:
-    return {"trl": 0.0, "swift": 0.04}.get(backend)
-
-
 def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_args: dict[str, Any]) -> Any:
     """A study-level TrialContext (no trial directory yet) for checks that need the study's facts."""
     from autotune.backends import TrialContext
@@ -393,9 +380,9 @@ def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_arg
     )
 
 
-def _memory_gate(hardware, model, req, fixed_args, backend, out, passthrough):  # noqa: ANN001, ANN202
+def _memory_gate(hardware, model, req, fixed_args, backend, out):  # noqa: ANN001, ANN202
     """The estimator-backed pre-screen, when the GPUs and the model's facts are known."""
-    if not hardware.gpus or not model.facts or req.backend == "command":
+    if not hardware.gpus or not model.facts:
         return None
     from autotune.study.memory_gate import EstimatorGate
     from autotune.studydir import StudyDir

@@ -7,9 +7,9 @@ and failure text, and how to write its configuration files (its export format).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.backends._base import (
     Backend,
@@ -21,6 +21,10 @@ from autotune.backends._base import (
     TrialContext,
 )
 from autotune.errors import UsageError
+
+if TYPE_CHECKING:
+    from autotune.estimate.catalog import ModelSpec
+    from autotune.estimate.shape import JobShape
 
 __all__ = [
     "BACKENDS",
@@ -35,6 +39,7 @@ __all__ = [
     "backend_class",
     "exporter",
     "get_backend",
+    "job_shape",
 ]
 
 # name -> "module:Class"; modules import their framework lazily, so listing them here is cheap.
@@ -84,3 +89,37 @@ def exporter(fmt: str) -> Callable[..., Any] | None:
     """The function writing the winner in framework format ``fmt``, or None when no backend has it."""
     target = EXPORTERS.get(fmt)
     return None if target is None else _load(target)
+
+
+def job_shape(
+    backend: str,
+    params: Mapping[str, Any],
+    derived: Mapping[str, Any],
+    fixed: Mapping[str, Any],
+    model: ModelSpec,
+    n_gpus: int,
+) -> JobShape:
+    """One candidate of backend ``backend`` as the estimator sees it.
+
+    Args:
+        backend: the backend's name; its :meth:`~autotune.backends.Backend.describe` reads the knobs.
+        params: the candidate's active knobs, named as the framework names them.
+        derived: ``world_size`` and ``gradient_accumulation_steps`` when the backend derived them.
+        fixed: the job facts that are the same for every trial (``global_batch``, ``num_generations``,
+            ``max_prompt_length``, ``max_completion_length``, ``beta``, LoRA, ...), in the framework's
+            own argument names.
+        model: architecture facts.
+        n_gpus: GPUs of the trial; 0 for a CPU-only trial.
+
+    Raises:
+        UsageError: an unknown backend, or a value that cannot be a number of the kind required.
+    """
+    from autotune.estimate.shape import JobShape
+
+    try:
+        config = backend_class(backend).describe(params, derived, fixed, n_gpus)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"cannot read the job shape: {exc}", hint="Check the knob and fixed-argument values"
+        ) from None
+    return JobShape(config, model, n_gpus)

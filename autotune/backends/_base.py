@@ -9,6 +9,10 @@ Who calls what, and when:
 3. For every candidate the study calls :meth:`Backend.derive` (world size, gradient accumulation —
    values that keep training semantics fixed) and :meth:`Backend.check_rules` (the framework's own
    start-up validity rules). A candidate with a violation never launches.
+   :meth:`Backend.describe` says what a candidate *means* (:class:`~autotune.jobconfig.JobConfig`): the
+   estimator, ``plan``, the search's inference, the diagnosis, the live view and every exporter read
+   that, never the framework's knob names. It is a class method: reports and exports call it on a
+   study directory without building the backend.
 4. :meth:`Backend.render` turns a :class:`~autotune.records.TrialSpec` into a
    :class:`~autotune.records.LaunchPlan`. Rendering must be pure: no process is started, nothing
    outside ``ctx.trial_dir`` is written.
@@ -17,19 +21,26 @@ Who calls what, and when:
 
 Implementations must not keep per-trial state on the backend object: per-trial state lives in the
 parser. Conformance: ``tests/backends/conformance.py`` runs against every backend.
+
+Adding a knob touches its backend (its meaning in :meth:`describe`, its rendering), the backend's space
+YAML (its values, default and label) and their tests; nothing else names it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.records import GpuInfo, LaunchPlan, StepMetrics, TrialSpec
-from autotune.study.space import SearchSpace
+from autotune.errors import UsageError
+from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
+from autotune.records import GpuInfo, LaunchPlan, ModelRef, StepMetrics, TrialSpec
+from autotune.study.space import SearchSpace, load_space
 
 __all__ = [
     "Backend",
@@ -39,25 +50,7 @@ __all__ = [
     "RuleViolation",
     "StepParser",
     "TrialContext",
-    "as_number",
 ]
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """The model a study trains.
-
-    Attributes:
-        name: what the user typed (``tiny-qwen2``, ``Qwen2-7B``, a path).
-        path_or_id: what the framework receives (a local directory or a hub id).
-        local: True when ``path_or_id`` is a local directory autotune built or the user named.
-        facts: architecture facts when known (layers, hidden size, heads, ...), else empty.
-    """
-
-    name: str
-    path_or_id: str
-    local: bool = False
-    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,7 +67,6 @@ class TrialContext:
         max_steps: steps a trial may run at most (the runner may stop it earlier).
         max_completion_length: completion tokens per sample, fixed.
         fixed: the user's fixed arguments for the framework (name → value).
-        passthrough: raw arguments the user gave after ``--``, appended verbatim as argv items.
         master_port: a free TCP port for torch.distributed.
         dataset: a dataset path the user named, or None for autotune's generated prompts.
         seed: training seed, the same for every trial.
@@ -89,7 +81,6 @@ class TrialContext:
     max_steps: int = 20
     max_completion_length: int = 16
     fixed: dict[str, Any] = field(default_factory=dict)
-    passthrough: tuple[str, ...] = ()
     master_port: int = 29500
     dataset: str | None = None
     seed: int = 0
@@ -150,20 +141,130 @@ class StepParser(ABC):
         return self.poll(t_mono_s, t_wall_s)
 
 
+@cache
+def _space_defaults(name: str) -> dict[str, Any]:
+    """Every knob's default in the packaged space of backend ``name`` (the one home of the defaults)."""
+    return {
+        k.name: k.default for k in load_space(files("autotune.search_spaces").joinpath(f"{name}.yaml")).knobs
+    }
+
+
 class Backend(ABC):
     """One GRPO framework. See the module docstring for the calling protocol."""
 
     name: ClassVar[str]
+    #: how the framework is called in messages and reports ("ms-swift", "TRL").
+    display_name: ClassVar[str]
     #: knob names this backend knows how to render; None accepts any name (the command backend).
     knob_names: ClassVar[frozenset[str] | None] = None
+    #: the packaged space whose knob defaults :meth:`describe` applies (None: no packaged space).
+    space_name: ClassVar[str | None] = None
+    #: JobConfig field → the framework's knob (or argument) names that set it, the knob's name first.
+    knob_fields: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: True when the arguments after ``--`` are the trial's own command (a template), not fixed
+    #: framework flags.
+    takes_command: ClassVar[bool] = False
+
+    @classmethod
+    def from_cli(
+        cls,
+        *,
+        command: tuple[str, ...] = (),
+        space: str | None = None,
+        metrics_file: str | None = None,
+        executable: str | None = None,
+    ) -> Backend:
+        """Build the backend from ``autotune search``'s options; each backend takes the ones it needs.
+
+        Raises:
+            UsageError: an option the backend requires is missing.
+        """
+        return cls()
+
+    @classmethod
+    def lora_args(cls, rank: int) -> dict[str, Any]:
+        """The fixed arguments that train LoRA adapters of ``rank`` (for ``plan --lora-rank``).
+
+        Raises:
+            UsageError: the backend has no way to ask for LoRA.
+        """
+        raise UsageError(f"backend {cls.name} cannot be asked for LoRA", hint="Drop --lora-rank")
+
+    @classmethod
+    def resolve_model(cls, name: str) -> ModelRef:
+        """The model a study of this backend trains: a catalog entry, a local folder or a tiny model."""
+        from autotune.workload.models import resolve_model
+
+        return resolve_model(name)
+
+    @classmethod
+    def knob_roles(cls) -> dict[str, str]:
+        """JobConfig field → the name of the knob that sets it (``{"vllm_util": "vllm_gpu_memory_utilization"}``).
+
+        The search reads a knob's role from here (e.g. which knob sizes vLLM's KV cache) instead of
+        knowing any framework's names.
+        """
+        return {field: names[0] for field, names in cls.knob_fields.items() if names}
+
+    @classmethod
+    def knob_defaults(cls) -> dict[str, Any]:
+        """The framework's default of every knob of its packaged space (empty without one)."""
+        return dict(_space_defaults(cls.space_name)) if cls.space_name else {}
+
+    @classmethod
+    @abstractmethod
+    def describe(
+        cls,
+        params: Mapping[str, Any],
+        derived: Mapping[str, Any],
+        fixed: Mapping[str, Any],
+        n_gpus: int,
+    ) -> JobConfig:
+        """What a configuration means, in the framework-neutral words of :class:`JobConfig`.
+
+        Pure and cheap (``plan`` calls it for every candidate); a class method, so reports and exports
+        call it without building the backend.
+
+        Args:
+            params: the trial's knobs, named as this framework names them.
+            derived: ``world_size`` and ``gradient_accumulation_steps`` when :meth:`derive` gave them.
+            fixed: the study's fixed arguments in this framework's names, with the job facts
+                (``global_batch``, ``num_generations``, ``max_completion_length``, ...).
+            n_gpus: GPUs of the trial; 0 on a CPU-only study.
+
+        Raises:
+            UsageError: a value that cannot mean anything (``per_device_train_batch_size=abc``).
+        """
 
     @abstractmethod
     def probe(self) -> BackendInfo:
         """Find the framework; raise :class:`~autotune.errors.BackendError` when it cannot run here."""
 
+    @classmethod
+    def without_offload(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with every knob that keeps state in host memory switched off (the diagnosis's
+        "try it without offload"). The default turns the boolean offload knobs off."""
+        out = dict(params)
+        for role in OFFLOAD_FIELDS:
+            for name in cls.knob_fields.get(role, ()):
+                if out.get(name) is True:
+                    out[name] = False
+        return out
+
+    @classmethod
+    def canonical_args(cls, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The user's fixed arguments with one spelling of each name (a framework's renamed flags)."""
+        return dict(args)
+
+    @classmethod
+    def uses_demo_reward(cls, fixed: Mapping[str, Any]) -> bool:
+        """True when trials score completions with autotune's demo reward: the user named no reward
+        function and no reward model (frameworks that default to autotune's reward override this)."""
+        return "reward_funcs" not in fixed and "reward_model" not in fixed
+
     def default_space(self) -> Traversable:
         """The search-space YAML shipped for this backend."""
-        return files("autotune.search_spaces").joinpath(f"{self.name}.yaml")
+        return files("autotune.search_spaces").joinpath(f"{self.space_name or self.name}.yaml")
 
     @abstractmethod
     def derive(self, params: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
@@ -210,24 +311,6 @@ class Backend(ABC):
     def baseline(self, defaults: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
         """Trial 0: the framework's defaults (from the space), adjusted so the global batch holds."""
         return dict(defaults)
-
-    def describe_command(self, plan: LaunchPlan) -> str:
-        """The command a person would type to run ``plan`` (for reports)."""
-        return plan.to_shell()
-
-
-def as_number(value: Any) -> float | None:
-    """A log value as a float: numbers and numeric text ('6e-08'); None for booleans and anything else."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
 
 
 def trial_path(ctx: TrialContext, *parts: str) -> Path:

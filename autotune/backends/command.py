@@ -36,8 +36,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.backends._base import Backend, BackendInfo, RuleViolation, StepParser, TrialContext, as_number
+from autotune.backends._base import Backend, BackendInfo, ModelRef, RuleViolation, StepParser, TrialContext
+from autotune.backends._values import as_number
+from autotune.backends.trl.backend import TrlBackend
+from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError, SpaceError, UsageError
+from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.study.space import SearchSpace
 
@@ -220,7 +224,67 @@ class CommandBackend(Backend):
     """
 
     name: ClassVar[str] = "command"
+    display_name: ClassVar[str] = "command"
+    knob_fields = KNOB_FIELDS  # TRL's vocabulary (see describe)
     knob_names: ClassVar[frozenset[str] | None] = None
+    takes_command: ClassVar[bool] = True
+
+    @classmethod
+    def describe(
+        cls, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+    ) -> JobConfig:
+        """A command's knobs read in TRL's vocabulary (Hugging Face ``TrainingArguments`` names, with
+        TRL's defaults): a script that names its knobs so is estimated and explained like a TRL job.
+
+        The knobs are the user's own, so a knob whose value does not read in that vocabulary (a
+        ``zero_stage`` of ``"z3"``) is left out of the description rather than refused.
+        """
+        defaults = TrlBackend.knob_defaults()
+
+        def readable(args: Mapping[str, Any]) -> dict[str, Any]:
+            out = {}
+            for name, value in args.items():
+                try:
+                    describe_trl({name: value}, {}, {}, n_gpus, defaults)
+                except UsageError:
+                    continue
+                out[name] = value
+            return out
+
+        try:
+            return describe_trl(params, derived, fixed, n_gpus, defaults)
+        except UsageError:
+            return describe_trl(readable(params), derived, readable(fixed), n_gpus, defaults)
+
+    @classmethod
+    def from_cli(
+        cls,
+        *,
+        command: tuple[str, ...] = (),
+        space: str | None = None,
+        metrics_file: str | None = None,
+        executable: str | None = None,
+    ) -> CommandBackend:
+        """The command after ``--`` is the trial's template; ``--space`` is required (no default space).
+
+        Raises:
+            UsageError: no command, or no ``--space``.
+        """
+        if not command:
+            raise UsageError(
+                "the command backend needs a command after --",
+                hint="e.g. autotune search --backend command --space s.yaml -- python train.py --bs {per_device_train_batch_size}",
+            )
+        if not space:
+            raise UsageError(
+                "the command backend needs --space", hint="Write a search-space YAML of your script's knobs"
+            )
+        return cls(template=list(command), metrics_file=metrics_file)
+
+    @classmethod
+    def resolve_model(cls, name: str) -> ModelRef:
+        """Only a name: the command decides what it trains (no facts, so no memory estimate)."""
+        return ModelRef(name=name, path_or_id=name, local=False, facts={})
 
     def __init__(
         self, template: Sequence[str], metrics_file: str | None = None, cwd: str | None = None
@@ -237,6 +301,11 @@ class CommandBackend(Backend):
         self._defaults: dict[str, Any] = {}
 
     # -- study set-up ---------------------------------------------------------------------------------
+
+    def adapt_space(self, space: SearchSpace) -> tuple[SearchSpace, list[str]]:
+        """The space stays; the template is checked against it (:meth:`check_template`)."""
+        self.check_template(space)
+        return space, []
 
     def check_template(self, space: SearchSpace) -> None:
         """Check the template against the space and remember knob defaults.

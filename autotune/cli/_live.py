@@ -31,20 +31,9 @@ _STYLE = {
 }
 
 
-def short_params(params: Mapping[str, Any], limit: int = 6) -> str:
-    """Key knobs as ``name=value`` pairs, shortened for a table cell."""
-    abbrev = {
-        "per_device_train_batch_size": "bs",
-        "gradient_checkpointing": "gc",
-        "dataloader_num_workers": "workers",
-        "num_processes": "procs",
-        "vllm_gpu_memory_utilization": "vllm_util",
-        "vllm_tensor_parallel_size": "tp",
-        "offload_optimizer": "off_opt",
-        "offload_param": "off_param",
-        "offload_model": "off_model",
-        "move_model_batches": "mmb",
-    }
+def short_params(params: Mapping[str, Any], limit: int = 6, labels: Mapping[str, str] | None = None) -> str:
+    """Key knobs as ``label=value`` pairs (the space's short labels), shortened for a table cell."""
+    abbrev = labels or {}
     parts = []
     for k, v in list(params.items())[:limit]:
         if isinstance(v, bool):
@@ -75,6 +64,11 @@ class RichView:
         )
         self.task = self.progress.add_task("trials", total=1)
         self.started = time.monotonic()
+        self.labels: dict[str, str] = {}
+
+    def use_labels(self, labels: Mapping[str, str]) -> None:
+        """Short names of the knobs (from the search space), for the table and the trial lines."""
+        self.labels = dict(labels)
 
     # StudyView protocol ---------------------------------------------------------------------
     def study_started(self, cfg: Any, done: int, budget: int) -> None:
@@ -95,7 +89,7 @@ class RichView:
         if self.live is None:
             tag = " (baseline)" if is_baseline else ""
             self.console.print(
-                f"trial {number}{tag}: {short_params(params, 12)}", markup=False, highlight=False
+                f"trial {number}{tag}: {short_params(params, 12, self.labels)}", markup=False, highlight=False
             )
         self._refresh()
 
@@ -154,7 +148,7 @@ class RichView:
             label = f"{n}*" if row["baseline"] else str(n)
             table.add_row(
                 label,
-                Text(short_params(row["params"])),
+                Text(short_params(row["params"], labels=self.labels)),
                 Text(status.value, style=_STYLE.get(status, "red")),
                 str(row["step"]),
                 tp,

@@ -20,25 +20,8 @@ Examples:
   autotune plan --gpus 8 --gpu-type H100 --model Qwen2.5-7B --backend swift --lora-rank 64
   autotune plan --gpus 4 --gpu-type A100-80G --model Qwen2-7B --knob zero_stage=3 --knob use_vllm=true --json"""
 
-# Short column names for the table only (JSON keeps the framework's names).
-_SHORT = {
-    "per_device_train_batch_size": "pdbs",
-    "gradient_checkpointing": "ckpt",
-    "dataloader_num_workers": "workers",
-    "zero_stage": "zero",
-    "deepspeed": "ds",
-    "offload_optimizer": "off_opt",
-    "offload_param": "off_param",
-    "offload_model": "off_model",
-    "use_vllm": "vllm",
-    "vllm_mode": "mode",
-    "vllm_gpu_memory_utilization": "util",
-    "vllm_tensor_parallel_size": "tp",
-    "vllm_enable_sleep_mode": "sleep",
-    "sleep_level": "sleep",
-    "move_model_batches": "mmb",
-}
-# Knobs the estimates do not depend on: fixed at their default unless filtered with --knob.
+# Roles (JobConfig fields) whose knobs the GPU estimates do not depend on: fixed at their default
+# unless filtered with --knob.
 _NO_EFFECT = ("dataloader_num_workers",)
 
 
@@ -163,15 +146,19 @@ def run_plan(
     """
     from pathlib import Path
 
+    from autotune.backends import BACKENDS, backend_class
     from autotune.errors import UsageError
     from autotune.estimate import find_model, model_from_config, resolve_gpu
     from autotune.estimate.plan import plan_space
     from autotune.study.hardware import resolve_hardware
 
-    if backend not in ("trl", "swift"):
+    planned = [name for name in sorted(BACKENDS) if backend_class(name).space_name is not None]
+    if backend not in planned:
         raise UsageError(
-            f"plan does not know backend {backend!r}", hint="Use --backend trl or --backend swift"
+            f"plan does not know backend {backend!r}",
+            hint=f"Use --backend with one of: {', '.join(planned)}",
         )
+    facts = backend_class(backend)
     for flag, value in (
         ("--global-batch", global_batch),
         ("--num-generations", num_generations),
@@ -223,12 +210,12 @@ def run_plan(
         )
 
     # space
-    space = _load_space(backend, space_path).restrict(gpu_present=True)
+    space = _load_space(backend, space_path).restrict(gpu_present=True).with_roles(facts.knob_roles())
     filters = _parse_filters(knobs, space)
-    _check_tp(filters, n_gpus, spec)
+    _check_tp(filters, space.knob_for("vllm_tp"), n_gpus, spec)
     filters = _with_conditions(filters, space)
-    for name in _NO_EFFECT:
-        if name in space and name not in filters:
+    for name in (space.knob_for(role) for role in _NO_EFFECT):
+        if name is not None and name not in filters:
             filters[name] = [space[name].default]
             notes.append(
                 f"{name} does not change memory or speed estimates: fixed at {space[name].default!r}"
@@ -244,14 +231,10 @@ def run_plan(
     if beta is not None:
         fixed["beta"] = beta
     if lora_rank > 0:
-        fixed.update(
-            {"tuner_type": "lora", "lora_rank": lora_rank}
-            if backend == "swift"
-            else {"use_peft": True, "lora_r": lora_rank}
-        )
+        fixed.update(facts.lora_args(lora_rank))
     if vllm_max_model_len is not None:
-        fixed["vllm_max_model_len" if backend == "swift" else "vllm_max_model_length"] = vllm_max_model_len
-    elif any(space[k].contains(True) for k in ("use_vllm",) if k in space):
+        fixed[facts.knob_fields["vllm_max_model_len"][0]] = vllm_max_model_len
+    elif (use_vllm := space.knob_for("use_vllm")) is not None and space[use_vllm].contains(True):
         notes.append(
             f"vLLM max_model_len defaults to the model's max_position_embeddings ({spec.max_position}), as the "
             f"frameworks do; most jobs set it near prompt + completion ({max_prompt_length + max_completion_length}) "
@@ -259,7 +242,14 @@ def run_plan(
         )
 
     result = plan_space(
-        space, backend=backend, model=spec, gpu=gpu, n_gpus=n_gpus, fixed=fixed, margin=margin
+        space,
+        backend=backend,
+        describe=facts.describe,
+        model=spec,
+        gpu=gpu,
+        n_gpus=n_gpus,
+        fixed=fixed,
+        margin=margin,
     )
     if not result.candidates:
         rules = ", ".join(f"{k} ({v})" for k, v in sorted(result.invalid.items())) or "none"
@@ -330,20 +320,20 @@ def _parse_filters(items: list[str], space: Any) -> dict[str, list[Any]]:
     return filters
 
 
-def _check_tp(filters: dict[str, list[Any]], n_gpus: int, model: Any) -> None:
+def _check_tp(filters: dict[str, list[Any]], tp_knob: str | None, n_gpus: int, model: Any) -> None:
     from autotune.errors import UsageError
 
-    for tp in filters.get("vllm_tensor_parallel_size", []):
+    for tp in filters.get(tp_knob, []) if tp_knob is not None else []:
         if tp is None:
             continue
         if tp < 1 or n_gpus % tp:
             raise UsageError(
-                f"--knob vllm_tensor_parallel_size={tp} does not divide --gpus {n_gpus}",
+                f"--knob {tp_knob}={tp} does not divide --gpus {n_gpus}",
                 hint="vLLM's tensor-parallel size must divide the number of GPUs: change --gpus or the TP",
             )
         if model.heads % tp:
             raise UsageError(
-                f"--knob vllm_tensor_parallel_size={tp} does not divide {model.name}'s {model.heads} attention heads",
+                f"--knob {tp_knob}={tp} does not divide {model.name}'s {model.heads} attention heads",
                 hint="vLLM splits attention heads evenly: choose a TP that divides them",
             )
 
@@ -397,7 +387,7 @@ def _render(console: Any, result: Any, top: int) -> None:
     shown = [k for k in names if k not in constant]
     headers = [
         "#",
-        *(_SHORT.get(k, k) for k in shown),
+        *(result.labels.get(k, k) for k in shown),
         "peak/cap GiB",
         "fits",
         "overflow",
@@ -433,7 +423,7 @@ def _render(console: Any, result: Any, top: int) -> None:
             "same in every candidate: "
             + " ".join(f"{k}={_fmt_value(result.candidates[0].params[k])}" for k in names if k in constant)
         )
-    legend = ", ".join(f"{_SHORT[k]}={k}" for k in shown if k in _SHORT)
+    legend = ", ".join(f"{result.labels[k]}={k}" for k in shown if k in result.labels)
     if legend:
         out.append(f"columns: {legend}")
     out.append(

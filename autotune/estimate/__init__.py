@@ -31,7 +31,7 @@ from autotune.estimate.memory import (
     should_prune,
 )
 from autotune.estimate.plan import Candidate, PlanResult, candidate_rules, plan_space
-from autotune.estimate.shape import JobShape, job_shape
+from autotune.estimate.shape import JobShape
 from autotune.estimate.timing import TimeEstimate, estimate_step_time
 
 __all__ = [
@@ -53,7 +53,6 @@ __all__ = [
     "find_gpu",
     "find_model",
     "generic_gpu",
-    "job_shape",
     "known_gpus",
     "known_models",
     "lora_params",

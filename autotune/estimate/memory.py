@@ -52,7 +52,6 @@ CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # CUDA context + cuBLAS/cuDNN workspaces of
 NCCL_BYTES = int(0.25 * GIB)  # NCCL communicator buffers when world size > 1
 # ZeRO-1/2 reduce and allgather buckets, elements: ms-swift's presets set 2e8; autotune's TRL
 # ds_config leaves DeepSpeed's default of 5e8.
-DS_BUCKET_ELEMENTS = {"swift": int(2e8), "trl": int(5e8)}
 VLLM_OVERHEAD_BYTES = int(0.5 * GIB)  # CUDA graphs + non-torch memory of one vLLM worker
 VLLM_TP_EXTRA_BYTES = int(0.25 * GIB)  # custom all-reduce / NCCL buffers of vLLM at TP > 1
 LOGITS_BYTES_PER_ELEMENT = 6  # bf16 logits + a bf16 temperature-scaled copy (or fp32 upcast) + bf16 gradient
@@ -414,10 +413,9 @@ def _sync_gather(s: JobShape) -> int:
     m = s.model
     if not s.colocate or s.zero_stage != 3 or not s.deepspeed:
         return 0
-    if s.backend != "swift":
-        # TRL gathers one parameter at a time for full fine-tuning, the whole model for PEFT.
-        return 2 * m.params if s.lora else 2 * m.largest_layer_params
-    if s.move_model_batches is None:
+    if s.weight_sync == "parameter":
+        return 2 * m.largest_layer_params
+    if s.weight_sync == "model" or s.move_model_batches is None:
         return 2 * m.params
     embeds = m.vocab * m.hidden * (1 if m.tie_embeddings else 2) + m.hidden
     per_layer = (m.params - m.vision_params - embeds) / m.layers
@@ -462,8 +460,7 @@ def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
     if s.world_size > 1:
         nccl += NCCL_BYTES
         if s.deepspeed and s.zero_stage in (1, 2):
-            bucket = DS_BUCKET_ELEMENTS.get(s.backend, DS_BUCKET_ELEMENTS["trl"])
-            nccl += 2 * bucket * 2  # reduce (ipg) + allgather buckets, bf16
+            nccl += 2 * s.ds_bucket_elements * 2  # reduce (ipg) + allgather buckets, bf16
 
     # --- vLLM
     budget = weights_tp = kv_bytes = kv_tokens = concurrency = 0
@@ -484,17 +481,17 @@ def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
         seqs_per_instance = max(1, math.ceil(s.global_batch / max(1, n // tp)))
         concurrency = int(min(s.vllm_max_num_seqs, kv_tokens // max(1, s.seq_len), seqs_per_instance))
         asleep = overhead if s.sleep_level > 0 else budget
-        # Start-up: what the trainer already holds when vLLM starts. ms-swift loads policy and
-        # reference onto the GPU first (and offloads the policy first under offload_model). TRL starts
-        # vLLM before the reference model moves to the GPU, and before DeepSpeed (ZeRO-1/2) places the
-        # policy; ZeRO-3 partitions both at load (zero.Init).
+        # Start-up: what the trainer already holds when vLLM starts. A framework that loads first
+        # (loads_before_vllm) holds policy and reference, less what offload_model moved away; one that
+        # starts vLLM first holds neither, unless DeepSpeed is off (the policy is on the GPU at load);
+        # ZeRO-3 partitions both at load (zero.Init).
         if zero3:
             held_policy = 0 if s.ds_offload_param else int(2 * m.params / n)
-        elif s.backend == "swift":
+        elif s.loads_before_vllm:
             held_policy = 0 if s.rollout_offload_model else 2 * m.params
         else:
             held_policy = 0 if s.deepspeed else 2 * m.params
-        held_reference = reference if (s.backend == "swift" or zero3) else 0
+        held_reference = reference if (s.loads_before_vllm or zero3) else 0
         held = context + held_policy + held_reference
         free = capacity - held
         startup_ok = free >= budget

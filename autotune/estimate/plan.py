@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.estimate.catalog import GpuSpec, ModelSpec
 from autotune.estimate.memory import MemoryEstimate, estimate_memory, should_prune
-from autotune.estimate.shape import BACKEND_DEFAULTS, JobShape, job_shape
+from autotune.estimate.shape import JobShape
 from autotune.estimate.timing import TimeEstimate, estimate_step_time
+from autotune.jobconfig import JobConfig
 from autotune.study.space import SearchSpace
 
 __all__ = ["Candidate", "PlanResult", "candidate_rules", "plan_space"]
@@ -57,6 +58,7 @@ class PlanResult:
     candidates: tuple[Candidate, ...]
     invalid: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)  # knob → short name (the space's labels)
 
     @property
     def n_fit(self) -> int:
@@ -88,48 +90,29 @@ class PlanResult:
         }
 
 
-def candidate_rules(
-    backend: str, params: Mapping[str, Any], fixed: Mapping[str, Any], model: ModelSpec, n_gpus: int
-) -> str | None:
-    """The first framework start-up rule ``params`` break (a stable rule name), or None when valid.
+def candidate_rules(config: JobConfig, model: ModelSpec, n_gpus: int) -> str | None:
+    """The first framework start-up rule a candidate breaks (a stable rule name), or None when valid.
 
-    The rules shared by TRL and ms-swift (frameworks.md): the global batch splits into micro-batches
-    of every rank; the generation batch is a multiple of num_generations; vLLM's tensor-parallel size
-    divides the world size (colocate) and the model's attention heads; ms-swift needs ``vllm_mode``.
+    The rules TRL and ms-swift share (frameworks.md): the global batch splits into micro-batches of
+    every rank; the generation batch is a multiple of num_generations; vLLM's tensor-parallel size
+    divides the world size (colocate) and the model's attention heads; a framework without a default
+    ``vllm_mode`` (its decoder leaves it None) needs one.
     """
     world = max(1, n_gpus)
-    global_batch = int(fixed.get("global_batch", 64))
-    pdbs = _pdbs(backend, params, fixed)
-    if pdbs <= 0 or global_batch % (pdbs * world) != 0:
+    pdbs = config.per_device_batch
+    if pdbs <= 0 or config.global_batch % (pdbs * world) != 0:
         return "global_batch_divisible"
-    if global_batch % int(fixed.get("num_generations", 8)) != 0:
+    if config.global_batch % config.num_generations != 0:
         return "generation_batch_num_generations"
-    if params.get("use_vllm"):
-        tp = int(params.get("vllm_tensor_parallel_size", 1) or 1)
-        mode = params.get("vllm_mode", fixed.get("vllm_mode", "colocate" if backend != "swift" else None))
-        if backend == "swift" and mode is None:
+    if config.use_vllm:
+        tp = config.vllm_tp
+        if config.vllm_mode is None:
             return "vllm_mode_required"
-        if mode != "server" and world % tp != 0:
+        if config.vllm_mode != "server" and world % tp != 0:
             return "vllm_tp_divides_world"
         if model.heads % tp != 0:
             return "vllm_tp_divides_heads"
     return None
-
-
-def _pdbs(backend: str, params: Mapping[str, Any], fixed: Mapping[str, Any]) -> int:
-    default = BACKEND_DEFAULTS.get(backend, BACKEND_DEFAULTS["trl"])["per_device_train_batch_size"]
-    return int(params.get("per_device_train_batch_size", fixed.get("per_device_train_batch_size", default)))
-
-
-def _derived(
-    backend: str, params: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
-) -> dict[str, Any]:
-    world = max(1, n_gpus)
-    pdbs = max(1, _pdbs(backend, params, fixed))
-    return {
-        "world_size": world,
-        "gradient_accumulation_steps": max(1, int(fixed.get("global_batch", 64)) // (pdbs * world)),
-    }
 
 
 def _grid(space: SearchSpace) -> list[dict[str, Any]]:
@@ -175,10 +158,15 @@ def _grid(space: SearchSpace) -> list[dict[str, Any]]:
 _MISSING = object()
 
 
+#: what a backend's decoder looks like (:meth:`autotune.backends.Backend.describe`).
+Describe = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], int], JobConfig]
+
+
 def plan_space(
     space: SearchSpace,
     *,
     backend: str,
+    describe: Describe,
     model: ModelSpec,
     gpu: GpuSpec,
     n_gpus: int,
@@ -192,6 +180,7 @@ def plan_space(
         backend: ``trl`` or ``swift``.
         model: architecture facts.
         gpu: GPU facts.
+        describe: the backend's decoder of a candidate's knobs (its ``Backend.describe``).
         n_gpus: GPUs per trial.
         fixed: job facts (``global_batch``, ``num_generations``, ``max_prompt_length``,
             ``max_completion_length``, ``beta``, LoRA, ``vllm_max_model_len``), framework names.
@@ -200,12 +189,13 @@ def plan_space(
     rows: list[tuple[dict[str, Any], dict[str, Any], JobShape, MemoryEstimate, TimeEstimate]] = []
     invalid: Counter[str] = Counter()
     for params in _grid(space):
-        rule = candidate_rules(backend, params, fixed, model, n_gpus)
+        config = describe(params, {"world_size": max(1, n_gpus)}, fixed, n_gpus)
+        rule = candidate_rules(config, model, n_gpus)
         if rule is not None:
             invalid[rule] += 1
             continue
-        derived = _derived(backend, params, fixed, n_gpus)
-        shape = job_shape(backend, params, derived, fixed, model, n_gpus)
+        derived = {"world_size": config.world_size, "gradient_accumulation_steps": config.grad_accum}
+        shape = JobShape(config, model, n_gpus)
         mem = estimate_memory(shape, gpu)
         rows.append((params, derived, shape, mem, estimate_step_time(shape, gpu, mem)))
     best = max((t.throughput for _, _, _, m, t in rows if m.fits()), default=None)
@@ -230,6 +220,7 @@ def plan_space(
         return (1, (over[1] if over else 0) / max(1, c.memory.capacity_bytes), c.memory.peak_bytes)
 
     cands.sort(key=key)
+    labels = {k.name: k.short for k in space.knobs if k.label}
     notes = tuple(f"knob {k} dropped: {why}" for k, why in space.dropped.items())
     return PlanResult(
         backend=backend,
@@ -241,4 +232,5 @@ def plan_space(
         candidates=tuple(cands),
         invalid=dict(invalid),
         notes=notes,
+        labels=labels,
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autotune.backends._values import as_bool
 from autotune.export._common import MARKER
-from autotune.export._translate import as_bool
 from autotune.export._winner import Winner
 
 __all__ = [
@@ -35,11 +35,7 @@ def demo_prompts(w: Winner, fixed: dict[str, Any]) -> Path | None:
 
 def uses_demo_reward(w: Winner, fixed: dict[str, Any]) -> bool:
     """True when the trial scored completions with autotune's demo reward."""
-    if w.backend == "trl":
-        rewards = fixed.get("reward_funcs") or ["autotune"]
-        rewards = [rewards] if isinstance(rewards, str) else list(rewards)
-        return "autotune" in rewards
-    return "reward_funcs" not in fixed and "reward_model" not in fixed
+    return w.backend_class.uses_demo_reward(fixed)
 
 
 def precision(w: Winner, fixed: dict[str, Any]) -> tuple[bool, bool]:
@@ -86,7 +82,7 @@ def header(w: Winner, fmt: str) -> list[str]:
     gb = w.setting("global_batch")
     g = w.setting("num_generations")
     version = w.setting("backend_version")
-    label = {"swift": "ms-swift", "trl": "TRL"}.get(w.backend, w.backend)
+    label = w.backend_class.display_name
     ran = f"{label} {version}" if version else label
     lines.append(
         f"Measured {', '.join(measured) or 'no throughput'} at a global batch of {gb} completions "

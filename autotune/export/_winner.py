@@ -7,12 +7,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
+from autotune.jobconfig import JobConfig
 from autotune.records import Hardware, LaunchPlan, TrialResult, TrialStatus
 from autotune.studydir import StudyDir
+
+if TYPE_CHECKING:
+    from autotune.backends import Backend
 
 __all__ = ["Winner", "load_winner"]
 
@@ -48,6 +53,17 @@ class Winner:
         return str(self.settings.get("backend") or "")
 
     @property
+    def backend_class(self) -> type[Backend]:
+        """The class of the study's backend (its facts).
+
+        Raises:
+            UsageError: a backend this version of autotune does not know.
+        """
+        from autotune.backends import backend_class
+
+        return backend_class(self.backend)
+
+    @property
     def trial_dir(self) -> Path:
         return StudyDir(self.study_dir).trial_dir(self.result.number)
 
@@ -72,6 +88,37 @@ class Winner:
     def setting(self, name: str, default: Any = None) -> Any:
         value = self.settings.get(name)
         return default if value is None else value
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """The study's fixed arguments, names normalised (``--lora-rank`` → ``lora_rank``) and spelled
+        as the study's backend spells them today."""
+        from autotune.study.fixed import flag_name
+
+        raw = self.settings.get("fixed") or {}
+        out = {flag_name(str(k)): v for k, v in raw.items()} if isinstance(raw, dict) else {}
+        try:
+            return self.backend_class.canonical_args(out)
+        except UsageError:  # a study of a backend this version does not know: its names as they are
+            return out
+
+    @cached_property
+    def config(self) -> JobConfig:
+        """What the trial's knobs mean, read by the study's own backend.
+
+        Raises:
+            UsageError: the study's backend is unknown here, or a value means nothing.
+        """
+        job = {
+            "global_batch": self.setting("global_batch", 16),
+            "num_generations": self.setting("num_generations", 4),
+            "max_completion_length": self.setting("max_completion_length", 16),
+            **self.fixed,
+        }
+        n_gpus = len(self.hardware.gpus) if self.hardware is not None else 0
+        derived = dict(self.result.derived)
+        derived.setdefault("world_size", self.world_size)
+        return self.backend_class.describe(self.result.params, derived, job, n_gpus)
 
 
 def _launch(path: Path) -> LaunchPlan | None:

@@ -6,7 +6,7 @@ the other exports write: ``train_micro_batch_size_per_gpu`` = per-device batch, 
 = the derived accumulation, ``train_batch_size`` = their product × world size, ``gradient_clipping`` =
 ``max_grad_norm`` (1.0 unless fixed), ``bf16``/``fp16`` as the job runs.
 
-Stage and offload come from the knobs (:mod:`autotune.export._translate`): ms-swift's presets
+Stage and offload come from what the knobs mean (:class:`~autotune.jobconfig.JobConfig`): ms-swift's presets
 (``zero2_offload`` = stage 2 + optimizer states on the CPU; ``zero3_offload`` = stage 3 + optimizer
 states and parameters on the CPU) or TRL's ``zero_stage`` + ``offload_optimizer`` / ``offload_param``.
 The ZeRO settings follow ms-swift's presets (what a swift trial ran); the values the presets leave
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.backends._values import as_float
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, json_text, refuse
 from autotune.export._job import precision
-from autotune.export._translate import Knobs, as_float, fixed_args, knobs_of
 from autotune.export._winner import Winner
+from autotune.jobconfig import JobConfig
 
 __all__ = ["DS_CONFIG", "ds_config", "export_deepspeed"]
 
@@ -32,7 +33,7 @@ DS_CONFIG = "ds_config.json"
 
 
 def ds_config(
-    k: Knobs,
+    k: JobConfig,
     *,
     bf16: bool,
     fp16: bool,
@@ -44,7 +45,7 @@ def ds_config(
     """A concrete DeepSpeed config for the knobs' stage and offload.
 
     Args:
-        k: the winner's knobs; ``k.zero_stage`` must be set.
+        k: the winner's knobs; ``k.sharding_stage`` must be set.
         bf16: bf16 mixed precision on.
         fp16: fp16 mixed precision on.
         max_grad_norm: gradient clipping (transformers' ``max_grad_norm``).
@@ -55,9 +56,9 @@ def ds_config(
     Raises:
         UsageError: the knobs have no ZeRO stage.
     """
-    if k.zero_stage is None:
+    if k.sharding_stage is None:
         raise UsageError("the trial runs without DeepSpeed", hint="Export another format")
-    stage = k.zero_stage
+    stage = k.sharding_stage
     pin = not cpu_only
     zero: dict[str, Any] = {"stage": stage}
     if stage >= 1 and k.ds_offload_optimizer:
@@ -86,9 +87,9 @@ def ds_config(
     if comment:
         config["_comment"] = comment
     config.update(
-        train_batch_size=k.per_device_train_batch_size * k.gradient_accumulation_steps * k.world_size,
-        train_micro_batch_size_per_gpu=k.per_device_train_batch_size,
-        gradient_accumulation_steps=k.gradient_accumulation_steps,
+        train_batch_size=k.per_device_batch * k.grad_accum * k.world_size,
+        train_micro_batch_size_per_gpu=k.per_device_batch,
+        gradient_accumulation_steps=k.grad_accum,
         gradient_clipping=max_grad_norm,
         zero_allow_untested_optimizer=True,
         bf16={"enabled": bf16},
@@ -106,16 +107,16 @@ def config_for(w: Winner, fmt: str, *, instead: str | None) -> dict[str, Any]:
     Raises:
         UsageError: the winner runs without DeepSpeed, or with a DeepSpeed JSON of the user's own.
     """
-    k = knobs_of(w)
+    k = w.config
     if k.ds_config_path is not None:
         raise refuse(f"{k.named('ds_config_path')} (a DeepSpeed JSON of your own)", fmt, instead)
-    if k.zero_stage is None:
-        what = k.origin.get("zero_stage") or ("zero_stage=0" if w.backend == "trl" else "deepspeed=none")
+    if k.sharding_stage is None:
+        what = k.setting("zero_stage") or "zero_stage=0"
         raise UsageError(
             f"trial {w.number} runs without DeepSpeed (knob {what}): there is no DeepSpeed config to export",
             hint=f"use --format {instead or 'json'}",
         )
-    fixed = fixed_args(w)
+    fixed = w.fixed
     bf16, fp16 = precision(w, fixed)
     hidden = (w.settings.get("model") or {}).get("facts", {}).get("hidden")
     name = w.setting("name", w.study_dir.name)
@@ -126,7 +127,7 @@ def config_for(w: Winner, fmt: str, *, instead: str | None) -> dict[str, Any]:
         max_grad_norm=as_float(fixed.get("max_grad_norm")) or 1.0,
         hidden_size=int(hidden) if isinstance(hidden, int | float) and hidden > 0 else None,
         cpu_only=w.cpu_only,
-        comment=f"{MARKER} from study {name}, trial {w.number}: ZeRO-{k.zero_stage}"
+        comment=f"{MARKER} from study {name}, trial {w.number}: ZeRO-{k.sharding_stage}"
         + (", optimizer states on the CPU" if k.ds_offload_optimizer else "")
         + (", parameters on the CPU" if k.ds_offload_param else "")
         + f"; world size {k.world_size}",
@@ -139,6 +140,8 @@ def export_deepspeed(w: Winner) -> Export:
     Raises:
         UsageError: the winner runs without DeepSpeed (see :func:`config_for`).
     """
-    instead = w.backend if w.backend in ("swift", "trl") else "json"
+    from autotune.backends import EXPORTERS
+
+    instead = w.backend if w.backend in EXPORTERS else "json"  # the study's own format, when it has one
     config = config_for(w, "deepspeed", instead=instead)
     return Export(format="deepspeed", files={DS_CONFIG: json_text(config)}, main=DS_CONFIG, trial=w.number)

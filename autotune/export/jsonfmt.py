@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.export._common import MARKER, Export, drop_secrets, json_text
-from autotune.export._translate import fixed_args
 from autotune.export._winner import Winner
 
 __all__ = ["KNOBS_FILE", "export_json", "summary"]
@@ -35,7 +34,7 @@ def summary(w: Winner) -> dict[str, Any]:
     from autotune.studydir import StudyDir
 
     r = w.result
-    fixed, _ = drop_secrets(fixed_args(w))
+    fixed, _ = drop_secrets(w.fixed)
     baseline = None
     speedup = None
     rec = StudyDir(w.study_dir).recommendation(w.settings)

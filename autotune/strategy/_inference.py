@@ -28,7 +28,6 @@ from autotune.study.space import SearchSpace, canonical_key
 
 __all__ = [
     "Inference",
-    "VLLM_BUDGET_KNOBS",
     "infer_infeasible",
     "is_kv_failure",
     "is_memory_failure",
@@ -36,11 +35,6 @@ __all__ = [
     "needs_less_kv",
     "oom_dominated",
 ]
-
-#: Knobs that set the share of GPU memory vLLM reserves, by framework.
-VLLM_BUDGET_KNOBS = frozenset(
-    {"vllm_gpu_memory_utilization", "actor_rollout_ref.rollout.gpu_memory_utilization"}
-)
 
 # The reasons autotune.trial.outcome gives (and vLLM's own text, for results classified elsewhere).
 _STARTUP_FREE = re.compile(r"free GPU memory is below|Free memory on device", re.IGNORECASE)
@@ -94,14 +88,16 @@ def needs_at_least(space: SearchSpace, candidate: Mapping[str, Any], failed: Map
     return strictly_more
 
 
-def needs_less_kv(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> bool:
-    """True when ``candidate`` is ``failed`` with a strictly lower vLLM utilization and nothing else changed."""
-    if set(candidate) != set(failed):
+def needs_less_kv(space: SearchSpace, candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> bool:
+    """True when ``candidate`` is ``failed`` with a strictly lower vLLM memory share (the knob the
+    backend names for the ``vllm_util`` role) and nothing else changed."""
+    budget = space.knob_for("vllm_util")
+    if budget is None or set(candidate) != set(failed):
         return False
     lower = False
     for name, value in candidate.items():
         other = failed[name]
-        if name in VLLM_BUDGET_KNOBS and isinstance(value, (int, float)) and isinstance(other, (int, float)):
+        if name == budget and isinstance(value, (int, float)) and isinstance(other, (int, float)):
             if value > other + 1e-12:
                 return False
             if value < other - 1e-12:
@@ -147,7 +143,7 @@ def infer_infeasible(
                 result,
                 f"needs more GPU memory than trial {result.number}, which {what} ({_diff(candidate, result.params)})",
             )
-        if is_kv_failure(result) and needs_less_kv(candidate, result.params):
+        if is_kv_failure(result) and needs_less_kv(space, candidate, result.params):
             return Inference(
                 result,
                 f"leaves vLLM less KV cache than trial {result.number}, whose KV cache was already too small "

@@ -28,7 +28,7 @@ class DeepSpeedSweep(SearchStrategy):
         base: the baseline configuration the sweep starts from.
         stage_knob: the knob that selects the ZeRO stage (``zero_stage``, ms-swift ``deepspeed``).
         stages: its values, in the order DeepSpeed tries them (stage 0 first).
-        batch_knob: the micro-batch knob.
+        batch_knob: the micro-batch knob (default: the knob the space names for the ``per_device_batch`` role).
         feasible: the sweep's own pre-check (DeepSpeed prunes with model-state arithmetic only).
         usable: whether a result counts as a success.
         seed: seed of the Optuna sampler (never consulted while the sweep has proposals).
@@ -41,7 +41,7 @@ class DeepSpeedSweep(SearchStrategy):
         base: Mapping[str, Any],
         stage_knob: str,
         stages: Sequence[Any],
-        batch_knob: str = "per_device_train_batch_size",
+        batch_knob: str | None = None,
         feasible: Callable[[Mapping[str, Any]], bool] | None = None,
         usable: Callable[[TrialResult], bool] = usable_complete,
         seed: int = 0,
@@ -50,8 +50,13 @@ class DeepSpeedSweep(SearchStrategy):
         self.base = dict(base)
         self.stage_knob = stage_knob
         self.stages = tuple(stages)
-        self.batch_knob = batch_knob
-        self.batches = tuple(sorted(space[batch_knob].values()))
+        knob = batch_knob or space.knob_for("per_device_batch")
+        if knob is None:
+            raise ValueError(
+                "the DeepSpeed-style sweep needs the space's micro-batch knob (its per_device_batch role)"
+            )
+        self.batch_knob = knob
+        self.batches = tuple(sorted(space[knob].values()))
 
     def _plan(self, history: Sequence[TrialResult]) -> dict[str, Any] | None:
         by_key = {canonical_key(r.params): r for r in history if r.status is not TrialStatus.INTERRUPTED}

@@ -46,7 +46,6 @@ class StudyConfig:
     max_steps: int
     max_completion_length: int
     fixed: Mapping[str, Any] = field(default_factory=dict)
-    passthrough: tuple[str, ...] = ()
     dataset: str | None = None
     seed: int = 0
     search: str = "auto"
@@ -257,7 +256,6 @@ class Study:
             "max_steps": c.max_steps,
             "max_completion_length": c.max_completion_length,
             "fixed": dict(c.fixed),
-            "passthrough": list(c.passthrough),
             "dataset": c.dataset,
             "seed": c.seed,
             "space": self.space.describe(),
@@ -328,7 +326,6 @@ class Study:
             max_steps=c.max_steps,
             max_completion_length=c.max_completion_length,
             fixed=dict(c.fixed),
-            passthrough=c.passthrough,
             master_port=master_port,
             dataset=c.dataset,
             seed=c.seed,

@@ -77,7 +77,8 @@ class EstimatorGate:
         return gate
 
     def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
-        from autotune.estimate import estimate_memory, job_shape
+        from autotune.backends import job_shape
+        from autotune.estimate import estimate_memory
 
         derived = derived if derived is not None else self.derive(dict(params))
         shape = job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)

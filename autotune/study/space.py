@@ -55,6 +55,7 @@ _KNOB_FIELDS = {
     "applies",
     "memory",
     "help",
+    "label",
 }
 _GRID_LIMIT = 64  # values a continuous knob may expand to for grid search / dedupe
 
@@ -83,6 +84,7 @@ class Knob:
         applies: "any", "gpu" (dropped without GPUs) or "cpu" (dropped with GPUs).
         memory: "increasing" if a larger value needs more GPU memory, "decreasing" if less.
         help: one line for the report.
+        label: a short name for tables and the live view (the knob's name when empty).
     """
 
     name: str
@@ -97,10 +99,12 @@ class Knob:
     applies: Literal["any", "gpu", "cpu"] = "any"
     memory: Literal["increasing", "decreasing"] | None = None
     help: str = ""
+    label: str = ""
 
     @property
-    def is_range(self) -> bool:
-        return self.choices is None
+    def short(self) -> str:
+        """The knob's short name for tables (its label, else its name)."""
+        return self.label or self.name
 
     def values(self) -> tuple[Any, ...]:
         """Every value the knob can take (a range is expanded by its step)."""
@@ -187,6 +191,8 @@ class SearchSpace:
         knobs: knobs in file order.
         dropped: knob name → why it was dropped on this machine (its default then holds).
         source: where the space came from (for reports).
+        roles: what a knob means to the search, as the backend says (``{"vllm_util":
+            "vllm_gpu_memory_utilization"}``, see :meth:`autotune.backends.Backend.knob_roles`).
     """
 
     backend: str
@@ -194,6 +200,7 @@ class SearchSpace:
     dropped: Mapping[str, str] = field(default_factory=dict)
     dropped_defaults: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    roles: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {k.name: k for k in self.knobs})
@@ -207,6 +214,15 @@ class SearchSpace:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.knobs)
+
+    def with_roles(self, roles: Mapping[str, str]) -> SearchSpace:
+        """The same space, with the backend's word on what its knobs mean (JobConfig field → knob)."""
+        return replace(self, roles=dict(roles))
+
+    def knob_for(self, role: str) -> str | None:
+        """The knob of this space that plays ``role`` (a JobConfig field name), or None."""
+        name = self.roles.get(role)
+        return name if name is not None and name in self else None
 
     def _context(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ctx = dict(self.dropped_defaults)
@@ -425,6 +441,7 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         applies=applies,
         memory=memory,
         help=str(spec.get("help", "")),
+        label=str(spec.get("label", "")),
     )
     if default is not None and not knob.contains(default):
         raise SpaceError(
@@ -474,8 +491,3 @@ def load_space(
             )
         knobs[name] = _parse_knob(name, spec, knobs, where)
     return SearchSpace(backend=str(file_backend or backend or ""), knobs=tuple(knobs.values()), source=where)
-
-
-def product_size(knobs: Iterable[Knob]) -> int:
-    """Size of the full product, ignoring conditions (for comparison with :meth:`SearchSpace.size`)."""
-    return math.prod(len(k.values()) for k in knobs)

@@ -29,7 +29,8 @@ __all__ = [
     "write_prompts",
 ]
 
-PromptStyle = Literal["trl", "swift"]
+#: the row format: a conversational ``prompt`` (TRL) or ``messages`` (ms-swift).
+PromptStyle = Literal["prompt", "messages"]
 
 _WORDS = (
     "apple", "river", "stone", "cloud", "green", "quick", "table", "light", "music", "paper",
@@ -50,8 +51,8 @@ class Task:
     solution: str
 
     def row(self, style: PromptStyle) -> dict[str, Any]:
-        """The dataset row for ``style``: conversational prompt for TRL, ``messages`` for ms-swift."""
-        key = "prompt" if style == "trl" else "messages"
+        """The dataset row of ``style``: its conversation under the key ``style`` names."""
+        key = style
         return {key: [{"role": "user", "content": self.question}], "solution": self.solution}
 
 
@@ -92,14 +93,15 @@ def corpus_lines(n: int, seed: int = 0) -> Iterator[str]:
         yield " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 9)))
 
 
-def write_prompts(path: Path, n: int, seed: int = 0, style: PromptStyle = "trl") -> Path:
+def write_prompts(path: Path, n: int, seed: int = 0, style: PromptStyle = "prompt") -> Path:
     """Write ``n`` generated prompts as JSON lines, atomically.
 
     Args:
         path: the ``.jsonl`` file to write (its directory is created).
         n: number of rows.
         seed: the same seed gives the same file.
-        style: ``"trl"`` rows carry ``prompt``; ``"swift"`` rows carry ``messages``. Both carry ``solution``.
+        style: ``"prompt"`` rows carry ``prompt`` (TRL's form); ``"messages"`` rows carry ``messages``
+            (ms-swift's). Both carry ``solution``.
 
     Returns:
         ``path``.
@@ -107,8 +109,8 @@ def write_prompts(path: Path, n: int, seed: int = 0, style: PromptStyle = "trl")
     Raises:
         UsageError: for an unknown style or a non-positive ``n``.
     """
-    if style not in ("trl", "swift"):
-        raise UsageError(f"unknown prompt style {style!r}", hint="Use style 'trl' or 'swift'")
+    if style not in ("prompt", "messages"):
+        raise UsageError(f"unknown prompt style {style!r}", hint="Use style 'prompt' or 'messages'")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(t.row(style), ensure_ascii=False) + "\n" for t in generate_tasks(n, seed))

@@ -7,8 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from autotune.backends import ModelRef
 from autotune.errors import UsageError
+from autotune.records import ModelRef
 
 __all__ = ["resolve_model"]
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from autotune.backends import job_shape
 from autotune.estimate import (
     GIB,
     Calibration,
@@ -12,7 +13,6 @@ from autotune.estimate import (
     estimate_memory,
     find_gpu,
     find_model,
-    job_shape,
     prediction_error,
     should_prune,
 )

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from autotune.backends import job_shape
 from autotune.estimate import (
     COMPONENTS,
     GIB,
@@ -13,7 +14,6 @@ from autotune.estimate import (
     find_gpu,
     find_model,
     generic_gpu,
-    job_shape,
     lora_params,
     should_prune,
 )

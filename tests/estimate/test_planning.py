@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from autotune.backends import backend_class
 from autotune.estimate import candidate_rules, find_gpu, find_model, plan_space
 from autotune.estimate.plan import _grid
 from autotune.study.space import load_space
@@ -28,6 +30,7 @@ def test_plan_orders_fitting_fastest_first_then_closest_misses() -> None:
     result = plan_space(
         space("trl"),
         backend="trl",
+        describe=backend_class("trl").describe,
         model=model,
         gpu=gpu,
         n_gpus=4,
@@ -50,7 +53,15 @@ def test_plan_orders_fitting_fastest_first_then_closest_misses() -> None:
 def test_plan_counts_invalid_candidates_by_rule() -> None:
     model, gpu = find_model("Qwen2-7B"), find_gpu("A10")
     assert model is not None and gpu is not None
-    result = plan_space(space("trl"), backend="trl", model=model, gpu=gpu, n_gpus=4, fixed=JOB)
+    result = plan_space(
+        space("trl"),
+        backend="trl",
+        describe=backend_class("trl").describe,
+        model=model,
+        gpu=gpu,
+        n_gpus=4,
+        fixed=JOB,
+    )
     # TP 8 on 4 GPUs; pdbs 16 × 4 GPUs does not split 64 ... (none here: 64 % 64 == 0)
     assert result.invalid.get("vllm_tp_divides_world", 0) > 0
     assert result.to_dict()["counts"]["invalid"] == sum(result.invalid.values())
@@ -58,22 +69,26 @@ def test_plan_counts_invalid_candidates_by_rule() -> None:
     assert len(d["candidates"]) == 3 and d["counts"]["candidates"] == len(result.candidates)
 
 
+def _rules(backend: str, params: dict, fixed: dict, model: Any, n_gpus: int) -> str | None:
+    """The rules as plan applies them: on what the backend's decoder says the candidate means."""
+    config = backend_class(backend).describe(params, {"world_size": n_gpus}, fixed, n_gpus)
+    return candidate_rules(config, model, n_gpus)
+
+
 def test_candidate_rules() -> None:
     m = find_model("Qwen2-7B")  # 28 attention heads
     assert m is not None
     assert (
-        candidate_rules("trl", {"per_device_train_batch_size": 16}, {"global_batch": 64}, m, 8)
+        _rules("trl", {"per_device_train_batch_size": 16}, {"global_batch": 64}, m, 8)
         == "global_batch_divisible"
     )
     assert (
-        candidate_rules(
-            "trl", {"per_device_train_batch_size": 1}, {"global_batch": 60, "num_generations": 8}, m, 4
-        )
+        _rules("trl", {"per_device_train_batch_size": 1}, {"global_batch": 60, "num_generations": 8}, m, 4)
         == "generation_batch_num_generations"
     )
-    assert candidate_rules("trl", {"use_vllm": True, "vllm_tensor_parallel_size": 2}, JOB, m, 3) is not None
+    assert _rules("trl", {"use_vllm": True, "vllm_tensor_parallel_size": 2}, JOB, m, 3) is not None
     assert (
-        candidate_rules(
+        _rules(
             "trl",
             {"per_device_train_batch_size": 1, "use_vllm": True, "vllm_tensor_parallel_size": 4},
             JOB,
@@ -83,7 +98,7 @@ def test_candidate_rules() -> None:
         is None
     )
     assert (
-        candidate_rules(
+        _rules(
             "trl",
             {"per_device_train_batch_size": 1, "use_vllm": True, "vllm_tensor_parallel_size": 8},
             JOB,
@@ -93,7 +108,7 @@ def test_candidate_rules() -> None:
         == "vllm_tp_divides_heads"
     )
     assert (
-        candidate_rules("swift", {"per_device_train_batch_size": 1, "use_vllm": True}, JOB, m, 8)
+        _rules("swift", {"per_device_train_batch_size": 1, "use_vllm": True}, JOB, m, 8)
         == "vllm_mode_required"
     )
 
@@ -104,6 +119,7 @@ def test_swift_plan_on_h100() -> None:
     result = plan_space(
         space("swift"),
         backend="swift",
+        describe=backend_class("swift").describe,
         model=model,
         gpu=gpu,
         n_gpus=8,

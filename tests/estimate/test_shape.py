@@ -4,8 +4,9 @@ from typing import Any
 
 import pytest
 
+from autotune.backends import job_shape
 from autotune.errors import UsageError
-from autotune.estimate import find_model, job_shape
+from autotune.estimate import find_model
 
 MODEL = find_model("Qwen2-7B")
 JOB = {"global_batch": 64, "num_generations": 8, "max_completion_length": 1024}
@@ -134,6 +135,9 @@ def test_unreadable_value_is_a_usage_error() -> None:
         shape("trl", {"per_device_train_batch_size": "many"})
 
 
-def test_move_model_batches_only_under_zero3() -> None:
-    assert shape("swift", {"deepspeed": "zero3", "move_model_batches": 8}).move_model_batches == 8
-    assert shape("swift", {"deepspeed": "zero2", "move_model_batches": 8}).move_model_batches is None
+def test_move_model_batches_only_under_zero3_with_vllm() -> None:
+    vllm = {"use_vllm": True, "vllm_mode": "colocate"}
+    assert shape("swift", {"deepspeed": "zero3", "move_model_batches": 8, **vllm}).move_model_batches == 8
+    assert shape("swift", {"deepspeed": "zero2", "move_model_batches": 8, **vllm}).move_model_batches is None
+    # ms-swift splits only the weight sync into vLLM: without vLLM the flag does nothing
+    assert shape("swift", {"deepspeed": "zero3", "move_model_batches": 8}).move_model_batches is None

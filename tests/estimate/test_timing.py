@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from autotune.estimate import estimate_step_time, find_gpu, find_model, job_shape
+from autotune.backends import job_shape
+from autotune.estimate import estimate_step_time, find_gpu, find_model
 
 JOB = {"global_batch": 64, "num_generations": 8, "max_completion_length": 1024, "vllm_max_model_length": 2048}
 

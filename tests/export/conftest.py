@@ -99,7 +99,6 @@ def make_study(
         "max_steps": 20,
         "max_completion_length": max_completion_length,
         "fixed": fixed or {},
-        "passthrough": [],
         "dataset": dataset,
         "seed": 0,
         "versions": {"autotune": "0.1.0", backend: backend_version or "1.16.0"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -86,7 +87,8 @@ def test_secrets_never_reach_an_export(fixture_study: Path) -> None:
 def test_a_secret_looking_value_is_left_out_whatever_its_name(fixture_study: Path) -> None:
     from tests.export.conftest import edit_settings
 
-    edit_settings(fixture_study, passthrough=["--vllm_server_base_url", "http://user:pa55word@host:8000"])
+    fixed = json.loads((fixture_study / "study.json").read_text())["fixed"]
+    edit_settings(fixture_study, fixed={**fixed, "vllm_server_base_url": "http://user:pa55word@host:8000"})
     text = export_study(fixture_study, "swift").files["command.sh"]
     assert "pa55word" not in text and "--vllm_server_base_url left out" in text
 

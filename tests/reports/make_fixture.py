@@ -1017,8 +1017,8 @@ def study_settings(
             "use_vllm": True,
             "vllm_mode": "colocate",
             "max_prompt_length": 512,
+            "hub_token": SECRET_TOKEN,  # given after --, as the search job reads it
         },
-        "passthrough": ["--hub_token", SECRET_TOKEN],
         "dataset": f"{original_root}/../data/math.jsonl",
         "seed": 0,
         "space": space_describe(),

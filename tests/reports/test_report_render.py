@@ -239,6 +239,8 @@ def test_profile_report(tmp_path: Path) -> None:
             {
                 "command": ["python", "train.py", "--hub_token", "abcdef123456"],
                 "hardware": mf.hardware().model_dump(mode="json"),
+                # the copied trial holds ms-swift knobs: its backend reads them, as in the study
+                "backend": "swift",
             }
         )
     )

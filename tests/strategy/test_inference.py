@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.backends.trl.backend import TrlBackend
 from autotune.records import TrialResult, TrialStatus
 from autotune.strategy import infer_infeasible, oom_dominated
 from autotune.strategy._inference import is_kv_failure, is_memory_failure, needs_at_least
@@ -24,7 +25,7 @@ knobs:
 def space(tmp_path: Path):
     p = tmp_path / "s.yaml"
     p.write_text(SPACE)
-    return load_space(p)
+    return load_space(p).with_roles(TrlBackend.knob_roles())
 
 
 def oom(params: dict) -> TrialResult:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from autotune.backends import Backend, BackendInfo, ModelRef, RuleViolation, TrialContext
+from autotune.backends.command import CommandBackend
 from autotune.records import (
     Hardware,
     HostInfo,
@@ -37,6 +38,10 @@ GIB = 2**30
 
 class FakeBackend(Backend):
     name = "fake"
+
+    @classmethod
+    def describe(cls, params, derived, fixed, n_gpus):  # noqa: ANN001, ANN206 - knobs in TRL's words
+        return CommandBackend.describe(params, derived, fixed, n_gpus)
 
     def probe(self) -> BackendInfo:
         return BackendInfo(name="fake", version="1")
@@ -173,7 +178,13 @@ def test_a_strategy_can_be_passed_in(tmp_path: Path) -> None:
     space_file = tmp_path / "space.yaml"
     space_file.write_text(SPACE)
     space = load_space(space_file, backend="fake")
-    sweep = DeepSpeedSweep(space, base=space.defaults(), stage_knob="zero_stage", stages=(0, 2, 3))
+    sweep = DeepSpeedSweep(
+        space,
+        base=space.defaults(),
+        stage_knob="zero_stage",
+        stages=(0, 2, 3),
+        batch_knob="per_device_train_batch_size",
+    )
     study, ex = make(tmp_path, "sweep", 30, strategy=sweep)
     outcome = study.run()
     assert study.strategy is sweep

@@ -27,6 +27,9 @@ def space(tmp_path: Path) -> SearchSpace:
     return load_space(p)
 
 
+BATCH = "per_device_train_batch_size"
+
+
 def run(sweep: DeepSpeedSweep, truth: Any, limit: int = 30) -> list[TrialResult]:
     history: list[TrialResult] = []
     while len(history) < limit and (p := sweep.propose(history, set())) is not None:
@@ -53,7 +56,9 @@ def test_stage_by_stage_batch_up_to_the_first_oom(space: SearchSpace) -> None:
             return TrialStatus.OOM, None
         return TrialStatus.COMPLETE, b * (1.0 if z < 3 else 0.9)
 
-    sweep = DeepSpeedSweep(space, base={"use_vllm": False}, stage_knob="zero_stage", stages=(0, 2, 3))
+    sweep = DeepSpeedSweep(
+        space, base={"use_vllm": False}, stage_knob="zero_stage", stages=(0, 2, 3), batch_knob=BATCH
+    )
     history = run(sweep, truth)
     tried = [(r.params["zero_stage"], r.params["per_device_train_batch_size"], r.status) for r in history]
     assert tried == [
@@ -76,14 +81,18 @@ def test_a_slower_stage_ends_the_sweep(space: SearchSpace) -> None:
             return TrialStatus.OOM, None
         return TrialStatus.COMPLETE, b * (1.0 if z == 0 else 0.5)
 
-    history = run(DeepSpeedSweep(space, base={}, stage_knob="zero_stage", stages=(0, 2, 3)), truth)
+    history = run(
+        DeepSpeedSweep(space, base={}, stage_knob="zero_stage", stages=(0, 2, 3), batch_knob=BATCH), truth
+    )
     assert {r.params["zero_stage"] for r in history} == {0, 2}  # stage 2 was slower: stage 3 never runs
 
 
 def test_a_stage_predicted_not_to_fit_is_skipped(space: SearchSpace) -> None:
     feasible = lambda p: p["zero_stage"] != 0 or p["per_device_train_batch_size"] <= 2  # noqa: E731
     history = run(
-        DeepSpeedSweep(space, base={}, stage_knob="zero_stage", stages=(0, 2), feasible=feasible),
+        DeepSpeedSweep(
+            space, base={}, stage_knob="zero_stage", stages=(0, 2), feasible=feasible, batch_knob=BATCH
+        ),
         lambda p: (TrialStatus.COMPLETE, float(p["per_device_train_batch_size"])),
     )
     assert [(r.params["zero_stage"], r.params["per_device_train_batch_size"]) for r in history][:3] == [
@@ -103,7 +112,9 @@ def test_an_unhealthy_run_does_not_stop_the_sweep_but_is_never_its_best(space: S
             return TrialStatus.UNHEALTHY, 9.0  # fast, but useless
         return TrialStatus.COMPLETE, float(b) * {2: 1.0, 3: 1.5, 0: 0.5}[z]
 
-    history = run(DeepSpeedSweep(space, base={}, stage_knob="zero_stage", stages=(2, 3, 0)), truth)
+    history = run(
+        DeepSpeedSweep(space, base={}, stage_knob="zero_stage", stages=(2, 3, 0), batch_knob=BATCH), truth
+    )
     stage2 = [
         (r.params["per_device_train_batch_size"], r.status) for r in history if r.params["zero_stage"] == 2
     ]

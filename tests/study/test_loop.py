@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from autotune.backends import Backend, BackendInfo, ModelRef, RuleViolation, StepParser, TrialContext
+from autotune.backends.command import CommandBackend
 from autotune.errors import UsageError
 from autotune.records import (
     Hardware,
@@ -34,6 +35,10 @@ knobs:
 
 class FakeBackend(Backend):
     name = "fake"
+
+    @classmethod
+    def describe(cls, params, derived, fixed, n_gpus):  # noqa: ANN001, ANN206 - knobs in TRL's words
+        return CommandBackend.describe(params, derived, fixed, n_gpus)
 
     def probe(self) -> BackendInfo:
         return BackendInfo(name="fake", version="1")

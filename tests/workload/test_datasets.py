@@ -10,7 +10,7 @@ from autotune.workload.datasets import generate_tasks, read_rows, score_completi
 
 
 def test_write_prompts_trl_rows_are_conversational(tmp_path: Path) -> None:
-    path = write_prompts(tmp_path / "sub" / "p.jsonl", 20, seed=3, style="trl")
+    path = write_prompts(tmp_path / "sub" / "p.jsonl", 20, seed=3, style="prompt")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 20
     for row in rows:
@@ -21,8 +21,8 @@ def test_write_prompts_trl_rows_are_conversational(tmp_path: Path) -> None:
 
 
 def test_write_prompts_swift_uses_messages_and_same_content(tmp_path: Path) -> None:
-    trl = read_rows(write_prompts(tmp_path / "a.jsonl", 8, seed=1, style="trl"))
-    swift = read_rows(write_prompts(tmp_path / "b.jsonl", 8, seed=1, style="swift"))
+    trl = read_rows(write_prompts(tmp_path / "a.jsonl", 8, seed=1, style="prompt"))
+    swift = read_rows(write_prompts(tmp_path / "b.jsonl", 8, seed=1, style="messages"))
     assert [r["messages"] for r in swift] == [r["prompt"] for r in trl]
     assert [r["solution"] for r in swift] == [r["solution"] for r in trl]
 

@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._base import StepParser, as_number
+from autotune.backends._base import StepParser
+from autotune.backends._values import as_number
 from autotune.records import StepMetrics
 
 __all__ = ["SwiftLogParser", "is_step_record", "parse_dict_literal", "record_values"]

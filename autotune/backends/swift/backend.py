@@ -41,6 +41,7 @@ from autotune.backends._base import (
     StepParser,
     TrialContext,
 )
+from autotune.backends._values import as_bool, as_int
 from autotune.backends.swift._args import (
     MIN_VERSION,
     SwiftFlags,
@@ -49,9 +50,11 @@ from autotune.backends.swift._args import (
     parse_version,
 )
 from autotune.backends.swift._log import SwiftLogParser
+from autotune.backends.swift.config import KNOB_FIELDS, PRESETS, canonical_args, describe_swift, preset_for
 from autotune.errors import BackendError, UsageError
+from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, TrialSpec
-from autotune.study.fixed import flag_name, parse_flag_argv
+from autotune.study.fixed import flag_name
 
 __all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
 
@@ -118,21 +121,6 @@ def _is_vllm_only(name: str) -> bool:
     return name in VLLM_ONLY_FLAGS or name.startswith("vllm_")
 
 
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes", "on")
-    return bool(value)
-
-
-def _as_int(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        return None
-
-
 def _shebang_python(executable: str) -> str | None:
     """The interpreter named on the first line of a console script, when it names one directly."""
     try:
@@ -165,7 +153,48 @@ class SwiftBackend(Backend):
     """
 
     name: ClassVar[str] = "swift"
+    display_name: ClassVar[str] = "ms-swift"
+    space_name: ClassVar[str | None] = "swift"
     knob_names: ClassVar[frozenset[str] | None] = frozenset(_KNOBS)
+    knob_fields = KNOB_FIELDS
+
+    @classmethod
+    def describe(
+        cls, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+    ) -> JobConfig:
+        """What ms-swift's knobs and flags mean (:func:`describe_swift`)."""
+        return describe_swift(params, derived, fixed, n_gpus, cls.knob_defaults())
+
+    @classmethod
+    def from_cli(
+        cls,
+        *,
+        command: tuple[str, ...] = (),
+        space: str | None = None,
+        metrics_file: str | None = None,
+        executable: str | None = None,
+    ) -> SwiftBackend:
+        """``--executable`` names the ``swift`` command (default: on PATH)."""
+        return cls(executable=executable) if executable else cls()
+
+    @classmethod
+    def lora_args(cls, rank: int) -> dict[str, Any]:
+        """``--tuner_type lora --lora_rank N``."""
+        return {"tuner_type": "lora", "lora_rank": rank}
+
+    @classmethod
+    def without_offload(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Offload off: a ``*_offload`` preset becomes the preset of the same ZeRO stage without offload."""
+        out = super().without_offload(params)
+        spec = PRESETS.get(str(out.get("deepspeed")))
+        if spec is not None and (spec[1] or spec[2]):
+            out["deepspeed"] = preset_for(spec[0], False, False)
+        return out
+
+    @classmethod
+    def canonical_args(cls, args: Mapping[str, Any]) -> dict[str, Any]:
+        """One spelling of the tuner flag (3.x ``train_type``); the installed version's is chosen at render."""
+        return canonical_args(args)
 
     def __init__(
         self,
@@ -317,9 +346,7 @@ class SwiftBackend(Backend):
     def _fixed(ctx: TrialContext) -> dict[str, Any]:
         """The user's fixed flags with normalised names; those after ``--`` win over the file's."""
         fixed = {flag_name(k): v for k, v in ctx.fixed.items()}
-        fixed.update(parse_flag_argv(ctx.passthrough))
-        # one spelling for the tuner flag (3.x: train_type); the installed version's is chosen at render
-        return {("tuner_type" if k == "train_type" else k): v for k, v in fixed.items()}
+        return canonical_args(fixed)
 
     def _effective(self, params: Mapping[str, Any], ctx: TrialContext) -> dict[str, Any]:
         """Fixed flags overlaid with the trial's knobs (knobs win)."""
@@ -330,12 +357,12 @@ class SwiftBackend(Backend):
     @staticmethod
     def _world_size(params: Mapping[str, Any], ctx: TrialContext) -> int:
         if ctx.cpu_only:
-            return max(1, _as_int(params.get("num_processes", 1)) or 1)
+            return max(1, as_int(params.get("num_processes", 1)) or 1)
         return len(ctx.gpus)
 
     def derive(self, params: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
         world = self._world_size(params, ctx)
-        pdbs = _as_int(self._effective(params, ctx).get("per_device_train_batch_size", 1)) or 1
+        pdbs = as_int(self._effective(params, ctx).get("per_device_train_batch_size", 1)) or 1
         derived: dict[str, Any] = {"world_size": world}
         if pdbs > 0 and ctx.global_batch % (pdbs * world) == 0 and ctx.global_batch >= pdbs * world:
             derived["gradient_accumulation_steps"] = ctx.global_batch // (pdbs * world)
@@ -345,7 +372,7 @@ class SwiftBackend(Backend):
         """ms-swift's defaults, with the per-device batch lowered until it divides the global batch."""
         params = dict(defaults)
         world = self._world_size(params, ctx)
-        pdbs = _as_int(params.get("per_device_train_batch_size", 1)) or 1
+        pdbs = as_int(params.get("per_device_train_batch_size", 1)) or 1
         while pdbs > 1 and ctx.global_batch % (pdbs * world) != 0:
             pdbs -= 1
         if "per_device_train_batch_size" in params:
@@ -359,7 +386,7 @@ class SwiftBackend(Backend):
         eff = self._effective(params, ctx)
         out: list[RuleViolation] = []
         world = int(derived.get("world_size") or self._world_size(params, ctx))
-        pdbs = _as_int(eff.get("per_device_train_batch_size", 1)) or 1
+        pdbs = as_int(eff.get("per_device_train_batch_size", 1)) or 1
         per_step = pdbs * world
         G = ctx.num_generations
         if ctx.global_batch % per_step != 0 or ctx.global_batch < per_step:
@@ -371,8 +398,8 @@ class SwiftBackend(Backend):
                 )
             )
         ga = ctx.global_batch // per_step if ctx.global_batch % per_step == 0 else None
-        gen_batch = _as_int(eff.get("generation_batch_size"))
-        steps_per_gen = _as_int(eff.get("steps_per_generation"))
+        gen_batch = as_int(eff.get("generation_batch_size"))
+        steps_per_gen = as_int(eff.get("steps_per_generation"))
         if gen_batch is not None and steps_per_gen is not None:
             expected = per_step * steps_per_gen
             if gen_batch != expected:
@@ -404,7 +431,7 @@ class SwiftBackend(Backend):
                     f"num_generations {G}",
                 )
             )
-        use_vllm = _as_bool(eff.get("use_vllm", False))
+        use_vllm = as_bool(eff.get("use_vllm", False))
         mode = eff.get("vllm_mode")
         if use_vllm:
             if ctx.cpu_only:
@@ -426,7 +453,7 @@ class SwiftBackend(Backend):
                         "(a running `swift rollout` server)",
                     )
                 )
-            tp = _as_int(eff.get("vllm_tensor_parallel_size", 1)) or 1
+            tp = as_int(eff.get("vllm_tensor_parallel_size", 1)) or 1
             if mode in (None, "colocate") and world % tp != 0:
                 out.append(
                     RuleViolation(
@@ -440,7 +467,7 @@ class SwiftBackend(Backend):
                         "vllm_not_installed", "use_vllm true but vLLM is not installed beside ms-swift"
                     )
                 )
-        if _as_bool(eff.get("async_generate", False)) and not (use_vllm and mode == "server"):
+        if as_bool(eff.get("async_generate", False)) and not (use_vllm and mode == "server"):
             out.append(
                 RuleViolation(
                     "async_generate_needs_server", "async_generate needs use_vllm true and vllm_mode server"
@@ -457,7 +484,7 @@ class SwiftBackend(Backend):
                         f"deepspeed {deepspeed} but DeepSpeed is not installed beside ms-swift",
                     )
                 )
-        mmb = _as_int(eff.get("move_model_batches"))
+        mmb = as_int(eff.get("move_model_batches"))
         if eff.get("move_model_batches") is not None and (mmb is None or mmb < 1):
             out.append(
                 RuleViolation("move_model_batches_positive", "move_model_batches must be a positive integer")
@@ -483,8 +510,6 @@ class SwiftBackend(Backend):
         """
         flags = self.flags()
         names = {flag_name(k) for k in fixed}
-        if ctx is not None:
-            names |= set(parse_flag_argv(ctx.passthrough))
         norm_fixed = {flag_name(k): v for k, v in fixed.items()}
         if "rlhf_type" in norm_fixed and str(norm_fixed["rlhf_type"]) != "grpo":
             raise BackendError(
@@ -501,7 +526,7 @@ class SwiftBackend(Backend):
                 ("num_generations", ctx.num_generations),
                 ("max_completion_length", ctx.max_completion_length),
             ):
-                if name in norm_fixed and _as_int(norm_fixed[name]) != own:
+                if name in norm_fixed and as_int(norm_fixed[name]) != own:
                     raise BackendError(
                         f"--{name} {norm_fixed[name]} in the fixed arguments differs from the study's {own}",
                         hint=f"Set it with autotune's --{name.replace('_', '-')} option instead",
@@ -586,7 +611,7 @@ class SwiftBackend(Backend):
         params = dict(spec.params)
         derived_ga = spec.derived.get("gradient_accumulation_steps")
         fixed = self._fixed(ctx)
-        use_vllm = _as_bool(params.get("use_vllm", fixed.get("use_vllm", False)))
+        use_vllm = as_bool(params.get("use_vllm", fixed.get("use_vllm", False)))
 
         args: list[str] = [exe, "rlhf", "--rlhf_type", "grpo"]
         emitted: set[str] = {"rlhf_type"}
@@ -691,7 +716,7 @@ class SwiftBackend(Backend):
 
         per_step = max(1, -(-ctx.global_batch // max(1, ctx.num_generations)))
         n = max(32, ctx.max_steps * per_step + 16)
-        return write_prompts(self._prompts_path(ctx), n, seed=ctx.seed, style="swift")
+        return write_prompts(self._prompts_path(ctx), n, seed=ctx.seed, style="messages")
 
     @staticmethod
     def _prompts_path(ctx: TrialContext) -> Path:

@@ -27,9 +27,19 @@ from autotune.backends._values import (
     required_float,
     required_int,
 )
+from autotune.errors import UsageError
 from autotune.jobconfig import JobConfig
 
-__all__ = ["PRESETS", "SWIFT_FACTS", "describe_swift", "preset_for"]
+__all__ = [
+    "LIST_ARGS",
+    "PRESETS",
+    "SWIFT_FACTS",
+    "TRL_NAMES",
+    "canonical_args",
+    "describe_swift",
+    "list_value",
+    "preset_for",
+]
 
 #: ``--deepspeed`` preset → (ZeRO stage, optimizer offload, parameter offload).
 PRESETS: dict[str, tuple[int, bool, bool]] = {
@@ -47,6 +57,53 @@ SWIFT_FACTS: dict[str, Any] = {
     "lora_rank": 8,
     "ds_bucket_elements": int(2e8),  # reduce_bucket_size / allgather_bucket_size of swift/config/zero*.json
 }
+
+
+#: ms-swift name → TRL name, for arguments that mean the same under another name.
+TRL_NAMES: dict[str, str] = {
+    "vllm_max_model_len": "vllm_max_model_length",
+    "lora_rank": "lora_r",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "target_modules": "lora_target_modules",
+    "torch_dtype": "dtype",
+    "attn_impl": "attn_implementation",
+}
+
+#: flags ms-swift takes as ``--flag a b c`` and TRL/YAML as a list.
+LIST_ARGS = frozenset(
+    {"report_to", "target_modules", "lora_target_modules", "reward_funcs", "external_plugins"}
+)
+
+
+#: JobConfig field → the ms-swift flag that sets it.
+KNOB_FIELDS: dict[str, tuple[str, ...]] = {
+    "per_device_batch": ("per_device_train_batch_size",),
+    "gradient_checkpointing": ("gradient_checkpointing",),
+    "dataloader_num_workers": ("dataloader_num_workers",),
+    "deepspeed": ("deepspeed",),
+    "zero_stage": ("deepspeed",),
+    "ds_offload_optimizer": ("deepspeed",),
+    "ds_offload_param": ("deepspeed",),
+    "ds_config_path": ("deepspeed",),
+    "lora_rank": ("lora_rank",),
+    "beta": ("beta",),
+    "use_vllm": ("use_vllm",),
+    "vllm_mode": ("vllm_mode",),
+    "vllm_util": ("vllm_gpu_memory_utilization",),
+    "vllm_tp": ("vllm_tensor_parallel_size",),
+    "sleep_level": ("sleep_level",),
+    "rollout_offload_optimizer": ("offload_optimizer",),
+    "rollout_offload_model": ("offload_model",),
+    "move_model_batches": ("move_model_batches",),
+    "vllm_max_model_len": ("vllm_max_model_len",),
+    "world_size": ("num_processes",),
+}
+
+
+def canonical_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """ms-swift flags with one spelling of each: 3.x's ``train_type`` is 4.x's ``tuner_type``."""
+    return {("tuner_type" if k == "train_type" else k): v for k, v in args.items()}
 
 
 def preset_for(stage: int, offload_optimizer: bool, offload_param: bool) -> str | None:
@@ -73,32 +130,11 @@ def describe_swift(
         n_gpus: GPUs of the trial (0 on a CPU-only study).
         defaults: the knobs' defaults (the ms-swift space's).
     """
-    given = {("tuner_type" if k == "train_type" else k): v for k, v in {**fixed, **params}.items()}
+    given = canonical_args({**fixed, **params})
     p: dict[str, Any] = {**defaults, **given}
     origin: dict[str, tuple[str, Any]] = {}
-    for field, name in {
-        "per_device_batch": "per_device_train_batch_size",
-        "gradient_checkpointing": "gradient_checkpointing",
-        "dataloader_num_workers": "dataloader_num_workers",
-        "deepspeed": "deepspeed",
-        "zero_stage": "deepspeed",
-        "ds_offload_optimizer": "deepspeed",
-        "ds_offload_param": "deepspeed",
-        "ds_config_path": "deepspeed",
-        "lora_rank": "lora_rank",
-        "beta": "beta",
-        "use_vllm": "use_vllm",
-        "vllm_mode": "vllm_mode",
-        "vllm_util": "vllm_gpu_memory_utilization",
-        "vllm_tp": "vllm_tensor_parallel_size",
-        "sleep_level": "sleep_level",
-        "rollout_offload_optimizer": "offload_optimizer",
-        "rollout_offload_model": "offload_model",
-        "move_model_batches": "move_model_batches",
-        "vllm_max_model_len": "vllm_max_model_len",
-        "world_size": "num_processes",
-    }.items():
-        if given.get(name) is not None:
+    for field, (name,) in KNOB_FIELDS.items():
+        if name in given:
             origin[field] = (name, given[name])
 
     shape = batch_shape(p, derived, n_gpus, int(defaults["per_device_train_batch_size"]))
@@ -108,10 +144,15 @@ def describe_swift(
         deepspeed, (stage, off_opt, off_param) = False, (0, False, False)
     elif str(preset) in PRESETS:
         deepspeed, (stage, off_opt, off_param) = True, PRESETS[str(preset)]
-    else:
+    elif str(preset).endswith(".json"):
         deepspeed, custom, (stage, off_opt, off_param) = True, str(preset), (0, False, False)
+    else:
+        raise UsageError(
+            f"deepspeed {preset!r} is not an ms-swift preset",
+            hint=f"Use one of {', '.join(PRESETS)} (or none), or the path of a DeepSpeed JSON",
+        )
     use_vllm = as_bool(p.get("use_vllm"))
-    mode = pick(p, "vllm_mode") if use_vllm else None
+    mode = given.get("vllm_mode") if use_vllm else None  # no default: ms-swift raises without one
     colocate = use_vllm and mode != "server"
     tp = required_int(p, "vllm_tensor_parallel_size", 1) if use_vllm else 1
     tuner = str(pick(p, "tuner_type", default="full")).lower()
@@ -161,3 +202,10 @@ def describe_swift(
         ds_bucket_elements=SWIFT_FACTS["ds_bucket_elements"],
         origin=origin,
     )
+
+
+def list_value(name: str, value: Any) -> Any:
+    """Flags that are lists in one framework and may be a single text in the other."""
+    if name in LIST_ARGS and isinstance(value, str):
+        return value.split() if " " in value.strip() else [value]
+    return value

@@ -24,18 +24,13 @@ from importlib.resources import files
 from typing import Any
 
 from autotune.backends._base import ModelRef, TrialContext
+from autotune.backends._vocab import SHARED_ARGS
+from autotune.backends.swift.config import TRL_NAMES, preset_for
 from autotune.errors import UsageError
 from autotune.export._common import Export, drop_secrets, flag_lines, refuse, shell_script
 from autotune.export._job import demo_prompts, header, user_dataset, uses_demo_reward
-from autotune.export._translate import (
-    SHARED_ARGS,
-    SWIFT_TO_TRL,
-    Knobs,
-    fixed_args,
-    knobs_of,
-    swift_preset,
-)
 from autotune.export._winner import Winner
+from autotune.jobconfig import JobConfig
 from autotune.records import TrialSpec
 
 __all__ = ["DEFAULT_SWIFT_VERSION", "SCRIPT", "export_swift"]
@@ -44,7 +39,7 @@ SCRIPT = "command.sh"
 #: the ms-swift version a TRL study's export is written for (the study never ran ms-swift).
 DEFAULT_SWIFT_VERSION = "4.6.0"
 
-_TRL_TO_SWIFT = {trl: swift for swift, trl in SWIFT_TO_TRL.items()}
+_TRL_TO_SWIFT = {trl: swift for swift, trl in TRL_NAMES.items()}
 #: TRL knobs (and GRPOConfig fields that are knobs' neighbours) carried by the knob translation.
 _TRL_KNOB_ARGS = frozenset(
     {
@@ -64,6 +59,24 @@ _TRL_KNOB_ARGS = frozenset(
         "max_completion_length",
     }
 )
+
+
+def swift_preset(k: JobConfig, fmt: str, instead: str | None) -> str | None:
+    """The ``--deepspeed`` preset for the knobs' ZeRO stage and offload (None: DeepSpeed off).
+
+    Raises:
+        UsageError: a stage/offload combination no preset has (ZeRO-3 with only one kind of offload,
+            ZeRO-1 with offload).
+    """
+    if k.ds_config_path is not None:
+        return k.ds_config_path
+    if k.sharding_stage is None:
+        return None
+    preset = preset_for(k.sharding_stage, k.ds_offload_optimizer, k.ds_offload_param)
+    if preset is not None:
+        return preset
+    what = k.named("ds_offload_param" if k.sharding_stage == 3 else "ds_offload_optimizer")
+    raise refuse(f"{what} with ZeRO-{k.sharding_stage}", fmt, instead)
 
 
 def _context(w: Winner, fixed: dict[str, Any]) -> TrialContext:
@@ -88,10 +101,10 @@ def _context(w: Winner, fixed: dict[str, Any]) -> TrialContext:
     )
 
 
-def _from_trl(w: Winner, k: Knobs, fixed: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _from_trl(w: Winner, k: JobConfig, fixed: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """ms-swift knobs and fixed flags with the meaning of a TRL trial's."""
     params: dict[str, Any] = {
-        "per_device_train_batch_size": k.per_device_train_batch_size,
+        "per_device_train_batch_size": k.per_device_batch,
         "gradient_checkpointing": k.gradient_checkpointing,
         "dataloader_num_workers": k.dataloader_num_workers,
     }
@@ -104,8 +117,8 @@ def _from_trl(w: Winner, k: Knobs, fixed: dict[str, Any]) -> tuple[dict[str, Any
         params.update(
             use_vllm=True,
             vllm_mode=k.vllm_mode or "colocate",
-            vllm_gpu_memory_utilization=k.vllm_gpu_memory_utilization,
-            vllm_tensor_parallel_size=k.vllm_tensor_parallel_size,
+            vllm_gpu_memory_utilization=k.vllm_util,
+            vllm_tensor_parallel_size=k.vllm_tp,
             sleep_level=k.sleep_level,
         )
     out: dict[str, Any] = {"beta": 0.0}  # TRL's default; ms-swift's is 0.04
@@ -155,8 +168,8 @@ def export_swift(w: Winner) -> Export:
 
     if w.backend not in ("swift", "trl"):
         raise refuse(f"a study of the {w.backend or 'unknown'} backend", "swift", "command")
-    fixed, notes = drop_secrets(fixed_args(w))
-    k = knobs_of(w)
+    fixed, notes = drop_secrets(w.fixed)
+    k = w.config
     comments = header(w, "swift")
     if w.backend == "swift":
         params = dict(w.result.params)
@@ -187,7 +200,7 @@ def export_swift(w: Winner) -> Export:
     comments += notes
     backend = SwiftBackend(executable=exe, version=version, flag_names=())
     ctx = _context(w, swift_fixed)
-    derived = {"world_size": k.world_size, "gradient_accumulation_steps": k.gradient_accumulation_steps}
+    derived = {"world_size": k.world_size, "gradient_accumulation_steps": k.grad_accum}
     plan = backend.job_plan(TrialSpec(number=w.number, params=params, derived=derived), ctx)
     script = shell_script(comments, flag_lines(plan.argv, lead=2), env=plan.env)
     return Export(

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ from autotune.backends._base import (
     TrialContext,
     trial_path,
 )
+from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError
+from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.study.space import SearchSpace
 
@@ -41,20 +44,20 @@ CONFIG_FILE = "trial_config.json"
 DS_CONFIG_FILE = "ds_config.json"
 PROMPTS_FILE = "prompts.jsonl"
 
-#: TRL's own defaults for the knobs (trl 1.16 GRPOConfig and TrainingArguments).
-TRL_DEFAULTS: dict[str, Any] = {
-    "per_device_train_batch_size": 8,
-    "gradient_checkpointing": True,
-    "dataloader_num_workers": 0,
-    "zero_stage": 0,
-    "offload_optimizer": False,
-    "offload_param": False,
-    "num_processes": 1,
-    "use_vllm": False,
-    "vllm_gpu_memory_utilization": 0.3,
-    "vllm_enable_sleep_mode": False,
-    "vllm_tensor_parallel_size": 1,
-}
+#: the knobs a TRL trial renders (their defaults are TRL's own, in search_spaces/trl.yaml).
+_KNOBS: tuple[str, ...] = (
+    "per_device_train_batch_size",
+    "gradient_checkpointing",
+    "dataloader_num_workers",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_param",
+    "num_processes",
+    "use_vllm",
+    "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode",
+    "vllm_tensor_parallel_size",
+)
 
 # GRPOConfig arguments autotune owns: the user's fixed arguments cannot change them, because the
 # metrics file, the step budget and the fixed training semantics depend on them.
@@ -216,7 +219,29 @@ class TrlBackend(Backend):
     """TRL ``GRPOTrainer`` trials (see the module docstring)."""
 
     name = "trl"
-    knob_names = frozenset(TRL_DEFAULTS)
+    display_name = "TRL"
+    space_name = "trl"
+    knob_names = frozenset(_KNOBS)
+    knob_fields = KNOB_FIELDS
+
+    @classmethod
+    def describe(
+        cls, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+    ) -> JobConfig:
+        """What TRL's knobs and ``GRPOConfig`` arguments mean (:func:`describe_trl`)."""
+        return describe_trl(params, derived, fixed, n_gpus, cls.knob_defaults())
+
+    @classmethod
+    def lora_args(cls, rank: int) -> dict[str, Any]:
+        """PEFT LoRA through ``GRPOConfig``: ``use_peft`` with ``lora_r``."""
+        return {"use_peft": True, "lora_r": rank}
+
+    @classmethod
+    def uses_demo_reward(cls, fixed: Mapping[str, Any]) -> bool:
+        """TRL trials score with autotune's reward unless ``reward_funcs`` leaves ``autotune`` out."""
+        rewards = fixed.get("reward_funcs") or ["autotune"]
+        rewards = [rewards] if isinstance(rewards, str) else list(rewards)
+        return "autotune" in rewards
 
     def probe(self) -> BackendInfo:
         """Find trl and torch in this interpreter (the worker runs with ``sys.executable``)."""
@@ -252,9 +277,8 @@ class TrlBackend(Backend):
 
     # -------------------------------------------------------------------------------- semantics
 
-    @staticmethod
-    def _value(params: dict[str, Any], name: str) -> Any:
-        return params.get(name, TRL_DEFAULTS[name])
+    def _value(self, params: Mapping[str, Any], name: str) -> Any:
+        return params[name] if name in params else self.knob_defaults()[name]
 
     def _world_size(self, params: dict[str, Any], ctx: TrialContext) -> int:
         if ctx.cpu_only:
@@ -345,7 +369,7 @@ class TrlBackend(Backend):
         """TRL's defaults, with the largest per-device batch ≤ the default that keeps the global batch."""
         out = dict(defaults)
         world = max(1, self._world_size(out, ctx))
-        pdbs = int(out.get("per_device_train_batch_size", TRL_DEFAULTS["per_device_train_batch_size"]))
+        pdbs = int(self._value(out, "per_device_train_batch_size"))
         while pdbs > 1 and ctx.global_batch % (pdbs * world) != 0:
             pdbs -= 1
         out["per_device_train_batch_size"] = pdbs
@@ -414,7 +438,7 @@ class TrlBackend(Backend):
             n_prompts = min(
                 4096, max(64, math.ceil(ctx.max_steps * ctx.global_batch / max(1, ctx.num_generations)))
             )
-            dataset = str(write_prompts(trial_path(ctx, PROMPTS_FILE), n_prompts, ctx.seed, style="trl"))
+            dataset = str(write_prompts(trial_path(ctx, PROMPTS_FILE), n_prompts, ctx.seed, style="prompt"))
         if zero > 0:
             config = ds_config(
                 zero,
@@ -435,7 +459,7 @@ class TrlBackend(Backend):
         config_path = trial_path(ctx, CONFIG_FILE)
         config_path.write_text(json.dumps(worker_config, indent=2, default=str) + "\n", encoding="utf-8")
 
-        worker = ["-m", "autotune.backends.trl_worker", str(config_path), *ctx.passthrough]
+        worker = ["-m", "autotune.backends.trl_worker", str(config_path)]
         if world > 1 or zero > 0:
             rendezvous = (
                 ["--master_addr", "127.0.0.1", "--master_port", str(ctx.master_port)]

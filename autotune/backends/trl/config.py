@@ -14,7 +14,7 @@ from typing import Any
 from autotune.backends._values import as_bool, as_int, batch_shape, pick, required_float, required_int
 from autotune.jobconfig import JobConfig
 
-__all__ = ["TRL_FACTS", "describe_trl"]
+__all__ = ["KNOB_FIELDS", "TRL_FACTS", "describe_trl"]
 
 #: TRL's defaults for what is not a knob of its space (trl 1.16 sources).
 TRL_FACTS: dict[str, Any] = {
@@ -23,6 +23,27 @@ TRL_FACTS: dict[str, Any] = {
     "max_num_batched_tokens": 4096,  # trl/generation/vllm_generation.py passes 4096
     "ds_bucket_elements": int(5e8),  # DeepSpeed's default reduce / all-gather bucket
     "lora_r": 16,
+}
+
+
+#: JobConfig field → TRL's knob or argument names that set it (the first is the knob's name).
+KNOB_FIELDS: dict[str, tuple[str, ...]] = {
+    "per_device_batch": ("per_device_train_batch_size",),
+    "gradient_checkpointing": ("gradient_checkpointing", "activation_checkpointing"),
+    "dataloader_num_workers": ("dataloader_num_workers",),
+    "deepspeed": ("zero_stage",),
+    "zero_stage": ("zero_stage",),
+    "ds_offload_optimizer": ("offload_optimizer",),
+    "ds_offload_param": ("offload_param",),
+    "lora_rank": ("lora_r", "lora_rank"),
+    "beta": ("beta",),
+    "use_vllm": ("use_vllm",),
+    "vllm_mode": ("vllm_mode",),
+    "vllm_util": ("vllm_gpu_memory_utilization",),
+    "vllm_tp": ("vllm_tensor_parallel_size",),
+    "sleep_level": ("vllm_enable_sleep_mode",),
+    "vllm_max_model_len": ("vllm_max_model_length", "vllm_max_model_len"),
+    "world_size": ("num_processes",),
 }
 
 
@@ -48,7 +69,7 @@ def describe_trl(
 
     def note(field: str, *names: str) -> None:
         for name in names:
-            if given.get(name) is not None:
+            if name in given:
                 origin[field] = (name, given[name])
                 return
 
@@ -62,24 +83,7 @@ def describe_trl(
     sleep = 2 if use_vllm and mode != "server" and as_bool(p.get("vllm_enable_sleep_mode")) else 0
     steps_per_generation = as_int(p.get("steps_per_generation")) or shape["grad_accum"]
     lora_rank = int(pick(p, "lora_r", "lora_rank", default=TRL_FACTS["lora_r"])) if use_peft else 0
-    for field, names in {
-        "per_device_batch": ("per_device_train_batch_size",),
-        "gradient_checkpointing": ("gradient_checkpointing", "activation_checkpointing"),
-        "dataloader_num_workers": ("dataloader_num_workers",),
-        "deepspeed": ("zero_stage",),
-        "zero_stage": ("zero_stage",),
-        "ds_offload_optimizer": ("offload_optimizer",),
-        "ds_offload_param": ("offload_param",),
-        "lora_rank": ("lora_r", "lora_rank"),
-        "beta": ("beta",),
-        "use_vllm": ("use_vllm",),
-        "vllm_mode": ("vllm_mode",),
-        "vllm_util": ("vllm_gpu_memory_utilization",),
-        "vllm_tp": ("vllm_tensor_parallel_size",),
-        "sleep_level": ("vllm_enable_sleep_mode",),
-        "vllm_max_model_len": ("vllm_max_model_length", "vllm_max_model_len"),
-        "world_size": ("num_processes",),
-    }.items():
+    for field, names in KNOB_FIELDS.items():
         note(field, *names)
     return JobConfig(
         **shape,

@@ -37,21 +37,16 @@ from typing import Any
 
 import yaml
 
+from autotune.backends._values import typed
+from autotune.backends._vocab import SHARED_ARGS
 from autotune.backends.swift.backend import SwiftBackend
+from autotune.backends.swift.config import TRL_NAMES, list_value
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, drop_secrets, json_text, refuse, shell_script
 from autotune.export._job import demo_prompts, header, precision, user_dataset, uses_demo_reward
-from autotune.export._translate import (
-    SHARED_ARGS,
-    SWIFT_TO_TRL,
-    Knobs,
-    fixed_args,
-    knobs_of,
-    list_value,
-    typed,
-)
 from autotune.export._winner import Winner
 from autotune.export.deepspeed import DS_CONFIG, config_for
+from autotune.jobconfig import JobConfig
 
 __all__ = ["ACCELERATE", "CONFIG", "DEMO_REWARD_PATH", "SCRIPT", "export_trl"]
 
@@ -93,19 +88,21 @@ _SWIFT_KNOB_ARGS = frozenset(SwiftBackend.knob_names or ()) | {
 _DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
-def _check_knobs(k: Knobs) -> None:
+def _check_knobs(k: JobConfig) -> None:
     """Refuse what TRL has no setting for."""
     if k.ds_config_path is not None:
         raise refuse(k.named("ds_config_path"), "trl", "swift")
     if k.sleep_level == 1:
         raise refuse(f"{k.named('sleep_level')} (TRL's vLLM sleeps at level 2 only)", "trl", "swift")
-    if k.vllm_offload_optimizer:
+    if k.rollout_offload_optimizer:
         raise refuse(
-            f"{k.named('vllm_offload_optimizer')} (optimizer to the CPU while vLLM generates)", "trl", "swift"
+            f"{k.named('rollout_offload_optimizer')} (optimizer to the CPU while vLLM generates)",
+            "trl",
+            "swift",
         )
-    if k.vllm_offload_model:
+    if k.rollout_offload_model:
         raise refuse(
-            f"{k.named('vllm_offload_model')} (weights to the CPU while vLLM generates)", "trl", "swift"
+            f"{k.named('rollout_offload_model')} (weights to the CPU while vLLM generates)", "trl", "swift"
         )
     if k.move_model_batches is not None:
         raise refuse(k.named("move_model_batches"), "trl", "swift")
@@ -221,8 +218,8 @@ def _user_fields(w: Winner, fixed: dict[str, Any]) -> dict[str, Any]:
             continue
         if name in SHARED_ARGS:
             out[name] = typed(list_value(name, value))
-        elif name in SWIFT_TO_TRL:
-            out[SWIFT_TO_TRL[name]] = typed(list_value(name, value))
+        elif name in TRL_NAMES:
+            out[TRL_NAMES[name]] = typed(list_value(name, value))
         else:
             raise refuse(f"fixed argument {name}={_text(value)}", "trl", "swift")
     if "lora_r" in out and not out.get("use_peft"):
@@ -230,13 +227,13 @@ def _user_fields(w: Winner, fixed: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _accelerate(k: Knobs, w: Winner, bf16: bool, fp16: bool) -> dict[str, Any]:
+def _accelerate(k: JobConfig, w: Winner, bf16: bool, fp16: bool) -> dict[str, Any]:
     config: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    if k.zero_stage is not None:
+    if k.sharding_stage is not None:
         config["distributed_type"] = "DEEPSPEED"
         config["deepspeed_config"] = {
             "deepspeed_config_file": DS_CONFIG,
-            "zero3_init_flag": k.zero_stage == 3,
+            "zero3_init_flag": k.sharding_stage == 3,
         }
     elif k.world_size > 1:
         config["distributed_type"] = "MULTI_GPU"
@@ -250,9 +247,9 @@ def _accelerate(k: Knobs, w: Winner, bf16: bool, fp16: bool) -> dict[str, Any]:
         num_processes=k.world_size,
         rdzv_backend="static",
         same_network=True,
-        use_cpu=w.cpu_only and k.world_size == 1 and k.zero_stage is None,
+        use_cpu=w.cpu_only and k.world_size == 1 and k.sharding_stage is None,
     )
-    if k.zero_stage is not None:
+    if k.sharding_stage is not None:
         del config["mixed_precision"]  # DeepSpeed takes it from ds_config.json
     return config
 
@@ -273,8 +270,8 @@ def export_trl(w: Winner) -> Export:
     """
     if w.backend not in ("swift", "trl"):
         raise refuse(f"a study of the {w.backend or 'unknown'} backend", "trl", "command")
-    fixed, notes = drop_secrets(fixed_args(w))
-    k = knobs_of(w)
+    fixed, notes = drop_secrets(w.fixed)
+    k = w.config
     _check_knobs(k)
     bf16, fp16 = precision(w, fixed)
     model = w.settings.get("model") or {}
@@ -286,8 +283,8 @@ def export_trl(w: Winner) -> Export:
     job.update(data_fields)
     job.update(reward_fields)
     tuned: dict[str, Any] = {
-        "per_device_train_batch_size": k.per_device_train_batch_size,
-        "gradient_accumulation_steps": k.gradient_accumulation_steps,
+        "per_device_train_batch_size": k.per_device_batch,
+        "gradient_accumulation_steps": k.grad_accum,
         "gradient_checkpointing": k.gradient_checkpointing,
         "dataloader_num_workers": k.dataloader_num_workers,
     }
@@ -295,8 +292,8 @@ def export_trl(w: Winner) -> Export:
         tuned.update(
             use_vllm=True,
             vllm_mode=k.vllm_mode or "colocate",
-            vllm_gpu_memory_utilization=k.vllm_gpu_memory_utilization,
-            vllm_tensor_parallel_size=k.vllm_tensor_parallel_size,
+            vllm_gpu_memory_utilization=k.vllm_util,
+            vllm_tensor_parallel_size=k.vllm_tp,
             vllm_enable_sleep_mode=k.sleep_level == 2,
         )
     study = {
@@ -332,13 +329,13 @@ def export_trl(w: Winner) -> Export:
         f"# {MARKER} from study {w.setting('name', w.study_dir.name)}, trial {w.number}.\n"
         + (yaml.safe_dump(accel, sort_keys=False, default_flow_style=False))
     )
-    if k.zero_stage is not None:
+    if k.sharding_stage is not None:
         files[DS_CONFIG] = json_text(config_for(w, "trl", instead="json"))
     env: dict[str, str] = {}
     if w.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["OMP_NUM_THREADS"] = "1"
-        if k.zero_stage is not None:
+        if k.sharding_stage is not None:
             env["DS_ACCELERATOR"] = "cpu"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in w.gpu_indices)

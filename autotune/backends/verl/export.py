@@ -46,11 +46,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from autotune.backends._values import as_float, typed
+from autotune.backends.swift.config import TRL_NAMES
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, ShellWord, drop_secrets, refuse, shell_script
 from autotune.export._job import header, user_dataset, uses_demo_reward
-from autotune.export._translate import SWIFT_TO_TRL, Knobs, as_float, fixed_args, knobs_of, typed
 from autotune.export._winner import Winner
+from autotune.jobconfig import JobConfig
 
 __all__ = ["FIXED_TO_VERL", "REWARD_FILE", "SCRIPT", "export_verl", "overrides_of"]
 
@@ -157,18 +159,18 @@ def _value(value: Any) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _check(k: Knobs, instead: str) -> None:
+def _check(k: JobConfig, instead: str) -> None:
     """Refuse the knobs verl has no setting for."""
     if k.ds_config_path is not None:
         raise refuse(k.named("ds_config_path"), "verl", instead)
     if not k.use_vllm:
-        what = k.origin.get("use_vllm", "use_vllm=false")
+        what = k.setting("use_vllm") or "use_vllm=false"
         raise refuse(
             f"knob {what} (verl generates with vLLM, SGLang or TensorRT-LLM servers only)", "verl", instead
         )
     if k.vllm_mode == "server":
         raise refuse(f"{k.named('vllm_mode')} (verl runs its own rollout servers)", "verl", instead)
-    if k.zero_stage == 1:
+    if k.sharding_stage == 1:
         raise refuse(f"{k.named('zero_stage')} (FSDP has no optimizer-only sharding)", "verl", instead)
     if k.sleep_level == 2:
         raise refuse(f"{k.named('sleep_level')} (verl frees vLLM's KV cache only)", "verl", instead)
@@ -185,9 +187,9 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
     if w.backend not in ("swift", "trl"):
         raise refuse(f"a study of the {w.backend or 'unknown'} backend", "verl", "command")
     instead = w.backend
-    k = knobs_of(w)
+    k = w.config
     _check(k, instead)
-    fixed, notes = drop_secrets(fixed_args(w))
+    fixed, notes = drop_secrets(w.fixed)
     model = w.settings.get("model") or {}
     gb = int(w.setting("global_batch", 16))
     g = int(w.setting("num_generations", 4))
@@ -227,24 +229,24 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
         ("data.dataloader_num_workers", k.dataloader_num_workers),
         (f"{_AR}.rollout.name", "vllm"),
         (f"{_AR}.rollout.n", g),
-        (f"{_AR}.rollout.gpu_memory_utilization", k.vllm_gpu_memory_utilization),
-        (f"{_AR}.rollout.tensor_model_parallel_size", k.vllm_tensor_parallel_size or 1),
+        (f"{_AR}.rollout.gpu_memory_utilization", k.vllm_util),
+        (f"{_AR}.rollout.tensor_model_parallel_size", k.vllm_tp or 1),
         (f"{_AR}.rollout.free_cache_engine", k.sleep_level >= 1),
-        (f"{_AR}.rollout.log_prob_micro_batch_size_per_gpu", k.per_device_train_batch_size),
-        (f"{_AR}.ref.log_prob_micro_batch_size_per_gpu", k.per_device_train_batch_size),
+        (f"{_AR}.rollout.log_prob_micro_batch_size_per_gpu", k.per_device_batch),
+        (f"{_AR}.ref.log_prob_micro_batch_size_per_gpu", k.per_device_batch),
         (f"{_AR}.actor.ppo_mini_batch_size", prompts_per_step),
-        (f"{_AR}.actor.ppo_micro_batch_size_per_gpu", k.per_device_train_batch_size),
+        (f"{_AR}.actor.ppo_micro_batch_size_per_gpu", k.per_device_batch),
         (f"{_AR}.model.enable_gradient_checkpointing", k.gradient_checkpointing),
     ]
     fsdp = f"{_AR}.actor.fsdp_config"
-    if k.zero_stage is None:
+    if k.sharding_stage is None:
         out.append((f"{fsdp}.fsdp_size", 1))
     else:
-        out.append((f"{fsdp}.reshard_after_forward", k.zero_stage == 3))
-    param_off = k.ds_offload_param or k.vllm_offload_model
+        out.append((f"{fsdp}.reshard_after_forward", k.sharding_stage == 3))
+    param_off = k.ds_offload_param or k.rollout_offload_model
     out += [
         (f"{fsdp}.param_offload", param_off),
-        (f"{fsdp}.optimizer_offload", k.ds_offload_optimizer or k.vllm_offload_optimizer),
+        (f"{fsdp}.optimizer_offload", k.ds_offload_optimizer or k.rollout_offload_optimizer),
         (f"{_AR}.ref.fsdp_config.param_offload", param_off),
     ]
     default_beta = 0.04 if w.backend == "swift" else 0.0
@@ -269,7 +271,7 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
     for name, value in fixed.items():
         if name in _HANDLED or name == "use_peft":
             continue
-        key = FIXED_TO_VERL.get(name) or FIXED_TO_VERL.get(SWIFT_TO_TRL.get(name, ""))
+        key = FIXED_TO_VERL.get(name) or FIXED_TO_VERL.get(TRL_NAMES.get(name, ""))
         if key is None:
             raise refuse(f"fixed argument {name}={_text(value)}", "verl", instead)
         if key.endswith("lora_rank") and tuner != "lora":

@@ -9,7 +9,8 @@ import dataclasses
 
 import pytest
 
-from autotune.export._translate import SHARED_ARGS, SWIFT_TO_TRL
+from autotune.backends._vocab import SHARED_ARGS
+from autotune.backends.swift.config import TRL_NAMES as SWIFT_TO_TRL
 
 
 @pytest.mark.trl

@@ -439,9 +439,8 @@ def test_check_flags_refuses_removed_and_unknown_flags(tmp_path: Path) -> None:
         b.check_flags(CPU_KNOBS, {"model": "x"}, ctx)
     with pytest.raises(BackendError, match="GRPO"):
         b.check_flags(CPU_KNOBS, {"rlhf_type": "dpo"}, ctx)
-    passthrough = make_ctx(tmp_path, passthrough=("--vllm_device", "cuda:1"))
     with pytest.raises(BackendError, match="vllm_device"):
-        b.check_flags(CPU_KNOBS, {}, passthrough)
+        b.check_flags(CPU_KNOBS, {"vllm_device": "cuda:1"}, ctx)
 
 
 def test_check_flags_notes(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def cpu_swift_study(root: Path, model_path: str) -> Path:
         max_completion_length=16,
     )
     trial = study / "trials" / "1"
-    write_prompts(trial / "prompts.jsonl", 64, seed=0, style="swift")
+    write_prompts(trial / "prompts.jsonl", 64, seed=0, style="messages")
     with as_file(files("autotune").joinpath("assets", "swift_reward_plugin.py")) as plugin:
         shutil.copyfile(plugin, trial / "swift_reward_plugin.py")
     return study

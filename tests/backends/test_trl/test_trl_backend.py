@@ -14,7 +14,7 @@ import pytest
 
 from autotune.backends import get_backend
 from autotune.backends._base import ModelRef, TrialContext
-from autotune.backends.trl.backend import TRL_DEFAULTS, TrlBackend, TrlMetricsParser, ds_config
+from autotune.backends.trl.backend import TrlBackend, TrlMetricsParser, ds_config
 from autotune.backends.trl_worker import (
     MetricsWriter,
     PhaseTracker,
@@ -65,7 +65,7 @@ def test_space_file_loads_with_exactly_the_backend_knobs() -> None:
     space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names)
     assert set(space.names) == set(TrlBackend.knob_names)
     assert space.defaults() == {
-        k: v for k, v in TRL_DEFAULTS.items() if not k.startswith(("vllm_", "offload_"))
+        k: v for k, v in TrlBackend.knob_defaults().items() if not k.startswith(("vllm_", "offload_"))
     }
     assert space["offload_param"].when == {"zero_stage": (3,)}
     assert space["vllm_gpu_memory_utilization"].values()[0] == pytest.approx(0.3)
@@ -299,7 +299,7 @@ def test_render_torchrun_for_two_processes_and_zero(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     b = TrlBackend()
-    ctx = make_ctx(tmp_path, passthrough=("--beta", "0.1"))
+    ctx = make_ctx(tmp_path)
     plan, config = render(
         b,
         ctx,
@@ -309,13 +309,7 @@ def test_render_torchrun_for_two_processes_and_zero(tmp_path: Path, monkeypatch:
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert argv[argv.index("--nproc_per_node") + 1] == "2"
     assert argv[argv.index("--master_port") + 1] == "29555"
-    assert argv[-5:] == [
-        "-m",
-        "autotune.backends.trl_worker",
-        str(ctx.trial_dir / "trial_config.json"),
-        "--beta",
-        "0.1",
-    ]
+    assert argv[-3:] == ["-m", "autotune.backends.trl_worker", str(ctx.trial_dir / "trial_config.json")]
     assert plan.world_size == 2
     assert "TORCH_EXTENSIONS_DIR" not in plan.env  # the user's own settings are inherited
     assert "OMP_NUM_THREADS" not in plan.env

@@ -148,7 +148,7 @@ def test_two_process_trial(tmp_path: Path) -> None:
 
 
 def test_installed_flags_are_read_from_ms_swift(tmp_path: Path) -> None:
-    from tests.backends.swift.test_swift_backend import ACCEPTED_46
+    from tests.backends.test_swift.test_swift_backend import ACCEPTED_46
 
     backend = SwiftBackend(str(_swift()), flag_cache_dir=tmp_path)
     info = backend.probe()

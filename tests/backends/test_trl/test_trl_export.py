@@ -51,7 +51,7 @@ def cpu_trl_study(root: Path, model: dict[str, Any] | None = None) -> Path:
         max_completion_length=16,
         model=model,
     )
-    write_prompts(study / "trials" / "1" / "prompts.jsonl", 64, seed=0, style="trl")
+    write_prompts(study / "trials" / "1" / "prompts.jsonl", 64, seed=0, style="prompt")
     return study
 
 

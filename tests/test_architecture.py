@@ -1,0 +1,254 @@
+"""The house rules the code keeps, checked on its source: a framework's facts live in its backend,
+imports point one way (probes → core → application/CLI) and never in a circle.
+
+Read from the source as text (``ast``): nothing here imports the modules it checks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+#: installed package name → folder in the repository (pyproject's package-dir mapping)
+FOLDERS = {
+    "autotune.probes": ROOT / "probes",
+    "autotune.reports": ROOT / "reports",
+    "autotune.search_spaces": ROOT / "search_spaces",
+    "autotune": ROOT / "autotune",
+}
+APPLICATION = ("autotune.app", "autotune.cli")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package: dotted name → source file."""
+    out: dict[str, Path] = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([package, *parts])
+            if package == "autotune" and parts and parts[0] in ("probes", "reports", "search_spaces"):
+                continue
+            out.setdefault(name, path)
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES.get(name, Path()).name == "__init__.py"
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not _is_package(module):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, path: Path) -> Iterator[str]:
+    """The modules of ours that ``module`` imports, anywhere in its source (lazy imports included)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in MODULES:
+                    yield sub
+                elif target in MODULES:
+                    yield target
+
+
+GRAPH = {name: sorted(set(_imports(name, path)) - {name}) for name, path in MODULES.items()}
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, []):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_the_package() -> None:
+    assert "autotune.trial.runner" in GRAPH and "autotune.probes.nvml" in GRAPH
+    assert "autotune.trial.evidence" in GRAPH["autotune.trial.runner"]  # a known edge is found
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(GRAPH) == []
+
+
+def test_core_never_imports_the_application_layer() -> None:
+    up = [
+        (module, target)
+        for module, targets in GRAPH.items()
+        if not module.startswith(APPLICATION)
+        for target in targets
+        if target.startswith(APPLICATION)
+    ]
+    assert up == []
+
+
+def test_probes_import_nothing_of_autotune_but_the_probes() -> None:
+    out = [
+        (module, target)
+        for module, targets in GRAPH.items()
+        if module.startswith("autotune.probes")
+        for target in targets
+        if not target.startswith("autotune.probes") and target != "autotune"
+    ]
+    assert out == []
+
+
+def _outside_backends() -> Iterator[tuple[str, Path]]:
+    for name, path in MODULES.items():
+        if not name.startswith("autotune.backends"):
+            yield name, path
+
+
+def _backend_names() -> set[str]:
+    from autotune.backends import BACKENDS
+
+    return set(BACKENDS) | {"verl"}
+
+
+def _string_constants(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for elt in node.elts for s in _string_constants(elt)]
+    return []
+
+
+def _names_a_backend(node: ast.AST) -> bool:
+    """``backend``, ``req.backend``, ``w.backend``, ``self.backend_name``: an operand holding a backend."""
+    if isinstance(node, ast.Name):
+        return "backend" in node.id
+    if isinstance(node, ast.Attribute):
+        return "backend" in node.attr
+    return False
+
+
+def test_no_code_outside_the_backends_branches_on_a_backend_name() -> None:
+    """``backend == "swift"``, ``w.backend in ("trl", ...)``: a framework's facts live in its backend."""
+    names = _backend_names()
+    found = []
+    for module, path in _outside_backends():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                literals = {s for o in operands for s in _string_constants(o)}
+                if literals & names and any(_names_a_backend(o) for o in operands):
+                    found.append(f"{module}:{node.lineno}")
+    assert found == []
+
+
+def test_the_backend_name_check_can_fail() -> None:
+    tree = ast.parse('if w.backend == "swift":\n    pass\nif fmt == "swift":\n    pass\n')
+    flagged = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Compare) and any(_names_a_backend(o) for o in [n.left, *n.comparators])
+    ]
+    assert flagged == [1]
+
+
+def _packaged_knobs() -> dict[str, str]:
+    """Knob name → the backend whose packaged space defines it."""
+    out: dict[str, str] = {}
+    for path in (ROOT / "search_spaces").glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        for knob in data["knobs"]:
+            out[knob] = data["backend"]
+    return out
+
+
+def _jobconfig_fields() -> set[str]:
+    from dataclasses import fields
+
+    from autotune.jobconfig import JobConfig
+
+    return {f.name for f in fields(JobConfig)}
+
+
+# Modules that write another program's own vocabulary, which a framework's knob may share:
+# DeepSpeed's JSON (``offload_optimizer``, ``offload_param``).
+_OTHER_VOCABULARY = {"autotune.export.deepspeed"}
+
+
+def test_no_framework_knob_is_named_outside_its_backend_and_space() -> None:
+    """Adding a knob touches its backend, its space and their tests: no other code names it.
+
+    A string that *is* a knob name, outside the backends, is a branch on the framework's vocabulary.
+    JobConfig field names are the neutral words (``zero_stage``, ``sleep_level``): some equal a
+    framework's knob name, so only knob names that are no field count. Prose in messages is free.
+    """
+    knobs = set(_packaged_knobs()) - _jobconfig_fields() - {"deepspeed"}  # also a package and a format
+    assert "vllm_gpu_memory_utilization" in knobs  # the check has something to look for
+    found = []
+    for module, path in _outside_backends():
+        if module in _OTHER_VOCABULARY:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                hits = {
+                    k
+                    for k in knobs
+                    if k == node.value or f"{k}=" in node.value or f" {k} " in f" {node.value} "
+                }
+                if hits:
+                    found.append(f"{module}:{node.lineno} {sorted(hits)}")
+    assert found == []
