@@ -6,7 +6,6 @@ This is the one place that isolates trial failures: whatever the trial does, a
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -228,13 +227,3 @@ class Executor:
             and watchdog.trial_timeout_s is not None
             and abs(watchdog.trial_timeout_s - time_left_s) < 1e-6
         )
-
-
-def load_steps(path: Path) -> list[StepMetrics]:
-    """Step records from a ``metrics.jsonl`` written by the runner."""
-    steps = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                steps.append(StepMetrics.model_validate(json.loads(line)))
-    return steps
