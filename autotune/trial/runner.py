@@ -40,6 +40,7 @@ import psutil
 from autotune.backends._base import FailurePattern, StepParser
 from autotune.errors import BackendError, UsageError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
+from autotune.studydir import TrialDir
 from autotune.trial.evidence import COMMON_PATTERNS, strip_rank_prefix
 from autotune.trial.steady import EarlyStopConfig, is_stable, steady_estimate, step_durations
 
@@ -360,7 +361,7 @@ def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
     does not hand out a pid that is still some group's id). Descendants recorded by pid + create
     time are ended too. Returns None when there is nothing of ours left (or no proc.json).
     """
-    path = Path(trial_dir) / "proc.json"
+    path = TrialDir(Path(trial_dir)).proc_json
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
         pid, pgid = int(info["pid"]), int(info["pgid"])
@@ -521,21 +522,22 @@ def run_trial(
         BackendError: argv[0] cannot be started (not found, not executable).
     """
     trial_dir = Path(trial_dir)
+    files = TrialDir(trial_dir)
     trial_dir.mkdir(parents=True, exist_ok=True)
     plan = _effective_plan(plan)
-    (trial_dir / "launch.json").write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    cmd = trial_dir / "command.sh"
+    files.launch_json.write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    cmd = files.command_sh
     cmd.write_text(plan.to_shell(), encoding="utf-8")
     cmd.chmod(0o755)
-    for name in ("stdout.log", "stderr.log"):
-        (trial_dir / name).write_bytes(b"")
+    for log in (files.stdout_log, files.stderr_log):
+        log.write_bytes(b"")
 
-    metrics_path = trial_dir / "metrics.jsonl"
+    metrics_path = files.metrics_jsonl
     notes: list[str] = []
     own_metrics = {Path(plan.cwd, p).resolve() for p in plan.metrics_paths}
     write_metrics = metrics_path.resolve() not in own_metrics
     if not write_metrics:
-        notes.append("metrics.jsonl is the framework's own metrics file; the runner did not write it")
+        notes.append(f"{TrialDir.METRICS} is the framework's own metrics file; the runner did not write it")
     evidence_rx = re.compile("|".join(f"(?:{p.regex})" for p in (*patterns, *COMMON_PATTERNS)))
 
     started_wall = time.time()
@@ -569,14 +571,15 @@ def run_trial(
         "descendants": {},
         "ended": False,
     }
-    _write_json(trial_dir / "proc.json", proc_info)
+    _write_json(files.proc_json, proc_info)
 
     lines: queue.SimpleQueue[Any] = queue.SimpleQueue()
     readers = [
-        threading.Thread(
-            target=_pump, args=(stream.fileno(), name, trial_dir / f"{name}.log", lines), daemon=True
+        threading.Thread(target=_pump, args=(stream.fileno(), name, log, lines), daemon=True)
+        for name, stream, log in (
+            ("stdout", proc.stdout, files.stdout_log),
+            ("stderr", proc.stderr, files.stderr_log),
         )
-        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
     ]
     for r in readers:
         r.start()
@@ -740,7 +743,7 @@ def run_trial(
                 if fresh:
                     known.update(fresh)
                     proc_info["descendants"] = {str(p): t for p, t in known.items() if p != pid}
-                    _write_json(trial_dir / "proc.json", proc_info)
+                    _write_json(files.proc_json, proc_info)
             if proc.poll() is not None:
                 exited_mono = time.monotonic()
                 break
@@ -770,12 +773,12 @@ def run_trial(
 
     rows = stop_samplers()
     if rows:
-        _write_timeline(trial_dir / "timeline.parquet", rows)
+        _write_timeline(files.timeline_parquet, rows)
 
     returncode = proc.returncode
     proc_info.update({"ended": True, "exit_code": returncode, "ended_wall_s": time.time()})
     proc_info["descendants"] = {str(p): t for p, t in known.items() if p != pid}
-    _write_json(trial_dir / "proc.json", proc_info)
+    _write_json(files.proc_json, proc_info)
 
     startup = None if live.first_step_mono is None else max(0.0, live.first_step_mono - launched)
     return RunRecord(
