@@ -21,6 +21,10 @@ from autotune.records import Hardware, LaunchPlan, StepMetrics
 
 __all__ = ["ProfileRequest", "AnyFormatParser", "run_profile"]
 
+# The formats' own step files in the run directory (in a study, each backend names its own).
+_COMMAND_METRICS = "command_metrics.jsonl"
+_VERL_METRICS = "verl_metrics.jsonl"
+
 
 class AnyFormatParser(StepParser):
     """Feeds every line to each known parser; the first to report a step number wins it."""
@@ -72,7 +76,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     from autotune.backends.swift._log import SwiftLogParser
     from autotune.backends.verl._log import VerlLogParser
     from autotune.records import TrialResult
-    from autotune.studydir import ensure_writable, write_json_atomic
+    from autotune.studydir import TrialDir, ensure_writable, write_json_atomic
     from autotune.trial.execute import ProbeSettings, make_samplers, summarize_trial
     from autotune.trial.outcome import classify, health_check
     from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
@@ -83,15 +87,16 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
             "autotune profile needs a command after --", hint="e.g. autotune profile -- python train.py"
         )
     ensure_writable(req.out)
-    if (req.out / "profile.json").exists() or (req.out / "result.json").exists():
+    files = TrialDir(req.out)
+    if files.profile_json.exists() or files.result_json.exists():
         raise UsageError(
             f"{req.out} already holds a profile", hint="Choose a new --out so the earlier run is kept"
         )
-    metrics = req.metrics_file or (req.out / "command_metrics.jsonl")
+    metrics = req.metrics_file or (req.out / _COMMAND_METRICS)
     env = {
-        "AUTOTUNE_PHASES_FILE": str((req.out / "phases.jsonl").resolve()),
+        "AUTOTUNE_PHASES_FILE": str(files.phases_jsonl.resolve()),
         "AUTOTUNE_METRICS_FILE": str(metrics.resolve()),
-        "VERL_FILE_LOGGER_PATH": str((req.out / "verl_metrics.jsonl").resolve()),
+        "VERL_FILE_LOGGER_PATH": str((req.out / _VERL_METRICS).resolve()),
     }
     if req.hardware.gpus and req.hardware.visible:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
@@ -100,7 +105,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         [
             CommandParser(metrics),
             SwiftLogParser(samples=req.global_batch),
-            VerlLogParser(req.out / "verl_metrics.jsonl"),
+            VerlLogParser(req.out / _VERL_METRICS),
         ]
     )
     watchdog = WatchdogConfig(
@@ -112,7 +117,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         "hardware": req.hardware.model_dump(mode="json"),
         "started_wall_s": time.time(),
     }
-    write_json_atomic(req.out / "profile.json", header)
+    write_json_atomic(files.profile_json, header)
     record = run_trial(
         plan,
         parser,
@@ -152,9 +157,9 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         startup_s=record.startup_s,
         gpu_seconds=record.duration_s * max(1, len(req.hardware.gpus)),
     )
-    write_json_atomic(req.out / "result.json", result.model_dump(mode="json"))
+    write_json_atomic(files.result_json, result.model_dump(mode="json"))
     write_json_atomic(
-        req.out / "profile.json",
+        files.profile_json,
         {
             **header,
             "finished_wall_s": time.time(),

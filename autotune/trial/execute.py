@@ -6,7 +6,6 @@ This is the one place that isolates trial failures: whatever the trial does, a
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from typing import Any
 
 from autotune.backends import Backend, TrialContext
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
+from autotune.studydir import TrialDir
 from autotune.trial.outcome import classify, health_check, live_health
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
 from autotune.trial.steady import steady_estimate
@@ -67,11 +67,12 @@ def summarize_trial(
     from autotune.probes.phases import read_phases
     from autotune.probes.timeline import read_timeline, summarize
 
-    path = trial_dir / "timeline.parquet"
+    files = TrialDir(trial_dir)
+    path = files.timeline_parquet
     if not path.exists():
         return None
     df = read_timeline(path)
-    phases_path = trial_dir / "phases.jsonl"
+    phases_path = files.phases_jsonl
     phases = read_phases(phases_path) if phases_path.exists() else []
     step_dicts = [
         {"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)}
@@ -228,13 +229,3 @@ class Executor:
             and watchdog.trial_timeout_s is not None
             and abs(watchdog.trial_timeout_s - time_left_s) < 1e-6
         )
-
-
-def load_steps(path: Path) -> list[StepMetrics]:
-    """Step records from a ``metrics.jsonl`` written by the runner."""
-    steps = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                steps.append(StepMetrics.model_validate(json.loads(line)))
-    return steps

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from autotune.errors import StudyError
+from autotune.studydir import StudyDir, TrialDir
 
 __all__ = ["GpuHygiene"]
 
@@ -56,9 +57,9 @@ class GpuHygiene:
 
     def _our_pgids(self) -> set[int]:
         pgids: set[int] = set()
-        trials = self.study_dir / "trials"
+        trials = StudyDir(self.study_dir).trials_dir
         if trials.exists():
-            for proc in trials.glob("*/proc.json"):
+            for proc in trials.glob(f"*/{TrialDir.PROC}"):
                 try:
                     data = json.loads(proc.read_text(encoding="utf-8"))
                 except (OSError, json.JSONDecodeError):

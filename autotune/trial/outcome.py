@@ -146,63 +146,133 @@ def classify(
     4. Our watchdog: ``hang`` / ``startup_timeout`` → HANG, ``timeout`` → TIMEOUT.
     5. SIGKILL that we did not send (exit -9, a shell's 137, or torchrun's ``exitcode: -9`` /
        ``Signal 9 (SIGKILL) received by PID``), or the CPU allocator's failure text → HOST_OOM.
-    6. The NCCL watchdog's text (``watchdog got stuck``, ``collective operation timeout``) → HANG.
+    6. The NCCL watchdog's text (``watchdog got stuck``, ``collective operation timeout``) → HANG; then a
+       backend pattern naming any other status → that status.
     7. INVALID: the process ended non-zero before its first step *and* the evidence is an argument
        rejection: argparse's usage error (``prog: error: unrecognized arguments`` / ``argument`` /
        ``the following arguments are required``; exit code 2, argparse's own), HfArgumentParser's unused
        arguments, or a final ``ValueError``/``TypeError`` raised from config or argument construction
        (see :func:`_config_traceback`).
-    8. Exit 0 without a step → CRASH ("exited without a step").
+    8. A CRASH pattern's text → CRASH with its reason; exit 0 without a step → CRASH ("exited without
+       a step").
     9. CRASH with the last meaningful error line: the final ``SomethingError: ...`` line of a
        traceback, or the fatal signal's name (SIGSEGV, SIGABRT, ...).
+
+    Each rule is one function below, called in this order.
 
     Args:
         record: what the runner observed.
         patterns: the backend's own failure patterns (:meth:`Backend.failure_patterns`).
         health: problems found by :func:`health_check` (empty = healthy).
     """
+    ours = _stopped_by_us_or_done(record, health)
+    if ours is not None:
+        return ours
+    facts = _Facts.of(record, patterns)
+    return (
+        _gpu_failure_text(facts)
+        or _watchdog_stop(facts)
+        or _killed_or_stuck(facts)
+        or _other_backend_status(facts)
+        or _rejected_arguments(facts)
+        or _crash_text_or_no_step(facts)
+        or _crash(facts)
+    )
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the failure rules of :func:`classify` read: the record, its output and the text found in it.
+
+    Attributes:
+        record: what the runner observed.
+        lines: the evidence lines, then the stderr tail, then the stdout tail (the order searched).
+        found: status name → (the first pattern of that status that matched, the line it matched).
+        shell_signal: the signal a shell reported as exit code 128 + n, when the record has no signal.
+    """
+
+    record: RunRecord
+    lines: list[str]
+    found: dict[str, tuple[FailurePattern, str]]
+    shell_signal: int | None
+
+    @classmethod
+    def of(cls, record: RunRecord, patterns: Sequence[FailurePattern]) -> _Facts:
+        lines = [x.text for x in record.evidence] + list(record.stderr_tail) + list(record.stdout_tail)
+        exit_code = record.exit_code
+        shell_signal = None
+        if (
+            record.signal is None
+            and exit_code is not None
+            and _SHELL_SIGNAL_BASE < exit_code <= _SHELL_SIGNAL_BASE + 64
+        ):
+            shell_signal = exit_code - _SHELL_SIGNAL_BASE
+        return cls(record, lines, match_patterns(lines, tuple(patterns) + COMMON_PATTERNS), shell_signal)
+
+    @property
+    def at_step(self) -> str:
+        """Where the trial was when it ended, for a reason: `` at step N`` or `` before the first step``."""
+        steps = self.record.steps
+        return f" at step {steps[-1].step}" if steps else " before the first step"
+
+    def by_pattern(self, status: str, reason: str) -> Verdict:
+        """The verdict ``status`` resting on the line its pattern matched."""
+        _, line = self.found[status]
+        return Verdict(TrialStatus(status), _one_line(reason), line)
+
+
+def _stopped_by_us_or_done(record: RunRecord, health: Sequence[str]) -> Verdict | None:
+    """Rules 1-2: the user's interrupt, our early stop or prune, or a clean exit after steps."""
     n_steps = len(record.steps)
     if record.stopped_by == "interrupt":
         return Verdict(TrialStatus.INTERRUPTED, record.stop_reason or "stopped by the user")
-
-    def complete(reason: str) -> Verdict:
-        if health:
-            more = f" (and {len(health) - 1} more)" if len(health) > 1 else ""
-            return Verdict(TrialStatus.UNHEALTHY, _one_line(health[0] + more), None)
-        return Verdict(TrialStatus.COMPLETE, reason)
-
     if record.stopped_by == "early_stop":
-        return complete(record.stop_reason or f"stopped at steady state after {n_steps} steps")
+        return _complete_or_unhealthy(
+            record.stop_reason or f"stopped at steady state after {n_steps} steps", health
+        )
     if record.stopped_by == "pruned":  # by the study (slower than the best) or for its health
         if health:
-            return complete("")
+            return _complete_or_unhealthy("", health)
         return Verdict(TrialStatus.PRUNED, _one_line(record.stop_reason or "pruned by the study"))
     if record.stopped_by is None and record.exit_code == 0 and n_steps > 0:
-        return complete(f"completed {n_steps} steps")
+        return _complete_or_unhealthy(f"completed {n_steps} steps", health)
+    return None
 
-    lines = [x.text for x in record.evidence] + list(record.stderr_tail) + list(record.stdout_tail)
-    found = match_patterns(lines, tuple(patterns) + COMMON_PATTERNS)
 
+def _complete_or_unhealthy(reason: str, health: Sequence[str]) -> Verdict:
+    """COMPLETE with ``reason``, or UNHEALTHY with the first health problem when there is one."""
+    if health:
+        more = f" (and {len(health) - 1} more)" if len(health) > 1 else ""
+        return Verdict(TrialStatus.UNHEALTHY, _one_line(health[0] + more), None)
+    return Verdict(TrialStatus.COMPLETE, reason)
+
+
+def _gpu_failure_text(facts: _Facts) -> Verdict | None:
+    """Rule 3: GPU out of memory, then vLLM's start-up failure, on any rank."""
     for status in ("OOM", "VLLM_INIT"):
-        if status in found:
-            pattern, line = found[status]
+        if status in facts.found:
+            pattern, line = facts.found[status]
             detail = _oom_detail(line) if status == "OOM" else ""
-            return Verdict(TrialStatus(status), _one_line(f"{pattern.reason}{_rank_of(line)}{detail}"), line)
+            return facts.by_pattern(status, f"{pattern.reason}{_rank_of(line)}{detail}")
+    return None
 
+
+def _watchdog_stop(facts: _Facts) -> Verdict | None:
+    """Rule 4: our watchdog stopped a trial that made no progress or ran out of time."""
+    record = facts.record
     if record.stopped_by in ("hang", "startup_timeout"):
         return Verdict(TrialStatus.HANG, _one_line(record.stop_reason or "no progress"), None)
     if record.stopped_by == "timeout":
         return Verdict(
             TrialStatus.TIMEOUT, _one_line(record.stop_reason or "trial wall budget ran out"), None
         )
+    return None
 
-    exit_code = record.exit_code
-    sig = record.signal
-    if sig is None and exit_code is not None and _SHELL_SIGNAL_BASE < exit_code <= _SHELL_SIGNAL_BASE + 64:
-        shell_sig: int | None = exit_code - _SHELL_SIGNAL_BASE
-    else:
-        shell_sig = None
-    if sig == signal_mod.SIGKILL or shell_sig == signal_mod.SIGKILL:
+
+def _killed_or_stuck(facts: _Facts) -> Verdict | None:
+    """Rules 5-6: a SIGKILL we did not send, the host allocator's text, the NCCL watchdog's text."""
+    sig, exit_code = facts.record.signal, facts.record.exit_code
+    if sig == signal_mod.SIGKILL or facts.shell_signal == signal_mod.SIGKILL:
         how = (
             "exit -9" if sig == signal_mod.SIGKILL else f"exit code {exit_code}, a shell's report of SIGKILL"
         )
@@ -211,63 +281,79 @@ def classify(
             f"killed by SIGKILL that autotune did not send ({how}): most likely the host ran out of RAM",
             None,
         )
-    if "HOST_OOM" in found:
-        pattern, line = found["HOST_OOM"]
-        return Verdict(TrialStatus.HOST_OOM, _one_line(f"{pattern.reason}{_rank_of(line)}"), line)
-    if "HANG" in found:
-        pattern, line = found["HANG"]
-        return Verdict(TrialStatus.HANG, _one_line(f"{pattern.reason}{_rank_of(line)}"), line)
+    for status in ("HOST_OOM", "HANG"):
+        if status in facts.found:
+            pattern, line = facts.found[status]
+            return facts.by_pattern(status, f"{pattern.reason}{_rank_of(line)}")
+    return None
 
-    for status in found:
+
+def _other_backend_status(facts: _Facts) -> Verdict | None:
+    """Rule 6, end: a backend pattern naming a status the rules do not handle by name."""
+    for status in facts.found:
         if status not in ("INVALID", "OOM", "VLLM_INIT", "HOST_OOM", "HANG", "CRASH"):
-            pattern, line = found[status]  # a backend pattern naming another status
-            return Verdict(TrialStatus(status), _one_line(pattern.reason), line)
+            return facts.by_pattern(status, facts.found[status][0].reason)
+    return None
 
-    err_lines = list(record.stderr_tail) + list(record.stdout_tail)
-    if n_steps == 0 and exit_code not in (None, 0):
-        if "INVALID" in found:
-            pattern, line = found["INVALID"]
-            return Verdict(
-                TrialStatus.INVALID, _one_line(f"{pattern.reason}: {strip_rank_prefix(line)}"), line
-            )
-        rejected = _config_traceback(record.stderr_tail) or _config_traceback(record.stdout_tail)
-        if rejected:
-            return Verdict(
-                TrialStatus.INVALID,
-                _one_line(f"the framework rejected its configuration: {rejected}"),
-                rejected,
-            )
-        if exit_code == 2 and sig is None:
-            last = last_error_line(err_lines) or _last_nonblank(record.stderr_tail)
-            tail = f": {last}" if last else ""
-            return Verdict(
-                TrialStatus.INVALID, _one_line(f"exit code 2 before the first step (usage error){tail}"), last
-            )
 
-    if "CRASH" in found:
-        pattern, line = found["CRASH"]
-        return Verdict(TrialStatus.CRASH, _one_line(pattern.reason), line)
-    if exit_code == 0 and n_steps == 0:
+def _rejected_arguments(facts: _Facts) -> Verdict | None:
+    """Rule 7: a non-zero exit before the first step whose evidence is an argument rejection."""
+    record = facts.record
+    if record.steps or record.exit_code in (None, 0):
+        return None
+    if "INVALID" in facts.found:
+        pattern, line = facts.found["INVALID"]
+        return facts.by_pattern("INVALID", f"{pattern.reason}: {strip_rank_prefix(line)}")
+    rejected = _config_traceback(record.stderr_tail) or _config_traceback(record.stdout_tail)
+    if rejected:
+        return Verdict(
+            TrialStatus.INVALID,
+            _one_line(f"the framework rejected its configuration: {rejected}"),
+            rejected,
+        )
+    if record.exit_code == 2 and record.signal is None:
+        err_lines = list(record.stderr_tail) + list(record.stdout_tail)
+        last = last_error_line(err_lines) or _last_nonblank(record.stderr_tail)
+        tail = f": {last}" if last else ""
+        return Verdict(
+            TrialStatus.INVALID, _one_line(f"exit code 2 before the first step (usage error){tail}"), last
+        )
+    return None
+
+
+def _crash_text_or_no_step(facts: _Facts) -> Verdict | None:
+    """Rule 8: a CRASH pattern's text; or exit 0 without a single step."""
+    record = facts.record
+    if "CRASH" in facts.found:
+        return facts.by_pattern("CRASH", facts.found["CRASH"][0].reason)
+    if record.exit_code == 0 and not record.steps:
         return Verdict(
             TrialStatus.CRASH, "exited without a step (exit code 0)", _last_nonblank(record.stdout_tail)
         )
+    return None
 
+
+def _crash(facts: _Facts) -> Verdict:
+    """Rule 9: CRASH named by the fatal signal, else by the traceback's last error line, else the tail."""
+    record = facts.record
     last = last_error_line(record.stderr_tail) or last_error_line(record.stdout_tail)
-    fatal_sig = sig if sig is not None else shell_sig
+    fatal_sig = record.signal if record.signal is not None else facts.shell_signal
     if fatal_sig is None:
-        m = next((_TORCHRUN_SIGNAL.search(x) for x in reversed(lines) if _TORCHRUN_SIGNAL.search(x)), None)
+        m = next(
+            (_TORCHRUN_SIGNAL.search(x) for x in reversed(facts.lines) if _TORCHRUN_SIGNAL.search(x)), None
+        )
         if m:
             fatal_sig = int(m.group(1))
-    at = f" at step {record.steps[-1].step}" if n_steps else " before the first step"
+    at = facts.at_step
     if fatal_sig is not None:
         name = _signal_name(fatal_sig)
         detail = f" ({last})" if last else ""
         return Verdict(TrialStatus.CRASH, _one_line(f"killed by {name}{at}{detail}"), last)
     if last:
-        return Verdict(TrialStatus.CRASH, _one_line(f"exit code {exit_code}{at}: {last}"), last)
+        return Verdict(TrialStatus.CRASH, _one_line(f"exit code {record.exit_code}{at}: {last}"), last)
     fallback = _last_nonblank(record.stderr_tail) or _last_nonblank(record.stdout_tail)
     tail = f": {strip_rank_prefix(fallback)}" if fallback else ""
-    return Verdict(TrialStatus.CRASH, _one_line(f"exit code {exit_code}{at}{tail}"), fallback)
+    return Verdict(TrialStatus.CRASH, _one_line(f"exit code {record.exit_code}{at}{tail}"), fallback)
 
 
 def _last_nonblank(lines: Sequence[str]) -> str | None:

@@ -2,12 +2,12 @@
 
 Who calls what:
 
-- The study calls :func:`run_trial` once per trial, from one thread. The trial starts in a new session
-  (its own process group, ``pgid == pid``), with the plan's environment on top of ours, its stdout and
-  stderr streamed to ``stdout.log`` / ``stderr.log`` by two reader threads. The calling thread runs the
-  watchdog loop: it feeds every output segment to the backend's parser, polls the parser's metric
-  files, writes ``metrics.jsonl``, asks the observer whether to prune, stops at steady state, and
-  stops hangs.
+- The study calls :func:`run_trial` once per trial, from one thread; it runs a :class:`TrialRun`, whose
+  methods are the stages in order. The trial starts in a new session (its own process group,
+  ``pgid == pid``), with the plan's environment on top of ours, its stdout and stderr streamed to
+  ``stdout.log`` / ``stderr.log`` by two reader threads. The calling thread runs the watch loop: it
+  feeds every output segment to the backend's parser, polls the parser's metric files, writes
+  ``metrics.jsonl``, asks the observer whether to prune, stops at steady state, and stops hangs.
 - Stopping only ever touches the trial's own process group and the descendants seen during the run:
   SIGTERM, a grace period, SIGKILL, then a check that nothing survived (:func:`terminate_group`).
   Nothing is ever matched by name.
@@ -33,13 +33,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TextIO, runtime_checkable
 
 import psutil
 
 from autotune.backends._base import FailurePattern, StepParser
 from autotune.errors import BackendError, UsageError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
+from autotune.studydir import TrialDir
 from autotune.trial.evidence import COMMON_PATTERNS, strip_rank_prefix
 from autotune.trial.steady import EarlyStopConfig, is_stable, steady_estimate, step_durations
 
@@ -49,6 +50,7 @@ __all__ = [
     "RunObserver",
     "RunRecord",
     "Sampler",
+    "TrialRun",
     "WatchdogConfig",
     "alive_pids",
     "default_startup_timeout_s",
@@ -360,7 +362,7 @@ def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
     does not hand out a pid that is still some group's id). Descendants recorded by pid + create
     time are ended too. Returns None when there is nothing of ours left (or no proc.json).
     """
-    path = Path(trial_dir) / "proc.json"
+    path = TrialDir(Path(trial_dir)).proc_json
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
         pid, pgid = int(info["pid"]), int(info["pgid"])
@@ -395,7 +397,11 @@ def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
 # Output pumping
 
 
-def _pump(fd: int, stream: str, log_path: Path, out: queue.SimpleQueue[Any]) -> None:
+# One output segment as the readers queue it: (stream, text, t_mono_s, t_wall_s); text None ends a stream.
+_Segment = tuple[str, str | None, float, float]
+
+
+def _pump(fd: int, stream: str, log_path: Path, out: queue.SimpleQueue[_Segment]) -> None:
     """Copy a pipe to its log file and put every \\n- or \\r-separated segment on ``out``."""
     buf = b""
     with open(log_path, "ab", buffering=0) as log:
@@ -446,10 +452,9 @@ def _step_json(step: StepMetrics) -> str:
 
 
 class _Live:
-    """The mutable state of one run (kept together so the loop reads plainly)."""
+    """What the watch has seen so far: steps, output tails, evidence, and whether we decided to stop."""
 
-    def __init__(self, launched_mono: float) -> None:
-        self.launched_mono = launched_mono
+    def __init__(self) -> None:
         self.steps: list[StepMetrics] = []
         self.last_step_mono: float | None = None
         self.first_output_mono: float | None = None
@@ -476,6 +481,499 @@ def _child_env(plan: LaunchPlan) -> dict[str, str]:
         env.pop(key, None)
     env.update(plan.env)
     return env
+
+
+# ---------------------------------------------------------------------------------------------------
+# One trial, stage by stage
+
+
+class TrialRun:
+    """One trial, from its files to its :class:`RunRecord`, in stages that :meth:`run` calls in order.
+
+    :func:`run_trial` makes one and calls :meth:`run`; an object runs one trial, once. Every method
+    runs in the calling thread: the two reader threads only copy the pipes to the logs and queue each
+    segment (:func:`_pump`), and the samplers sample on their own.
+
+    The stages, in order:
+
+    1. :meth:`prepare_files`: the trial directory, ``launch.json``, ``command.sh``, empty logs.
+    2. :meth:`launch`: the process in a new session (its own group), and ``proc.json``.
+    3. :meth:`start_readers` and :meth:`open_metrics`; then, guarded, the observer's ``on_started``
+       and :meth:`start_samplers`.
+    4. :meth:`watch`, guarded: output to the parser, live decisions, the watchdog, until the process
+       ends or we decide to stop it.
+    5. :meth:`end_group`: the group stopped if it still runs, the process reaped, stragglers ended.
+    6. :meth:`finish_output`: the rest of the output and the parser's last steps.
+    7. :meth:`stop_samplers`: the samplers stopped and their rows collected.
+    8. :meth:`write_records`: ``timeline.parquet`` and the final ``proc.json``.
+    9. :meth:`record`: the :class:`RunRecord`.
+
+    Whatever a guarded stage raises (an observer, the parser, KeyboardInterrupt) goes through
+    :meth:`abort`, which stops the trial, before it propagates. :meth:`start_readers` and
+    :meth:`open_metrics` are not guarded: if they raise, the trial is not stopped here, and
+    :func:`reap_orphan` ends it when the study resumes (its ``proc.json`` is written by then).
+
+    Args:
+        plan, parser, trial_dir, global_batch, watchdog, early_stop, observer, samplers, stop_event,
+            patterns: as for :func:`run_trial`.
+    """
+
+    # Set by prepare_files().
+    write_metrics: bool
+    evidence_rx: re.Pattern[str]
+    # Set by launch().
+    proc: subprocess.Popen[bytes]
+    pid: int
+    pgid: int
+    started_wall_s: float
+    launched_mono: float
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        parser: StepParser,
+        trial_dir: Path,
+        *,
+        global_batch: int,
+        watchdog: WatchdogConfig,
+        early_stop: EarlyStopConfig,
+        observer: RunObserver | None = None,
+        samplers: Callable[[int], Sequence[Sampler]] | None = None,
+        stop_event: threading.Event | None = None,
+        patterns: Sequence[FailurePattern] = (),
+    ) -> None:
+        self.plan = _effective_plan(plan)
+        self.parser = parser
+        self.files = TrialDir(Path(trial_dir))
+        self.global_batch = global_batch
+        self.watchdog = watchdog
+        self.early_stop = early_stop
+        self.observer = observer
+        self.sampler_factory = samplers
+        self.stop_event = stop_event
+        self.patterns = tuple(patterns)
+        self.on_output = getattr(observer, "on_output", None) if observer is not None else None
+        self.notes: list[str] = []
+        self.live = _Live()
+        self.known: dict[int, float | None] = {}  # the trial's pid and every descendant seen → create time
+        self.proc_info: dict[str, Any] = {}
+        self.segments: queue.SimpleQueue[_Segment] = queue.SimpleQueue()
+        self.readers: list[threading.Thread] = []
+        self.active_samplers: list[Sampler] = []
+        self.metrics_file: TextIO | None = None
+        self.exited_mono: float | None = None  # when the process was seen ending by itself
+        self._next_scan_mono = 0.0
+
+    def run(self) -> RunRecord:
+        """Run the stages in order (see the class docstring) and return what was observed.
+
+        Raises:
+            BackendError: argv[0] cannot be started (not found, not executable).
+        """
+        self.prepare_files()
+        self.launch()
+        self.start_readers()
+        self.open_metrics()
+        try:
+            if self.observer is not None:
+                self.observer.on_started(self.pid, self.pgid)
+            self.start_samplers()
+            self.watch()
+        except BaseException:
+            self.abort()
+            raise
+        survivors = self.end_group()
+        exited_mono = self.exited_mono if self.exited_mono is not None else time.monotonic()
+        self.finish_output()
+        rows = self.stop_samplers()
+        self.write_records(rows)
+        return self.record(survivors=survivors, timeline_rows=len(rows), exited_mono=exited_mono)
+
+    # -- 1-3: before and right after launch ---------------------------------------------------------
+
+    def prepare_files(self) -> None:
+        """Create the trial directory with ``launch.json``, ``command.sh`` and empty logs.
+
+        Called by :meth:`run` first, before anything is started. Also settles what the watch keeps:
+        whether the runner writes ``metrics.jsonl`` (not when the framework's own metrics file has that
+        path; a note says so) and the failure text kept as evidence (the backend's patterns, then the
+        common ones).
+        """
+        files = self.files
+        files.path.mkdir(parents=True, exist_ok=True)
+        files.launch_json.write_text(self.plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        files.command_sh.write_text(self.plan.to_shell(), encoding="utf-8")
+        files.command_sh.chmod(0o755)
+        for log in (files.stdout_log, files.stderr_log):
+            log.write_bytes(b"")
+        own_metrics = {Path(self.plan.cwd, p).resolve() for p in self.plan.metrics_paths}
+        self.write_metrics = files.metrics_jsonl.resolve() not in own_metrics
+        if not self.write_metrics:
+            self.notes.append(
+                f"{TrialDir.METRICS} is the framework's own metrics file; the runner did not write it"
+            )
+        self.evidence_rx = re.compile("|".join(f"(?:{p.regex})" for p in (*self.patterns, *COMMON_PATTERNS)))
+
+    def launch(self) -> None:
+        """Start the trial in a new session (its own process group, ``pgid == pid``); write ``proc.json``.
+
+        Called by :meth:`run` after :meth:`prepare_files`. Afterwards ``proc``, ``pid``, ``pgid``,
+        ``started_wall_s`` and ``launched_mono`` are set, and ``proc.json`` names the group, so
+        :func:`reap_orphan` can end it if autotune dies from here on.
+
+        Raises:
+            BackendError: argv[0] cannot be started (not found, not executable).
+        """
+        plan = self.plan
+        self.started_wall_s = time.time()
+        self.launched_mono = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                list(plan.argv),
+                cwd=plan.cwd,
+                env=_child_env(plan),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                bufsize=0,
+            )
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            raise BackendError(
+                f"cannot start {plan.argv[0]!r} in {plan.cwd}: {exc.strerror or exc}",
+                hint="Check the command (its first word must be an executable on PATH or a path)",
+            ) from None
+        self.pid = self.pgid = self.proc.pid  # start_new_session: the child leads its session and group
+        self.known[self.pid] = _create_time(self.pid)
+        self.proc_info = {
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "create_time": self.known[self.pid],
+            "started_wall_s": self.started_wall_s,
+            "runner_pid": os.getpid(),
+            "argv0": plan.argv[0],
+            "ended": False,
+        }
+        self._write_proc()
+
+    def start_readers(self) -> None:
+        """Start the two reader threads: each copies a pipe to its log and queues every segment.
+
+        Called by :meth:`run` right after :meth:`launch`. A reader ends when its pipe closes, that is
+        when every process holding it has ended; :meth:`finish_output` joins them.
+        """
+        streams = (
+            ("stdout", self.proc.stdout, self.files.stdout_log),
+            ("stderr", self.proc.stderr, self.files.stderr_log),
+        )
+        self.readers = [
+            threading.Thread(target=_pump, args=(stream.fileno(), name, log, self.segments), daemon=True)
+            for name, stream, log in streams
+            if stream is not None
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def open_metrics(self) -> None:
+        """Open ``metrics.jsonl`` for the steps to come, unless it is the framework's own file.
+
+        Called by :meth:`run` after :meth:`start_readers`; :meth:`finish_output` or :meth:`abort`
+        closes it.
+        """
+        if self.write_metrics:
+            self.metrics_file = open(self.files.metrics_jsonl, "w", encoding="utf-8")  # noqa: SIM115
+
+    def start_samplers(self) -> None:
+        """Make the samplers for the trial's pid and start them; one that fails is a note, not a failure.
+
+        Called by :meth:`run` inside the guard, after the observer's ``on_started``. Only the samplers
+        that started are stopped later (:meth:`stop_samplers`).
+        """
+        if self.sampler_factory is None:
+            return
+        try:
+            made = list(self.sampler_factory(self.pid))
+        except Exception as exc:  # a probe must never take a trial down
+            self.notes.append(f"samplers could not be made: {exc}")
+            made = []
+        for sampler in made:
+            try:
+                sampler.start()
+                self.active_samplers.append(sampler)
+            except Exception as exc:  # a probe must never take a trial down
+                self.notes.append(f"sampler {type(sampler).__name__} did not start: {exc}")
+
+    # -- 4: the watch -------------------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """Follow the trial until its process ends or a reason to stop it is set (``live.stopped_by``).
+
+        Called by :meth:`run` inside the guard, once the samplers started. Each turn: handle the queued
+        output (or, once both pipes closed, wait for the process), poll the parser's files every poll
+        interval, record new descendants in ``proc.json``, then ask the watchdog. Sets ``exited_mono``
+        when the process ended by itself. Returns as soon as a stop is decided, leaving the group
+        running for :meth:`end_group` and the rest of the output for :meth:`finish_output`.
+        """
+        poll_s = self.watchdog.poll_interval_s
+        last_poll = time.monotonic()
+        self._next_scan_mono = last_poll + min(0.2, _DESCENDANT_SCAN_S)
+        while True:
+            if self.live.open_streams:
+                self._drain(deciding=True, wait_s=poll_s)
+            else:  # both pipes closed: the process is ending, wait for it rather than for output
+                try:
+                    self.proc.wait(timeout=poll_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            now = time.monotonic()
+            if self.live.stopped_by is None and now - last_poll >= poll_s:
+                self._handle_steps(self.parser.poll(now, time.time()), deciding=True)
+                last_poll = now
+            if now >= self._next_scan_mono:
+                self._scan_descendants(now)
+            if self.proc.poll() is not None:
+                self.exited_mono = time.monotonic()
+                return
+            if self.live.stopped_by is None:
+                self._check_watchdog(now)
+            if self.live.stopped_by is not None:
+                return
+
+    def _drain(self, *, deciding: bool, wait_s: float) -> None:
+        """Handle queued output; wait up to ``wait_s`` for the first segment."""
+        try:
+            item = self.segments.get(timeout=wait_s) if wait_s > 0 else self.segments.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle_segment(item, deciding=deciding)
+            if deciding and self.live.stopped_by is not None:
+                return  # stop now; the rest is handled after the group is ended
+            try:
+                item = self.segments.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle_segment(self, item: _Segment, *, deciding: bool) -> None:
+        """Keep one output segment (tail, evidence), show it to the observer, and feed it to the parser."""
+        live = self.live
+        stream, text, t_mono, t_wall = item
+        if text is None:
+            live.open_streams.discard(stream)
+            return
+        if live.first_output_mono is None:
+            live.first_output_mono = t_mono
+        short = text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS]
+        (live.stdout_tail if stream == "stdout" else live.stderr_tail).append(short)
+        if self.evidence_rx.search(text) or self.evidence_rx.search(strip_rank_prefix(text)):
+            live.evidence.append(OutputLine(stream, short))
+        if self.on_output is not None:
+            self.on_output(stream, text)
+        self._handle_steps(self.parser.feed(stream, text, t_mono, t_wall), deciding=deciding)
+
+    def _handle_steps(self, new: Sequence[StepMetrics], *, deciding: bool) -> None:
+        """Record new steps (and write them to ``metrics.jsonl``); while ``deciding``, decide on each."""
+        if not new:
+            return
+        live = self.live
+        now = time.monotonic()
+        for step in new:
+            live.steps.append(step)
+            live.last_step_mono = now
+            if live.first_step_mono is None:
+                live.first_step_mono = min(now, step.t_mono_s) if step.t_mono_s >= self.launched_mono else now
+            if self.metrics_file is not None:
+                self.metrics_file.write(_step_json(step) + "\n")
+                self.metrics_file.flush()
+            if deciding and live.stopped_by is None:
+                self._decide(step)
+        durations, _, _ = step_durations(live.steps)
+        live.median_step_s = statistics.median(durations) if durations else None
+
+    def _decide(self, step: StepMetrics) -> None:
+        """After a new step: prune when the observer says so, else stop early once the estimate is stable."""
+        live, early_stop = self.live, self.early_stop
+        est = steady_estimate(live.steps, self.global_batch, max_warmup=early_stop.max_warmup_steps)
+        verdict = self.observer.on_step(step, est) if self.observer is not None else None
+        if verdict:
+            live.stopped_by, live.stop_reason = "pruned", " ".join(str(verdict).split())
+        elif (
+            early_stop.enabled
+            and est is not None
+            and len(live.steps) >= early_stop.min_steps
+            and is_stable(est, early_stop)
+        ):
+            live.stopped_by = "early_stop"
+            live.stop_reason = (
+                f"steady after {len(live.steps)} steps: {est.step_time_s:.3g} s/step "
+                f"± {est.rel_ci95:.1%} (95 % CI, {est.steady_steps} steady steps)"
+            )
+
+    def _scan_descendants(self, now: float) -> None:
+        """Add descendants not seen before to ``known`` and ``proc.json``; schedule the next scan."""
+        fresh = {p: t for p, t in _descendants(self.pid).items() if p not in self.known}
+        # Walking /proc costs ~5 ms per 100 processes: keep it under 2 % of a core on busy hosts.
+        self._next_scan_mono = now + max(_DESCENDANT_SCAN_S, 50 * (time.monotonic() - now))
+        if fresh:
+            self.known.update(fresh)
+            self._write_proc()
+
+    def _check_watchdog(self, now: float) -> None:
+        """Set a stop reason for the user's interrupt, the wall budget, the start-up budget or a hang."""
+        live, watchdog = self.live, self.watchdog
+        if self.stop_event is not None and self.stop_event.is_set():
+            live.stopped_by, live.stop_reason = "interrupt", "stopped by the user"
+            return
+        elapsed = now - self.launched_mono
+        if watchdog.trial_timeout_s is not None and elapsed >= watchdog.trial_timeout_s:
+            live.stopped_by = "timeout"
+            live.stop_reason = (
+                f"trial wall budget of {watchdog.trial_timeout_s:g} s ran out after {len(live.steps)} steps"
+            )
+            return
+        if live.last_step_mono is None:
+            if elapsed >= watchdog.startup_timeout_s:
+                live.stopped_by = "startup_timeout"
+                live.stop_reason = f"no step within the start-up budget of {watchdog.startup_timeout_s:g} s"
+            return
+        gap = now - live.last_step_mono
+        if live.median_step_s is not None:
+            allowed = max(watchdog.hang_k * live.median_step_s, watchdog.hang_floor_s)
+            rule = (
+                f"max({watchdog.hang_k:g} × median step {live.median_step_s:.3g} s, "
+                f"floor {watchdog.hang_floor_s:g} s)"
+            )
+        else:
+            allowed = watchdog.startup_timeout_s
+            rule = "the start-up budget, no step duration known yet"
+        if gap >= allowed:
+            live.stopped_by = "hang"
+            live.stop_reason = (
+                f"no step for {gap:.1f} s after step {live.steps[-1].step} (limit {allowed:.3g} s = {rule})"
+            )
+
+    # -- 5-9: after the watch -----------------------------------------------------------------------
+
+    def end_group(self) -> list[int]:
+        """Stop the trial if it still runs, reap it, end stragglers; return the pids SIGKILLed.
+
+        Called by :meth:`run` after :meth:`watch`, and by :meth:`abort`. Touches only the trial's own
+        group and the descendants seen (:func:`terminate_group`), and is safe when the process already
+        ended. Afterwards the process is reaped (``proc.returncode`` is set), unless the kernel could
+        not deliver SIGKILL: a note says so.
+        """
+        grace_s = self.watchdog.grace_s
+        killed: list[int] = []
+        if self.proc.poll() is None:
+            self.known.update({p: t for p, t in _descendants(self.pid).items() if p not in self.known})
+            killed = terminate_group(self.pgid, self.known, grace_s)
+        try:
+            self.proc.wait(timeout=grace_s + 5)
+        except subprocess.TimeoutExpired:  # only if the kernel cannot deliver SIGKILL
+            self.notes.append(f"trial process {self.pid} did not exit after SIGKILL")
+        # Stragglers left in the group after the main process ended, and escaped descendants.
+        return killed + [p for p in terminate_group(self.pgid, self.known, grace_s) if p not in killed]
+
+    def finish_output(self) -> None:
+        """Handle the output left once the group ended and the parser's last steps; close ``metrics.jsonl``.
+
+        Called by :meth:`run` after :meth:`end_group`. Steps are only recorded now, no longer decided
+        on. A reader still blocked after :data:`_READER_JOIN_S` (a process that left the group holds
+        its pipe) is left running, and the pipes stay open for it.
+        """
+        for reader in self.readers:
+            reader.join(timeout=_READER_JOIN_S)
+        self._drain(deciding=False, wait_s=0)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None and not any(r.is_alive() for r in self.readers):
+                stream.close()
+        self._handle_steps(self.parser.finish(time.monotonic(), time.time()), deciding=False)
+        self._close_metrics()
+
+    def stop_samplers(self) -> list[dict[str, Any]]:
+        """Stop the samplers that started and return their rows; one that fails is a note.
+
+        Called by :meth:`run` after :meth:`finish_output`, and by :meth:`abort`.
+        """
+        rows: list[dict[str, Any]] = []
+        for sampler in self.active_samplers:
+            try:
+                sampler.stop()
+                rows.extend(sampler.rows())
+            except Exception as exc:  # a probe must never take a trial down
+                self.notes.append(f"sampler {type(sampler).__name__} failed: {exc}")
+        return rows
+
+    def write_records(self, rows: list[dict[str, Any]]) -> None:
+        """Write the samplers' ``rows`` to ``timeline.parquet`` (if any) and the final ``proc.json``.
+
+        Called by :meth:`run` after :meth:`stop_samplers`, once the process is reaped: ``proc.json`` then
+        says the trial ended, with its exit code and every descendant seen.
+        """
+        if rows:
+            _write_timeline(self.files.timeline_parquet, rows)
+        self.proc_info.update({"ended": True, "exit_code": self.proc.returncode, "ended_wall_s": time.time()})
+        self._write_proc()
+
+    def record(self, *, survivors: list[int], timeline_rows: int, exited_mono: float) -> RunRecord:
+        """What was observed, as a :class:`RunRecord`; its ``cleanup_s`` runs from ``exited_mono`` to now.
+
+        Called by :meth:`run` last.
+
+        Args:
+            survivors: the pids :meth:`end_group` had to SIGKILL.
+            timeline_rows: how many rows the samplers produced.
+            exited_mono: when the process ended (by itself, or in :meth:`end_group`).
+        """
+        live = self.live
+        returncode = self.proc.returncode
+        launched = self.launched_mono
+        startup = None if live.first_step_mono is None else max(0.0, live.first_step_mono - launched)
+        return RunRecord(
+            exit_code=returncode,
+            signal=-returncode if returncode is not None and returncode < 0 else None,
+            stopped_by=live.stopped_by,
+            stop_reason=live.stop_reason,
+            steps=live.steps,
+            stdout_tail=list(live.stdout_tail),
+            stderr_tail=list(live.stderr_tail),
+            evidence=list(live.evidence),
+            duration_s=exited_mono - launched,
+            startup_s=startup,
+            started_wall_s=self.started_wall_s,
+            pid=self.pid,
+            pgid=self.pgid,
+            survivors=survivors,
+            timeline_rows=timeline_rows,
+            estimate=steady_estimate(
+                live.steps, self.global_batch, max_warmup=self.early_stop.max_warmup_steps
+            ),
+            pids_seen=sorted(self.known),
+            first_output_s=None if live.first_output_mono is None else live.first_output_mono - launched,
+            cleanup_s=time.monotonic() - exited_mono,
+            notes=self.notes,
+        )
+
+    def abort(self) -> None:
+        """End the group, stop the samplers and close ``metrics.jsonl`` after a guarded stage raised.
+
+        Called by :meth:`run`, which then re-raises. Nothing more is recorded: no timeline, and
+        ``proc.json`` is left as the watch last wrote it.
+        """
+        self.end_group()
+        self.stop_samplers()
+        self._close_metrics()
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _close_metrics(self) -> None:
+        if self.metrics_file is not None:
+            self.metrics_file.close()
+
+    def _write_proc(self) -> None:
+        """Write ``proc.json`` with every descendant known so far (what :func:`reap_orphan` reads)."""
+        self.proc_info["descendants"] = {str(p): t for p, t in self.known.items() if p != self.pid}
+        _write_json(self.files.proc_json, self.proc_info)
 
 
 def run_trial(
@@ -520,283 +1018,15 @@ def run_trial(
     Raises:
         BackendError: argv[0] cannot be started (not found, not executable).
     """
-    trial_dir = Path(trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    plan = _effective_plan(plan)
-    (trial_dir / "launch.json").write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    cmd = trial_dir / "command.sh"
-    cmd.write_text(plan.to_shell(), encoding="utf-8")
-    cmd.chmod(0o755)
-    for name in ("stdout.log", "stderr.log"):
-        (trial_dir / name).write_bytes(b"")
-
-    metrics_path = trial_dir / "metrics.jsonl"
-    notes: list[str] = []
-    own_metrics = {Path(plan.cwd, p).resolve() for p in plan.metrics_paths}
-    write_metrics = metrics_path.resolve() not in own_metrics
-    if not write_metrics:
-        notes.append("metrics.jsonl is the framework's own metrics file; the runner did not write it")
-    evidence_rx = re.compile("|".join(f"(?:{p.regex})" for p in (*patterns, *COMMON_PATTERNS)))
-
-    started_wall = time.time()
-    launched = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            list(plan.argv),
-            cwd=plan.cwd,
-            env=_child_env(plan),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            bufsize=0,
-        )
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-        raise BackendError(
-            f"cannot start {plan.argv[0]!r} in {plan.cwd}: {exc.strerror or exc}",
-            hint="Check the command (its first word must be an executable on PATH or a path)",
-        ) from None
-
-    pid = pgid = proc.pid  # start_new_session: the child is its session's and group's leader
-    known: dict[int, float | None] = {pid: _create_time(pid)}
-    proc_info: dict[str, Any] = {
-        "pid": pid,
-        "pgid": pgid,
-        "create_time": known[pid],
-        "started_wall_s": started_wall,
-        "runner_pid": os.getpid(),
-        "argv0": plan.argv[0],
-        "descendants": {},
-        "ended": False,
-    }
-    _write_json(trial_dir / "proc.json", proc_info)
-
-    lines: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    readers = [
-        threading.Thread(
-            target=_pump, args=(stream.fileno(), name, trial_dir / f"{name}.log", lines), daemon=True
-        )
-        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
-    ]
-    for r in readers:
-        r.start()
-
-    live = _Live(launched)
-    active_samplers: list[Sampler] = []
-    metrics_file = open(metrics_path, "w", encoding="utf-8") if write_metrics else None  # noqa: SIM115
-    on_output = getattr(observer, "on_output", None) if observer is not None else None
-
-    def handle_steps(new: Sequence[StepMetrics], deciding: bool) -> None:
-        if not new:
-            return
-        now = time.monotonic()
-        for step in new:
-            live.steps.append(step)
-            live.last_step_mono = now
-            if live.first_step_mono is None:
-                live.first_step_mono = min(now, step.t_mono_s) if step.t_mono_s >= launched else now
-            if metrics_file is not None:
-                metrics_file.write(_step_json(step) + "\n")
-                metrics_file.flush()
-            if not deciding or live.stopped_by is not None:
-                continue
-            est = steady_estimate(live.steps, global_batch, max_warmup=early_stop.max_warmup_steps)
-            verdict = observer.on_step(step, est) if observer is not None else None
-            if verdict:
-                live.stopped_by, live.stop_reason = "pruned", " ".join(str(verdict).split())
-            elif (
-                early_stop.enabled
-                and est is not None
-                and len(live.steps) >= early_stop.min_steps
-                and is_stable(est, early_stop)
-            ):
-                live.stopped_by = "early_stop"
-                live.stop_reason = (
-                    f"steady after {len(live.steps)} steps: {est.step_time_s:.3g} s/step "
-                    f"± {est.rel_ci95:.1%} (95 % CI, {est.steady_steps} steady steps)"
-                )
-        durations, _, _ = step_durations(live.steps)
-        live.median_step_s = statistics.median(durations) if durations else None
-
-    def handle_line(item: tuple[str, str | None, float, float], deciding: bool) -> None:
-        stream, text, t_mono, t_wall = item
-        if text is None:
-            live.open_streams.discard(stream)
-            return
-        if live.first_output_mono is None:
-            live.first_output_mono = t_mono
-        short = text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS]
-        (live.stdout_tail if stream == "stdout" else live.stderr_tail).append(short)
-        if evidence_rx.search(text) or evidence_rx.search(strip_rank_prefix(text)):
-            live.evidence.append(OutputLine(stream, short))
-        if on_output is not None:
-            on_output(stream, text)
-        handle_steps(parser.feed(stream, text, t_mono, t_wall), deciding)
-
-    def drain(deciding: bool, wait_s: float) -> None:
-        """Handle queued output; wait up to ``wait_s`` for the first item."""
-        try:
-            item = lines.get(timeout=wait_s) if wait_s > 0 else lines.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            handle_line(item, deciding)
-            if deciding and live.stopped_by is not None:
-                return  # stop now; the rest is handled after the group is ended
-            try:
-                item = lines.get_nowait()
-            except queue.Empty:
-                return
-
-    def watchdog_check(now: float) -> None:
-        if stop_event is not None and stop_event.is_set():
-            live.stopped_by, live.stop_reason = "interrupt", "stopped by the user"
-            return
-        elapsed = now - launched
-        if watchdog.trial_timeout_s is not None and elapsed >= watchdog.trial_timeout_s:
-            live.stopped_by = "timeout"
-            live.stop_reason = (
-                f"trial wall budget of {watchdog.trial_timeout_s:g} s ran out after {len(live.steps)} steps"
-            )
-            return
-        if live.last_step_mono is None:
-            if elapsed >= watchdog.startup_timeout_s:
-                live.stopped_by = "startup_timeout"
-                live.stop_reason = f"no step within the start-up budget of {watchdog.startup_timeout_s:g} s"
-            return
-        gap = now - live.last_step_mono
-        if live.median_step_s is not None:
-            allowed = max(watchdog.hang_k * live.median_step_s, watchdog.hang_floor_s)
-            rule = (
-                f"max({watchdog.hang_k:g} × median step {live.median_step_s:.3g} s, "
-                f"floor {watchdog.hang_floor_s:g} s)"
-            )
-        else:
-            allowed = watchdog.startup_timeout_s
-            rule = "the start-up budget, no step duration known yet"
-        if gap >= allowed:
-            live.stopped_by = "hang"
-            live.stop_reason = (
-                f"no step for {gap:.1f} s after step {live.steps[-1].step} (limit {allowed:.3g} s = {rule})"
-            )
-
-    def end_group() -> list[int]:
-        """Stop the trial if it still runs, reap it, end stragglers; return the pids SIGKILLed."""
-        killed: list[int] = []
-        if proc.poll() is None:
-            known.update({p: t for p, t in _descendants(pid).items() if p not in known})
-            killed = terminate_group(pgid, known, watchdog.grace_s)
-        try:
-            proc.wait(timeout=watchdog.grace_s + 5)
-        except subprocess.TimeoutExpired:  # only if the kernel cannot deliver SIGKILL
-            notes.append(f"trial process {pid} did not exit after SIGKILL")
-        # Stragglers left in the group after the main process ended, and escaped descendants.
-        return killed + [p for p in terminate_group(pgid, known, watchdog.grace_s) if p not in killed]
-
-    def stop_samplers() -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        for sampler in active_samplers:
-            try:
-                sampler.stop()
-                rows.extend(sampler.rows())
-            except Exception as exc:  # a probe must never take a trial down
-                notes.append(f"sampler {type(sampler).__name__} failed: {exc}")
-        return rows
-
-    exited_mono: float | None = None
-    try:
-        if observer is not None:
-            observer.on_started(pid, pgid)
-        if samplers is not None:
-            try:
-                made = list(samplers(pid))
-            except Exception as exc:  # a probe must never take a trial down
-                notes.append(f"samplers could not be made: {exc}")
-                made = []
-            for sampler in made:
-                try:
-                    sampler.start()
-                    active_samplers.append(sampler)
-                except Exception as exc:  # a probe must never take a trial down
-                    notes.append(f"sampler {type(sampler).__name__} did not start: {exc}")
-        last_poll = time.monotonic()
-        next_scan = last_poll + min(0.2, _DESCENDANT_SCAN_S)
-        while True:
-            if live.open_streams:
-                drain(True, watchdog.poll_interval_s)
-            else:  # both pipes closed: the process is ending, wait for it rather than for output
-                try:
-                    proc.wait(timeout=watchdog.poll_interval_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            now = time.monotonic()
-            if live.stopped_by is None and now - last_poll >= watchdog.poll_interval_s:
-                handle_steps(parser.poll(now, time.time()), True)
-                last_poll = now
-            if now >= next_scan:
-                fresh = {p: t for p, t in _descendants(pid).items() if p not in known}
-                # Walking /proc costs ~5 ms per 100 processes: keep it under 2 % of a core on busy hosts.
-                next_scan = now + max(_DESCENDANT_SCAN_S, 50 * (time.monotonic() - now))
-                if fresh:
-                    known.update(fresh)
-                    proc_info["descendants"] = {str(p): t for p, t in known.items() if p != pid}
-                    _write_json(trial_dir / "proc.json", proc_info)
-            if proc.poll() is not None:
-                exited_mono = time.monotonic()
-                break
-            if live.stopped_by is None:
-                watchdog_check(now)
-            if live.stopped_by is not None:
-                break
-    except BaseException:
-        end_group()
-        stop_samplers()
-        if metrics_file is not None:
-            metrics_file.close()
-        raise
-
-    survivors = end_group()
-    if exited_mono is None:
-        exited_mono = time.monotonic()
-    for r in readers:
-        r.join(timeout=_READER_JOIN_S)
-    drain(False, 0)
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None and not any(r.is_alive() for r in readers):
-            stream.close()
-    handle_steps(parser.finish(time.monotonic(), time.time()), False)
-    if metrics_file is not None:
-        metrics_file.close()
-
-    rows = stop_samplers()
-    if rows:
-        _write_timeline(trial_dir / "timeline.parquet", rows)
-
-    returncode = proc.returncode
-    proc_info.update({"ended": True, "exit_code": returncode, "ended_wall_s": time.time()})
-    proc_info["descendants"] = {str(p): t for p, t in known.items() if p != pid}
-    _write_json(trial_dir / "proc.json", proc_info)
-
-    startup = None if live.first_step_mono is None else max(0.0, live.first_step_mono - launched)
-    return RunRecord(
-        exit_code=returncode,
-        signal=-returncode if returncode is not None and returncode < 0 else None,
-        stopped_by=live.stopped_by,
-        stop_reason=live.stop_reason,
-        steps=live.steps,
-        stdout_tail=list(live.stdout_tail),
-        stderr_tail=list(live.stderr_tail),
-        evidence=list(live.evidence),
-        duration_s=exited_mono - launched,
-        startup_s=startup,
-        started_wall_s=started_wall,
-        pid=pid,
-        pgid=pgid,
-        survivors=survivors,
-        timeline_rows=len(rows),
-        estimate=steady_estimate(live.steps, global_batch, max_warmup=early_stop.max_warmup_steps),
-        pids_seen=sorted(known),
-        first_output_s=None if live.first_output_mono is None else live.first_output_mono - launched,
-        cleanup_s=time.monotonic() - exited_mono,
-        notes=notes,
-    )
+    return TrialRun(
+        plan,
+        parser,
+        trial_dir,
+        global_batch=global_batch,
+        watchdog=watchdog,
+        early_stop=early_stop,
+        observer=observer,
+        samplers=samplers,
+        stop_event=stop_event,
+        patterns=patterns,
+    ).run()
