@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
+from autotune.probes.timeline import phase_intervals
 from pydantic import ValidationError
 
 from autotune.errors import UsageError
@@ -30,8 +31,6 @@ __all__ = [
     "is_study_dir",
     "is_profile_dir",
 ]
-
-PHASES = ("rollout", "train", "weight_sync", "other")
 
 
 @dataclass(frozen=True)
@@ -310,12 +309,8 @@ def _step(value: Any) -> int | None:
 
 
 def _inferred_spans(trial: TrialData, problems: list[str]) -> list[PhaseSpan]:
-    """Phases inferred by ``probes.timeline`` when the trial wrote no markers (optional)."""
+    """Phases inferred by ``probes.timeline`` when the trial wrote no markers."""
     if trial.timeline is None or not trial.steps:
-        return []
-    try:
-        from autotune.probes.timeline import phase_intervals
-    except ImportError:
         return []
     steps = [
         {"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)}
@@ -323,7 +318,7 @@ def _inferred_spans(trial: TrialData, problems: list[str]) -> list[PhaseSpan]:
     ]
     try:
         intervals = phase_intervals(steps, trial.markers, trial.timeline)
-    except Exception as exc:  # noqa: BLE001 - optional inference from another package; shown as a note
+    except Exception as exc:  # noqa: BLE001 - inference is best effort; a failure is shown as a note
         problems.append(f"trial {trial.number}: phases could not be inferred ({exc.__class__.__name__})")
         return []
     spans = []
