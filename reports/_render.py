@@ -12,7 +12,7 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,12 @@ from autotune.reports._load import StudyData, TrialData, load_profile, load_stud
 from autotune.reports._safety import MASK, Sanitizer
 from autotune.reports.diagnosis import Finding, diagnose, make_context
 from autotune.reports.insight import best_so_far, param_importances, pareto_points
+from pydantic import ValidationError
 
-from autotune.records import TrialResult, TrialStatus
+from autotune.records import Recommendation, TrialStatus
+from autotune.studydir import StudyDir
 
-__all__ = ["ReportPaths", "Winner", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
+__all__ = ["ReportPaths", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
 
 GIB = 2**30
 MAX_TIMELINES = 30
@@ -49,75 +51,23 @@ class ReportPaths:
     findings: tuple[Finding, ...] = ()
 
 
-@dataclass(frozen=True)
-class Winner:
-    """The recommended trial (from ``autotune.study.recommend`` when installed, else the same rule here)."""
+def pick_winner(data: StudyData) -> Recommendation | None:
+    """The study's recommendation, as :meth:`autotune.studydir.StudyDir.recommendation` reads it.
 
-    trial: int
-    throughput: float
-    baseline_trial: int | None
-    baseline_throughput: float | None
-    speedup: float | None
-    headroom_bytes: list[int | None]
-    why: str
-    skipped: list[tuple[int, str]] = field(default_factory=list)
-
-
-def pick_winner(data: StudyData, min_headroom_frac: float = 0.05) -> Winner | None:
-    """The fastest healthy trial with memory headroom, as the study's recommendation rule chooses it."""
-    results = data.results
+    A study that ended stored it in ``study.json``; one that never ended has it decided from its results
+    by the study's own rule. A stored recommendation that cannot be read is noted in ``data.problems``
+    and decided from the results the same way.
+    """
+    study_dir = StudyDir(data.root)
     try:
-        from autotune.study.recommend import recommend
-    except ImportError:
-        recommend = None
-    if recommend is not None:
-        rec = recommend(results, data.hardware, min_headroom_frac=min_headroom_frac)
-        if rec is None:
-            return None
-        return Winner(
-            trial=rec.trial,
-            throughput=rec.throughput,
-            baseline_trial=rec.baseline_trial,
-            baseline_throughput=rec.baseline_throughput,
-            speedup=rec.speedup,
-            headroom_bytes=list(rec.headroom_bytes),
-            why=rec.why,
-            skipped=list(getattr(rec, "skipped", []) or []),
+        return study_dir.recommendation(data.meta, data.results)
+    except ValidationError as exc:
+        data.problems.append(
+            f"{StudyDir.SETTINGS}: the recommendation is unreadable ({exc.error_count()} error(s));"
+            " decided again from the trial results"
         )
-    return _fallback_winner(results, data, min_headroom_frac)
-
-
-def _fallback_winner(
-    results: Sequence[TrialResult], data: StudyData, min_headroom_frac: float
-) -> Winner | None:
-    baseline = next((r for r in results if r.is_baseline), None)
-    base_tp = baseline.throughput if baseline and baseline.status is TrialStatus.COMPLETE else None
-    skipped: list[tuple[int, str]] = []
-    for r in sorted(
-        (r for r in results if r.status is TrialStatus.COMPLETE and r.throughput),
-        key=lambda r: -(r.throughput or 0.0),
-    ):
-        room: list[int | None] = []
-        tight = None
-        for pos in range(data.gpu_count):
-            cap = data.capacity_bytes(pos)
-            peak = r.peak_mem_bytes[pos] if pos < len(r.peak_mem_bytes) else None
-            head = cap - peak if cap is not None and peak is not None else None
-            room.append(head)
-            if head is not None and cap is not None and head < min_headroom_frac * cap and tight is None:
-                tight = f"only {head / GIB:.2f} GiB left on {data.gpu_label(pos)}"
-        if tight:
-            skipped.append((r.number, tight))
-            continue
-        tp = r.throughput or 0.0
-        speedup = tp / base_tp if base_tp else None
-        why = f"fastest healthy trial: {tp:.3g} completions/s" + (
-            f", {speedup:.2f}x the baseline" if speedup else ""
-        )
-        return Winner(
-            r.number, tp, baseline.number if baseline else None, base_tp, speedup, room, why, skipped
-        )
-    return None
+    settings = {k: v for k, v in data.meta.items() if k != "recommendation"}
+    return study_dir.recommendation(settings, data.results)
 
 
 # ------------------------------------------------------------------------------------------- escaping
