@@ -25,7 +25,7 @@ from autotune.reports.insight import best_so_far, param_importances, pareto_poin
 from pydantic import ValidationError
 
 from autotune.records import Recommendation, TrialStatus
-from autotune.studydir import StudyDir
+from autotune.studydir import StudyDir, TrialDir
 
 __all__ = ["ReportPaths", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
 
@@ -195,7 +195,7 @@ def _trial_rows(
         else:
             steps_text = f"{r.steps}" if r.steps else "0"
         links = {}
-        for name in ("command.sh", "stdout.log", "stderr.log", "metrics.jsonl", "result.json"):
+        for name in (TrialDir.COMMAND, TrialDir.STDOUT, TrialDir.STDERR, TrialDir.METRICS, TrialDir.RESULT):
             path = t.files.get(name) or (
                 (t.dir / name) if t.dir is not None and (t.dir / name).is_file() else None
             )
@@ -314,11 +314,12 @@ def _command_block(
 ) -> tuple[str | None, str | None]:
     """(the command that runs the winner, where it comes from)."""
     if data.best_command:
-        return compact_shell(clean.clean(data.best_command)), "best/command.sh"
+        return compact_shell(clean.clean(data.best_command)), f"{StudyDir.BEST}/{StudyDir.BEST_COMMAND}"
     if winner_trial is not None and winner_trial.command:
+        source = f"{StudyDir.TRIALS}/{winner_trial.number}/{TrialDir.COMMAND}"
         return compact_shell(
             clean.clean(winner_trial.command)
-        ), f"trials/{winner_trial.number}/command.sh (the trial itself: set max steps for a full run)"
+        ), f"{source} (the trial itself: set max steps for a full run)"
     return None, None
 
 
@@ -383,7 +384,7 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
     knob_names = _knob_names(data)
     rows = _trial_rows(data, ctx.signals, winner.trial if winner else None, out_dir, clean, knob_names)
     meta = _meta_pairs(data.meta, clean)
-    charts_dir = out_dir / "charts"
+    charts_dir = out_dir / StudyDir.CHARTS
     written: list[Path] = []
     figures: list[dict[str, str]] = []
 
@@ -399,7 +400,7 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
         else sum(r.gpu_seconds for r in data.results)
     )
     launched = sum(
-        1 for t in data.trials if t.steps or t.files.get("launch.json") or t.files.get("stdout.log")
+        1 for t in data.trials if t.steps or t.files.get(TrialDir.LAUNCH) or t.files.get(TrialDir.STDOUT)
     )
 
     # ---- summary: the winner
@@ -630,8 +631,8 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
     env.filters["md"] = md_cell
     env.filters["mdtext"] = md_text
     env.filters["mdcode"] = md_code
-    html_path = out_dir / "report.html"
-    md_path = out_dir / "report.md"
+    html_path = out_dir / StudyDir.REPORT_HTML
+    md_path = out_dir / StudyDir.REPORT_MD
     html_text = env.get_template("report.html.j2").render(r=view, plotly_js=charts.plotly_js())
     md_text_out = env.get_template("report.md.j2").render(r=view)
     _atomic_write(html_path, html_text)

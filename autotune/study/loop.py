@@ -266,7 +266,7 @@ class Study:
             "versions": dict(c.versions),
             "search": c.search,
             "budget": {"trials": c.n_trials, "time_s": c.time_budget_s},
-            "storage": c.storage_url or "sqlite:///study.db",
+            "storage": c.storage_url or f"sqlite:///{StudyDir.DB}",
             "identity": c.identity(),
         }
 
@@ -643,7 +643,7 @@ def summary_line(outcome: StudyOutcome) -> str:
     """The one line printed at the end of a study."""
     rec = outcome.recommendation
     if rec is None:
-        return "no healthy trial completed: nothing to recommend (see report.md for why each trial failed)"
+        return f"no healthy trial completed: nothing to recommend (see {StudyDir.REPORT_MD} for why each trial failed)"
     line = f"best: trial {rec.trial} at {rec.throughput:.3g} completions/s"
     if rec.speedup is not None:
         line += f", speedup {rec.speedup:.2f}x over the baseline (trial {rec.baseline_trial})"
