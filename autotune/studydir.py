@@ -133,6 +133,9 @@ class StudyDir:
     CHARTS = "charts"
     REPORT_HTML = "report.html"
     REPORT_MD = "report.md"
+    # in best/, written by autotune.export: the winner's knobs (the json export) and the script that runs it
+    BEST_KNOBS = "knobs.json"
+    BEST_COMMAND = "command.sh"
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -1,7 +1,7 @@
 """Reports of a study (or a profiled run): ``report.html``, ``report.md`` and ``charts/``.
 
-Reads only what is on disk in the study directory; imports ``autotune.records``/``autotune.errors``
-and, when installed, ``autotune.study.recommend`` and ``autotune.estimate``. Never imports ``autotune.cli``.
+Reads only what is on disk in the study directory: the records, the timelines and the recommendation the
+study stored (:meth:`autotune.studydir.StudyDir.recommendation`). Never imports ``autotune.cli``.
 """
 
 from __future__ import annotations

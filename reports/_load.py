@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
+from autotune.probes.timeline import phase_intervals
 from pydantic import ValidationError
 
 from autotune.errors import UsageError
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
+from autotune.studydir import StudyDir, TrialDir
 
 __all__ = [
     "PhaseSpan",
@@ -30,8 +32,6 @@ __all__ = [
     "is_study_dir",
     "is_profile_dir",
 ]
-
-PHASES = ("rollout", "train", "weight_sync", "other")
 
 
 @dataclass(frozen=True)
@@ -190,12 +190,13 @@ def _num(value: Any) -> bool:
 
 def is_study_dir(path: Path) -> bool:
     """True when ``path`` looks like an ``autotune search`` study directory."""
-    return path.is_dir() and ((path / "study.json").is_file() or (path / "trials").is_dir())
+    study = StudyDir(path)
+    return path.is_dir() and (study.study_json.is_file() or study.trials_dir.is_dir())
 
 
 def is_profile_dir(path: Path) -> bool:
     """True when ``path`` looks like an ``autotune profile`` output directory."""
-    return path.is_dir() and (path / "profile.json").is_file()
+    return path.is_dir() and TrialDir(path).profile_json.is_file()
 
 
 def _read_json(path: Path, problems: list[str], root: Path) -> Any:
@@ -310,12 +311,8 @@ def _step(value: Any) -> int | None:
 
 
 def _inferred_spans(trial: TrialData, problems: list[str]) -> list[PhaseSpan]:
-    """Phases inferred by ``probes.timeline`` when the trial wrote no markers (optional)."""
+    """Phases inferred by ``probes.timeline`` when the trial wrote no markers."""
     if trial.timeline is None or not trial.steps:
-        return []
-    try:
-        from autotune.probes.timeline import phase_intervals
-    except ImportError:
         return []
     steps = [
         {"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)}
@@ -323,7 +320,7 @@ def _inferred_spans(trial: TrialData, problems: list[str]) -> list[PhaseSpan]:
     ]
     try:
         intervals = phase_intervals(steps, trial.markers, trial.timeline)
-    except Exception as exc:  # noqa: BLE001 - optional inference from another package; shown as a note
+    except Exception as exc:  # noqa: BLE001 - inference is best effort; a failure is shown as a note
         problems.append(f"trial {trial.number}: phases could not be inferred ({exc.__class__.__name__})")
         return []
     spans = []
@@ -343,42 +340,43 @@ def _inferred_spans(trial: TrialData, problems: list[str]) -> list[PhaseSpan]:
     return sorted(spans, key=lambda s: s.t0_mono_s)
 
 
-_TRIAL_DIR_RE = re.compile(r"^(?P<root>/.+?)/trials/\d+(?:/|$)")
+_TRIAL_DIR_RE = re.compile(rf"^(?P<root>/.+?)/{re.escape(StudyDir.TRIALS)}/\d+(?:/|$)")
 
 
 def _load_trial(
     number: int, directory: Path, root: Path, problems: list[str], result: TrialResult | None
 ) -> TrialData | None:
+    files = TrialDir(directory)
     if result is None:
-        raw = _read_json(directory / "result.json", problems, root)
+        raw = _read_json(files.result_json, problems, root)
         if raw is None:
             if directory.is_dir() and any(directory.iterdir()):
-                problems.append(f"{_rel(directory, root)}: no result.json (the trial did not finish)")
+                problems.append(f"{_rel(directory, root)}: no {TrialDir.RESULT} (the trial did not finish)")
             return None
         try:
             result = TrialResult.model_validate(raw)
         except ValidationError as exc:
             problems.append(
-                f"{_rel(directory / 'result.json', root)}: not a trial result ({exc.error_count()} error(s))"
+                f"{_rel(files.result_json, root)}: not a trial result ({exc.error_count()} error(s))"
             )
             return None
     trial = TrialData(number=number, result=result, dir=directory)
     for name in (
-        "stdout.log",
-        "stderr.log",
-        "command.sh",
-        "launch.json",
-        "metrics.jsonl",
-        "timeline.parquet",
-        "phases.jsonl",
+        TrialDir.STDOUT,
+        TrialDir.STDERR,
+        TrialDir.COMMAND,
+        TrialDir.LAUNCH,
+        TrialDir.METRICS,
+        TrialDir.TIMELINE,
+        TrialDir.PHASES,
     ):
-        if (directory / name).is_file():
-            trial.files[name] = directory / name
-    trial.steps = _read_steps(directory / "metrics.jsonl", problems, root)
-    trial.markers = _read_markers(directory / "phases.jsonl", problems, root)
-    trial.timeline = _read_timeline(directory / "timeline.parquet", problems, root)
-    trial.command = _read_text(directory / "command.sh")
-    launch = _read_json(directory / "launch.json", problems, root)
+        if (files / name).is_file():
+            trial.files[name] = files / name
+    trial.steps = _read_steps(files.metrics_jsonl, problems, root)
+    trial.markers = _read_markers(files.phases_jsonl, problems, root)
+    trial.timeline = _read_timeline(files.timeline_parquet, problems, root)
+    trial.command = _read_text(files.command_sh)
+    launch = _read_json(files.launch_json, problems, root)
     trial.launch = launch if isinstance(launch, dict) else None
     trial.spans = spans_from_markers(trial.markers, trial.t_end_mono_s)
     if not trial.spans:
@@ -428,32 +426,33 @@ def load_study(study_dir: Path) -> StudyData:
     root = Path(study_dir)
     if not is_study_dir(root):
         raise UsageError(
-            f"{study_dir} is not a study directory (no study.json or trials/ in it)",
+            f"{study_dir} is not a study directory (no {StudyDir.SETTINGS} or {StudyDir.TRIALS}/ in it)",
             hint="Pass the runs/<study> directory that autotune search wrote",
         )
+    study = StudyDir(root)
     problems: list[str] = []
-    meta = _read_json(root / "study.json", problems, root)
+    meta = _read_json(study.study_json, problems, root)
     if not isinstance(meta, dict):
-        if (root / "study.json").exists() or meta is not None:
-            problems.append("study.json is not a JSON object")
+        if study.study_json.exists() or meta is not None:
+            problems.append(f"{StudyDir.SETTINGS} is not a JSON object")
         meta = {}
     trials: list[TrialData] = []
-    trials_dir = root / "trials"
+    trials_dir = study.trials_dir
     if trials_dir.is_dir():
         numbered = sorted((int(p.name), p) for p in trials_dir.iterdir() if p.is_dir() and p.name.isdigit())
         for number, directory in numbered:
             trial = _load_trial(number, directory, root, problems, None)
             if trial is not None:
                 trials.append(trial)
-    best_dir = root / "best"
-    knobs = _read_json(best_dir / "knobs.json", problems, root)
+    best_dir = study.best_dir
+    knobs = _read_json(best_dir / StudyDir.BEST_KNOBS, problems, root)
     data = StudyData(
         root=root.resolve(),
         kind="study",
         meta=meta,
         hardware=_hardware(meta.get("hardware"), problems),
         trials=trials,
-        best_command=_read_text(best_dir / "command.sh"),
+        best_command=_read_text(best_dir / StudyDir.BEST_COMMAND),
         best_knobs=knobs if isinstance(knobs, dict) else None,
         problems=problems,
     )
@@ -469,29 +468,30 @@ def load_profile(out_dir: Path) -> StudyData:
         UsageError: ``out_dir`` holds neither ``profile.json`` nor the files of a run.
     """
     root = Path(out_dir)
-    run_files = ("result.json", "metrics.jsonl", "timeline.parquet", "phases.jsonl")
-    if not root.is_dir() or not (is_profile_dir(root) or any((root / f).is_file() for f in run_files)):
+    run = TrialDir(root)
+    run_files = (TrialDir.RESULT, TrialDir.METRICS, TrialDir.TIMELINE, TrialDir.PHASES)
+    if not root.is_dir() or not (is_profile_dir(root) or any((run / f).is_file() for f in run_files)):
         raise UsageError(
-            f"{out_dir} is not a profile directory (no profile.json or run files in it)",
+            f"{out_dir} is not a profile directory (no {TrialDir.PROFILE} or run files in it)",
             hint="Pass the directory that autotune profile wrote",
         )
     problems: list[str] = []
-    meta = _read_json(root / "profile.json", problems, root)
+    meta = _read_json(run.profile_json, problems, root)
     meta = meta if isinstance(meta, dict) else {}
     result: TrialResult | None = None
-    raw = _read_json(root / "result.json", problems, root)
+    raw = _read_json(run.result_json, problems, root)
     if raw is not None:
         try:
             result = TrialResult.model_validate(raw)
         except ValidationError as exc:
-            problems.append(f"result.json: not a run result ({exc.error_count()} error(s))")
+            problems.append(f"{TrialDir.RESULT}: not a run result ({exc.error_count()} error(s))")
     if result is None:
         status = meta.get("status")
         result = TrialResult(
             number=0,
             params={},
             status=TrialStatus(status) if status in TrialStatus.__members__ else TrialStatus.COMPLETE,
-            reason=str(meta.get("reason") or "profiled run (no result.json)"),
+            reason=str(meta.get("reason") or f"profiled run (no {TrialDir.RESULT})"),
         )
     trial = _load_trial(result.number, root, root, problems, result)
     trials = [trial] if trial is not None else []

@@ -11,8 +11,9 @@ import html
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,15 @@ from autotune.reports import charts
 from autotune.reports._format import DASH, gib, is_num, knob_value, pct, rate, seconds, share
 from autotune.reports._load import StudyData, TrialData, load_profile, load_study
 from autotune.reports._safety import MASK, Sanitizer
+from autotune.reports._signals import TrialSignals
 from autotune.reports.diagnosis import Finding, diagnose, make_context
 from autotune.reports.insight import best_so_far, param_importances, pareto_points
+from pydantic import ValidationError
 
-from autotune.records import TrialResult, TrialStatus
+from autotune.records import Recommendation, TrialResult, TrialStatus
+from autotune.studydir import StudyDir, TrialDir
 
-__all__ = ["ReportPaths", "Winner", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
+__all__ = ["ReportPaths", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
 
 GIB = 2**30
 MAX_TIMELINES = 30
@@ -49,75 +53,23 @@ class ReportPaths:
     findings: tuple[Finding, ...] = ()
 
 
-@dataclass(frozen=True)
-class Winner:
-    """The recommended trial (from ``autotune.study.recommend`` when installed, else the same rule here)."""
+def pick_winner(data: StudyData) -> Recommendation | None:
+    """The study's recommendation, as :meth:`autotune.studydir.StudyDir.recommendation` reads it.
 
-    trial: int
-    throughput: float
-    baseline_trial: int | None
-    baseline_throughput: float | None
-    speedup: float | None
-    headroom_bytes: list[int | None]
-    why: str
-    skipped: list[tuple[int, str]] = field(default_factory=list)
-
-
-def pick_winner(data: StudyData, min_headroom_frac: float = 0.05) -> Winner | None:
-    """The fastest healthy trial with memory headroom, as the study's recommendation rule chooses it."""
-    results = data.results
+    A study that ended stored it in ``study.json``; one that never ended has it decided from its results
+    by the study's own rule. A stored recommendation that cannot be read is noted in ``data.problems``
+    and decided from the results the same way.
+    """
+    study_dir = StudyDir(data.root)
     try:
-        from autotune.study.recommend import recommend
-    except ImportError:
-        recommend = None
-    if recommend is not None:
-        rec = recommend(results, data.hardware, min_headroom_frac=min_headroom_frac)
-        if rec is None:
-            return None
-        return Winner(
-            trial=rec.trial,
-            throughput=rec.throughput,
-            baseline_trial=rec.baseline_trial,
-            baseline_throughput=rec.baseline_throughput,
-            speedup=rec.speedup,
-            headroom_bytes=list(rec.headroom_bytes),
-            why=rec.why,
-            skipped=list(getattr(rec, "skipped", []) or []),
+        return study_dir.recommendation(data.meta, data.results)
+    except ValidationError as exc:
+        data.problems.append(
+            f"{StudyDir.SETTINGS}: the recommendation is unreadable ({exc.error_count()} error(s));"
+            " decided again from the trial results"
         )
-    return _fallback_winner(results, data, min_headroom_frac)
-
-
-def _fallback_winner(
-    results: Sequence[TrialResult], data: StudyData, min_headroom_frac: float
-) -> Winner | None:
-    baseline = next((r for r in results if r.is_baseline), None)
-    base_tp = baseline.throughput if baseline and baseline.status is TrialStatus.COMPLETE else None
-    skipped: list[tuple[int, str]] = []
-    for r in sorted(
-        (r for r in results if r.status is TrialStatus.COMPLETE and r.throughput),
-        key=lambda r: -(r.throughput or 0.0),
-    ):
-        room: list[int | None] = []
-        tight = None
-        for pos in range(data.gpu_count):
-            cap = data.capacity_bytes(pos)
-            peak = r.peak_mem_bytes[pos] if pos < len(r.peak_mem_bytes) else None
-            head = cap - peak if cap is not None and peak is not None else None
-            room.append(head)
-            if head is not None and cap is not None and head < min_headroom_frac * cap and tight is None:
-                tight = f"only {head / GIB:.2f} GiB left on {data.gpu_label(pos)}"
-        if tight:
-            skipped.append((r.number, tight))
-            continue
-        tp = r.throughput or 0.0
-        speedup = tp / base_tp if base_tp else None
-        why = f"fastest healthy trial: {tp:.3g} completions/s" + (
-            f", {speedup:.2f}x the baseline" if speedup else ""
-        )
-        return Winner(
-            r.number, tp, baseline.number if baseline else None, base_tp, speedup, room, why, skipped
-        )
-    return None
+    settings = {k: v for k, v in data.meta.items() if k != "recommendation"}
+    return study_dir.recommendation(settings, data.results)
 
 
 # ------------------------------------------------------------------------------------------- escaping
@@ -174,10 +126,89 @@ def md_code(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ view model
+#
+# The template's view is one dict, built in the order the report reads: what was tuned (meta), the
+# answer (summary), every trial (rows), why trials failed or lag (findings), then the charts. Chart
+# figures and PNGs are collected in the order they are drawn, which is the order the HTML embeds them.
+
+
+def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any], list[Finding], list[Path]]:
+    """The template's view of ``data``, the diagnosis, and the PNG charts written into ``out_dir``."""
+    clean = Sanitizer.for_study(data.roots, data.env_maps)
+    winner = pick_winner(data) if data.kind == "study" else None
+    ctx = make_context(data, winner=winner.trial if winner else None)
+    findings = diagnose(ctx)
+    knob_names = _knob_names(data)
+    rows = _trial_rows(data, ctx.signals, winner.trial if winner else None, out_dir, clean, knob_names)
+    figures = _Figures(out_dir, png=png)
+    win = _winner_summary(data, winner, ctx.signals, clean)
+    throughput = _throughput_chart(data, rows, figures)
+    timelines = _timeline_charts(data, winner, ctx.signals, figures)
+    insight = _insight(data, ctx.signals, clean, figures)
+    view = {
+        **_meta_view(data, clean),
+        "winner": win,
+        "no_winner": _no_winner_text(data) if data.kind == "study" and win is None else None,
+        "run": _run_summary(data, rows, clean),
+        "rows": rows,
+        "knob_names": knob_names,
+        **throughput,
+        **timelines,
+        "findings": _group_findings(findings, clean),
+        "insight": insight,
+        "problems": [clean.clean(p) for p in data.problems],
+        "figures": figures.figures,
+    }
+    return view, findings, figures.written
 
 
 def _rel_link(path: Path, out_dir: Path) -> str:
     return Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
+
+
+def _cpu_only(data: StudyData) -> bool:
+    return data.hardware is not None and not data.hardware.gpus
+
+
+# ------------------------------------------------------------------------------------------------ meta
+
+
+def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
+    """The report's title and what was tuned, on what, and how the study ended."""
+    cpu_only = _cpu_only(data)
+    outcome = _outcome(data)
+    gpu_seconds = (
+        outcome.get("gpu_seconds")
+        if is_num(outcome.get("gpu_seconds"))
+        else sum(r.gpu_seconds for r in data.results)
+    )
+    launched = sum(
+        1 for t in data.trials if t.steps or t.files.get(TrialDir.LAUNCH) or t.files.get(TrialDir.STDOUT)
+    )
+    name = str(data.meta.get("name") or data.root.name)
+    return {
+        "kind": data.kind,
+        "title": clean.clean(
+            f"autotune report — {name}" if data.kind == "study" else f"autotune profile — {name}"
+        ),
+        "name": clean.clean(name),
+        "gpus": clean.clean(_gpu_summary(data)),
+        "host": clean.clean(_host_summary(data)),
+        "meta": _meta_pairs(data.meta, clean),
+        "search": clean.clean(str(data.meta.get("search") or DASH)),
+        "outcome": {k: clean.clean(str(v)) for k, v in outcome.items() if k in ("stopped", "detail")},
+        "trials_total": len(data.trials),
+        "trials_launched": launched,
+        "hours_label": "GPU-hours" if not cpu_only else "CPU-hours",
+        "util_label": "GPU util (mean)" if not cpu_only else "CPU util (mean, all cores)",
+        "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
+        "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
+    }
+
+
+def _outcome(data: StudyData) -> dict[str, Any]:
+    outcome = data.meta.get("outcome")
+    return outcome if isinstance(outcome, dict) else {}
 
 
 def _gpu_summary(data: StudyData) -> str:
@@ -210,183 +241,6 @@ def _host_summary(data: StudyData) -> str:
         f" ({h.cpu_cores_physical} physical)" if h.cpu_cores_physical else ""
     )
     return f"{h.hostname}: {cores}, {gib(h.ram_total_bytes, 0)} RAM, {h.platform}"
-
-
-def _status_class(status: str) -> str:
-    return status.lower()
-
-
-def _trial_rows(
-    data: StudyData,
-    ctx_signals: dict[int, Any],
-    winner: int | None,
-    out_dir: Path,
-    clean: Sanitizer,
-    knob_names: list[str],
-) -> list[dict[str, Any]]:
-    base = data.baseline
-    rows = []
-    for t in data.trials:
-        r = t.result
-        sig = ctx_signals.get(t.number)
-        tp = r.throughput
-        ci_abs = tp * r.steady.rel_ci95 if tp is not None and r.steady is not None else None
-        peaks = sig.peak_bytes if sig is not None else []
-        caps = sig.capacity_bytes if sig is not None else []
-        peak_known = [p for p in peaks if p is not None]
-        host_peak = r.host_peak_rss_bytes
-        predicted = (r.estimate or {}).get("peak_bytes") if isinstance(r.estimate, dict) else None
-        pred_err = None
-        if is_num(predicted) and peak_known:
-            pred_err = (float(predicted) - max(peak_known)) / max(peak_known)
-        steady = r.steady
-        if steady is not None:
-            steps_text = f"{steady.steady_steps} steady of {r.steps} ({steady.warmup_steps} warm-up)"
-        else:
-            steps_text = f"{r.steps}" if r.steps else "0"
-        links = {}
-        for name in ("command.sh", "stdout.log", "stderr.log", "metrics.jsonl", "result.json"):
-            path = t.files.get(name) or (
-                (t.dir / name) if t.dir is not None and (t.dir / name).is_file() else None
-            )
-            link = _rel_link(path, out_dir) if path is not None else None
-            if link is not None and not link.startswith("../"):
-                links[name] = (
-                    link  # a report written outside the study links to nothing outside its own folder
-                )
-        knobs = []
-        for k in knob_names:
-            present = k in t.params
-            value = t.params.get(k)
-            changed = base is not None and t is not base and present and base.params.get(k, object()) != value
-            knobs.append(
-                {
-                    "name": k,
-                    "text": clean.clean(knob_value(value)) if present else "",
-                    "sort": _sort_value(value) if present else "",
-                    "changed": changed,
-                }
-            )
-        util = sig.util_mean_pct if sig is not None else None
-        idle = sig.idle_share if sig is not None else None
-        if util is None:
-            host = (r.timeline_summary or {}).get("host") or {}
-            cores = host.get("cpu_cores")
-            if is_num(host.get("cpu_mean_pct")) and cores:
-                util = float(host["cpu_mean_pct"]) / cores
-        rows.append(
-            {
-                "number": t.number,
-                "is_baseline": r.is_baseline,
-                "is_winner": t.number == winner,
-                "status": r.status.value,
-                "status_class": _status_class(r.status.value),
-                "reason": clean.clean(r.reason),
-                "evidence": clean.clean(_truncate(r.evidence)) if r.evidence else "",
-                "health": [clean.clean(h) for h in r.health],
-                "knobs": knobs,
-                "throughput": tp,
-                "ci_abs": ci_abs,
-                "throughput_text": (f"{tp:.3g} ± {ci_abs:.2g}" if ci_abs is not None else f"{tp:.3g}")
-                if tp is not None
-                else DASH,
-                "tokens_text": rate(steady.tokens_per_s, " tok/s")
-                if steady is not None and steady.tokens_per_s
-                else "",
-                "peaks_text": " / ".join(gib(p) for p in peaks)
-                if peak_known
-                else (gib(host_peak) + " RSS" if host_peak else DASH),
-                "peak_max": max(peak_known) if peak_known else (host_peak or None),
-                "headroom_text": _headroom_text(peaks, caps),
-                "util_text": pct(util),
-                "util": util,
-                "idle_text": share(idle),
-                "steps_text": steps_text,
-                "steps": r.steps,
-                "predicted_text": gib(predicted) if is_num(predicted) else DASH,
-                "predicted_err_text": f"{pred_err:+.0%}" if pred_err is not None else "",
-                "duration_text": seconds(r.duration_s) if r.duration_s else DASH,
-                "duration_s": r.duration_s,
-                "links": links,
-            }
-        )
-    return rows
-
-
-def _headroom_text(peaks: Sequence[int | None], caps: Sequence[int | None]) -> str:
-    heads = [c - p for p, c in zip(peaks, caps, strict=False) if p is not None and c is not None]
-    return f"min {gib(min(heads))}" if heads else DASH
-
-
-def _sort_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if is_num(value):
-        return repr(float(value))
-    return "" if value is None else str(value)
-
-
-def _truncate(text: str | None, limit: int = EVIDENCE_CHARS) -> str:
-    if not text:
-        return ""
-    text = text.strip()
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _knob_names(data: StudyData) -> list[str]:
-    order: list[str] = []
-    space = data.meta.get("space")
-    if isinstance(space, list):
-        order = [k["name"] for k in space if isinstance(k, dict) and isinstance(k.get("name"), str)]
-    seen = {k for t in data.trials for k in t.params}
-    return [k for k in order if k in seen] + sorted(seen - set(order))
-
-
-def _group_findings(findings: Sequence[Finding], clean: Sanitizer) -> list[dict[str, Any]]:
-    groups: dict[str, dict[str, Any]] = {}
-    for f in findings:
-        item = {
-            "rule": f.rule,
-            "severity": f.severity.value,
-            "title": f.title,
-            "text": clean.clean(f.text),
-            "trial": f.trial,
-        }
-        if f.rule not in groups:
-            groups[f.rule] = {**item, "also": []}
-        else:
-            groups[f.rule]["also"].append(item)
-    return list(groups.values())
-
-
-def _command_block(
-    data: StudyData, winner_trial: TrialData | None, clean: Sanitizer
-) -> tuple[str | None, str | None]:
-    """(the command that runs the winner, where it comes from)."""
-    if data.best_command:
-        return compact_shell(clean.clean(data.best_command)), "best/command.sh"
-    if winner_trial is not None and winner_trial.command:
-        return compact_shell(
-            clean.clean(winner_trial.command)
-        ), f"trials/{winner_trial.number}/command.sh (the trial itself: set max steps for a full run)"
-    return None, None
-
-
-def _count(n: float) -> str:
-    """A parameter count: ``7.62 B``, ``2.5 M``, ``107 k``."""
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f}"
-
-
-def command_text(value: Any) -> str:
-    """A command line from ``study.json``/``profile.json``: a string as is, an argv list shell-quoted."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple):
-        return shlex.join(str(v) for v in value)
-    return ""
 
 
 def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
@@ -425,122 +279,356 @@ def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
     }
 
 
-def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any], list[Finding], list[Path]]:
-    clean = Sanitizer.for_study(data.roots, data.env_maps)
-    winner = pick_winner(data) if data.kind == "study" else None
-    ctx = make_context(data, winner=winner.trial if winner else None)
-    findings = diagnose(ctx)
-    knob_names = _knob_names(data)
-    rows = _trial_rows(data, ctx.signals, winner.trial if winner else None, out_dir, clean, knob_names)
-    meta = _meta_pairs(data.meta, clean)
-    charts_dir = out_dir / "charts"
-    written: list[Path] = []
-    figures: list[dict[str, str]] = []
+def _count(n: float) -> str:
+    """A parameter count: ``7.62 B``, ``2.5 M``, ``107 k``."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
 
-    def add_figure(chart_id: str, fig: Any) -> str:
-        figures.append({"id": chart_id, "json": charts.figure_json(fig)})
+
+def command_text(value: Any) -> str:
+    """A command line from ``study.json``/``profile.json``: a string as is, an argv list shell-quoted."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | tuple):
+        return shlex.join(str(v) for v in value)
+    return ""
+
+
+# --------------------------------------------------------------------------------------------- summary
+
+
+def _winner_summary(
+    data: StudyData,
+    winner: Recommendation | None,
+    signals: Mapping[int, TrialSignals],
+    clean: Sanitizer,
+) -> dict[str, Any] | None:
+    """The recommended trial: its speed against the baseline, its headroom, its knobs and its command."""
+    winner_trial = data.trial(winner.trial) if winner else None
+    if winner is None or winner_trial is None:
+        return None
+    command, source = _command_block(data, winner_trial, clean)
+    steady = winner_trial.result.steady
+    ci = steady.rel_ci95 if steady else None
+    return {
+        "trial": winner.trial,
+        "throughput_text": f"{winner.throughput:.3g} completions/s"
+        + (f" ± {ci:.1%}" if ci is not None else ""),
+        "tokens_text": rate(steady.tokens_per_s, " tokens/s") if steady and steady.tokens_per_s else "",
+        "speedup_text": f"{winner.speedup:.2f}×" if winner.speedup else DASH,
+        "baseline_trial": winner.baseline_trial,
+        "baseline_text": f"{winner.baseline_throughput:.3g} completions/s"
+        if winner.baseline_throughput
+        else "did not complete",
+        "headroom": _winner_headroom(data, winner, winner_trial, signals.get(winner.trial)),
+        "why": clean.clean(winner.why),
+        "skipped": [(n, clean.clean(why)) for n, why in winner.skipped],
+        "knobs": [(k, clean.clean(knob_value(v))) for k, v in winner_trial.params.items()],
+        "command": command,
+        "command_source": source,
+        "masked": bool(command and MASK in command),
+    }
+
+
+def _winner_headroom(
+    data: StudyData, winner: Recommendation, winner_trial: TrialData, sig: TrialSignals | None
+) -> list[dict[str, str]]:
+    """Memory left per GPU: the recommendation's own numbers, else what the trial's timeline measured."""
+    headroom = []
+    for pos, head in enumerate(winner.headroom_bytes):
+        cap = data.capacity_bytes(pos, winner_trial)
+        headroom.append(
+            {
+                "gpu": data.gpu_label(pos),
+                "text": gib(head),
+                "share": share(head / cap) if head is not None and cap else DASH,
+            }
+        )
+    if not headroom and sig is not None:
+        for pos, head in enumerate(sig.headroom_bytes):
+            headroom.append({"gpu": data.gpu_label(pos), "text": gib(head), "share": DASH})
+    return headroom
+
+
+def _no_winner_text(data: StudyData) -> str:
+    done = sum(1 for t in data.trials if t.status is TrialStatus.COMPLETE)
+    return (
+        "No trial can be recommended: none completed healthy with memory headroom"
+        f" ({done} completed). The diagnosis below says why the trials failed."
+    )
+
+
+def _run_summary(data: StudyData, rows: Sequence[dict[str, Any]], clean: Sanitizer) -> dict[str, Any] | None:
+    """The single run of a profile (None for a study): its row of the trials table and its command."""
+    if data.kind != "profile" or not data.trials:
+        return None
+    row = rows[0]
+    return {
+        "status": row["status"],
+        "status_class": row["status_class"],
+        "reason": row["reason"],
+        "throughput_text": row["throughput_text"],
+        "peaks_text": row["peaks_text"],
+        "headroom_text": row["headroom_text"],
+        "util_text": row["util_text"],
+        "idle_text": row["idle_text"],
+        "steps_text": row["steps_text"],
+        "command": clean.clean(command_text(data.meta.get("command")) or (data.trials[0].command or "")),
+    }
+
+
+# -------------------------------------------------------------------------------------------- commands
+
+
+def _command_block(
+    data: StudyData, winner_trial: TrialData | None, clean: Sanitizer
+) -> tuple[str | None, str | None]:
+    """(the command that runs the winner, where it comes from)."""
+    if data.best_command:
+        return compact_shell(clean.clean(data.best_command)), f"{StudyDir.BEST}/{StudyDir.BEST_COMMAND}"
+    if winner_trial is not None and winner_trial.command:
+        source = f"{StudyDir.TRIALS}/{winner_trial.number}/{TrialDir.COMMAND}"
+        return compact_shell(
+            clean.clean(winner_trial.command)
+        ), f"{source} (the trial itself: set max steps for a full run)"
+    return None, None
+
+
+# ------------------------------------------------------------------------------------------ trial rows
+
+
+def _trial_rows(
+    data: StudyData,
+    signals: Mapping[int, TrialSignals],
+    winner: int | None,
+    out_dir: Path,
+    clean: Sanitizer,
+    knob_names: list[str],
+) -> list[dict[str, Any]]:
+    """One row of the trials table per trial, by number."""
+    return [
+        _trial_row(t, data.baseline, signals.get(t.number), winner, out_dir, clean, knob_names)
+        for t in data.trials
+    ]
+
+
+def _trial_row(
+    t: TrialData,
+    base: TrialData | None,
+    sig: TrialSignals | None,
+    winner: int | None,
+    out_dir: Path,
+    clean: Sanitizer,
+    knob_names: list[str],
+) -> dict[str, Any]:
+    r = t.result
+    tp = r.throughput
+    ci_abs = tp * r.steady.rel_ci95 if tp is not None and r.steady is not None else None
+    peaks = sig.peak_bytes if sig is not None else []
+    caps = sig.capacity_bytes if sig is not None else []
+    peak_known = [p for p in peaks if p is not None]
+    host_peak = r.host_peak_rss_bytes
+    predicted = (r.estimate or {}).get("peak_bytes") if isinstance(r.estimate, dict) else None
+    pred_err = None
+    if is_num(predicted) and peak_known:
+        pred_err = (float(predicted) - max(peak_known)) / max(peak_known)
+    steady = r.steady
+    if steady is not None:
+        steps_text = f"{steady.steady_steps} steady of {r.steps} ({steady.warmup_steps} warm-up)"
+    else:
+        steps_text = f"{r.steps}" if r.steps else "0"
+    util = _util_pct(r, sig)
+    return {
+        "number": t.number,
+        "is_baseline": r.is_baseline,
+        "is_winner": t.number == winner,
+        "status": r.status.value,
+        "status_class": _status_class(r.status.value),
+        "reason": clean.clean(r.reason),
+        "evidence": clean.clean(_truncate(r.evidence)) if r.evidence else "",
+        "health": [clean.clean(h) for h in r.health],
+        "knobs": _knob_cells(t, base, knob_names, clean),
+        "throughput": tp,
+        "ci_abs": ci_abs,
+        "throughput_text": (f"{tp:.3g} ± {ci_abs:.2g}" if ci_abs is not None else f"{tp:.3g}")
+        if tp is not None
+        else DASH,
+        "tokens_text": rate(steady.tokens_per_s, " tok/s")
+        if steady is not None and steady.tokens_per_s
+        else "",
+        "peaks_text": " / ".join(gib(p) for p in peaks)
+        if peak_known
+        else (gib(host_peak) + " RSS" if host_peak else DASH),
+        "peak_max": max(peak_known) if peak_known else (host_peak or None),
+        "headroom_text": _headroom_text(peaks, caps),
+        "util_text": pct(util),
+        "util": util,
+        "idle_text": share(sig.idle_share if sig is not None else None),
+        "steps_text": steps_text,
+        "steps": r.steps,
+        "predicted_text": gib(predicted) if is_num(predicted) else DASH,
+        "predicted_err_text": f"{pred_err:+.0%}" if pred_err is not None else "",
+        "duration_text": seconds(r.duration_s) if r.duration_s else DASH,
+        "duration_s": r.duration_s,
+        "links": _file_links(t, out_dir),
+    }
+
+
+def _file_links(t: TrialData, out_dir: Path) -> dict[str, str]:
+    """The trial's own files, linked relative to the report."""
+    links = {}
+    for name in (TrialDir.COMMAND, TrialDir.STDOUT, TrialDir.STDERR, TrialDir.METRICS, TrialDir.RESULT):
+        path = t.files.get(name) or (
+            (t.dir / name) if t.dir is not None and (t.dir / name).is_file() else None
+        )
+        link = _rel_link(path, out_dir) if path is not None else None
+        # a report written outside the study links to nothing outside its own folder
+        if link is not None and not link.startswith("../"):
+            links[name] = link
+    return links
+
+
+def _knob_cells(
+    t: TrialData, base: TrialData | None, knob_names: list[str], clean: Sanitizer
+) -> list[dict[str, Any]]:
+    """The trial's value of every knob of the table, marked where it differs from the baseline's."""
+    knobs = []
+    for k in knob_names:
+        present = k in t.params
+        value = t.params.get(k)
+        changed = base is not None and t is not base and present and base.params.get(k, object()) != value
+        knobs.append(
+            {
+                "name": k,
+                "text": clean.clean(knob_value(value)) if present else "",
+                "sort": _sort_value(value) if present else "",
+                "changed": changed,
+            }
+        )
+    return knobs
+
+
+def _util_pct(r: TrialResult, sig: TrialSignals | None) -> float | None:
+    """Mean GPU utilisation, else (no GPU rows) the trial's CPU use as a share of all cores."""
+    util = sig.util_mean_pct if sig is not None else None
+    if util is None:
+        host = (r.timeline_summary or {}).get("host") or {}
+        cores = host.get("cpu_cores")
+        if is_num(host.get("cpu_mean_pct")) and cores:
+            util = float(host["cpu_mean_pct"]) / cores
+    return util
+
+
+def _status_class(status: str) -> str:
+    return status.lower()
+
+
+def _headroom_text(peaks: Sequence[int | None], caps: Sequence[int | None]) -> str:
+    heads = [c - p for p, c in zip(peaks, caps, strict=False) if p is not None and c is not None]
+    return f"min {gib(min(heads))}" if heads else DASH
+
+
+def _sort_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if is_num(value):
+        return repr(float(value))
+    return "" if value is None else str(value)
+
+
+def _truncate(text: str | None, limit: int = EVIDENCE_CHARS) -> str:
+    if not text:
+        return ""
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _knob_names(data: StudyData) -> list[str]:
+    order: list[str] = []
+    space = data.meta.get("space")
+    if isinstance(space, list):
+        order = [k["name"] for k in space if isinstance(k, dict) and isinstance(k.get("name"), str)]
+    seen = {k for t in data.trials for k in t.params}
+    return [k for k in order if k in seen] + sorted(seen - set(order))
+
+
+# -------------------------------------------------------------------------------------------- findings
+
+
+def _group_findings(findings: Sequence[Finding], clean: Sanitizer) -> list[dict[str, Any]]:
+    groups: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        item = {
+            "rule": f.rule,
+            "severity": f.severity.value,
+            "title": f.title,
+            "text": clean.clean(f.text),
+            "trial": f.trial,
+        }
+        if f.rule not in groups:
+            groups[f.rule] = {**item, "also": []}
+        else:
+            groups[f.rule]["also"].append(item)
+    return list(groups.values())
+
+
+# ---------------------------------------------------------------------------------------------- charts
+
+
+@dataclass
+class _Figures:
+    """The charts of one render: plotly figures for the HTML, and the markdown's PNGs when asked for.
+
+    Attributes:
+        figures: ``{"id", "json"}`` per plotly figure, in the order the HTML embeds them.
+        written: the PNG files drawn into ``charts/``, in the order they were drawn.
+    """
+
+    out_dir: Path
+    png: bool
+    figures: list[dict[str, str]] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)
+
+    def add(self, chart_id: str, fig: Any) -> str:
+        """Embed ``fig`` under ``chart_id`` and return the id."""
+        self.figures.append({"id": chart_id, "json": charts.figure_json(fig)})
         return chart_id
 
-    cpu_only = data.hardware is not None and not data.hardware.gpus
-    outcome = data.meta.get("outcome") if isinstance(data.meta.get("outcome"), dict) else {}
-    gpu_seconds = (
-        outcome.get("gpu_seconds")
-        if is_num(outcome.get("gpu_seconds"))
-        else sum(r.gpu_seconds for r in data.results)
-    )
-    launched = sum(
-        1 for t in data.trials if t.steps or t.files.get("launch.json") or t.files.get("stdout.log")
-    )
+    def draw(self, name: str, draw_png: Callable[[Path], Path]) -> str | None:
+        """Draw the PNG ``charts/<name>`` when PNGs are asked for; its link from the report, else None."""
+        if not self.png:
+            return None
+        path = draw_png(self.out_dir / StudyDir.CHARTS / name)
+        self.written.append(path)
+        return _rel_link(path, self.out_dir)
 
-    # ---- summary: the winner
-    win: dict[str, Any] | None = None
-    winner_trial = data.trial(winner.trial) if winner else None
-    if winner is not None and winner_trial is not None:
-        sig = ctx.signals.get(winner.trial)
-        headroom = []
-        for pos, head in enumerate(winner.headroom_bytes):
-            cap = data.capacity_bytes(pos, winner_trial)
-            headroom.append(
-                {
-                    "gpu": data.gpu_label(pos),
-                    "text": gib(head),
-                    "share": share(head / cap) if head is not None and cap else DASH,
-                }
-            )
-        if not headroom and sig is not None:
-            for pos, head in enumerate(sig.headroom_bytes):
-                headroom.append({"gpu": data.gpu_label(pos), "text": gib(head), "share": DASH})
-        command, source = _command_block(data, winner_trial, clean)
-        ci = winner_trial.result.steady.rel_ci95 if winner_trial.result.steady else None
-        win = {
-            "trial": winner.trial,
-            "throughput_text": f"{winner.throughput:.3g} completions/s"
-            + (f" ± {ci:.1%}" if ci is not None else ""),
-            "tokens_text": rate(winner_trial.result.steady.tokens_per_s, " tokens/s")
-            if winner_trial.result.steady and winner_trial.result.steady.tokens_per_s
-            else "",
-            "speedup_text": f"{winner.speedup:.2f}×" if winner.speedup else DASH,
-            "baseline_trial": winner.baseline_trial,
-            "baseline_text": f"{winner.baseline_throughput:.3g} completions/s"
-            if winner.baseline_throughput
-            else "did not complete",
-            "headroom": headroom,
-            "why": clean.clean(winner.why),
-            "skipped": [(n, clean.clean(why)) for n, why in winner.skipped],
-            "knobs": [(k, clean.clean(knob_value(v))) for k, v in winner_trial.params.items()],
-            "command": command,
-            "command_source": source,
-            "masked": bool(command and MASK in command),
-        }
-    no_winner = None
-    if data.kind == "study" and win is None:
-        done = sum(1 for t in data.trials if t.status is TrialStatus.COMPLETE)
-        no_winner = (
-            "No trial can be recommended: none completed healthy with memory headroom"
-            f" ({done} completed). The diagnosis below says why the trials failed."
-        )
 
-    # ---- the single run of a profile
-    run: dict[str, Any] | None = None
-    if data.kind == "profile" and data.trials:
-        t = data.trials[0]
-        row = rows[0]
-        run = {
-            "status": row["status"],
-            "status_class": row["status_class"],
-            "reason": row["reason"],
-            "throughput_text": row["throughput_text"],
-            "peaks_text": row["peaks_text"],
-            "headroom_text": row["headroom_text"],
-            "util_text": row["util_text"],
-            "idle_text": row["idle_text"],
-            "steps_text": row["steps_text"],
-            "command": clean.clean(command_text(data.meta.get("command")) or (t.command or "")),
-        }
+def _throughput_chart(data: StudyData, rows: list[dict[str, Any]], figures: _Figures) -> dict[str, Any]:
+    """Throughput per trial (a study with trials only)."""
+    if data.kind != "study" or not rows:
+        return {"throughput_chart": None, "throughput_png": None}
+    return {
+        "throughput_chart": figures.add("chart-throughput", charts.throughput_figure(rows)),
+        "throughput_png": figures.draw("throughput.png", partial(charts.throughput_png, rows)),
+    }
 
-    # ---- throughput chart
-    throughput_id = None
-    throughput_png = None
-    if data.kind == "study" and rows:
-        throughput_id = add_figure("chart-throughput", charts.throughput_figure(rows))
-        if png:
-            p = charts.throughput_png(rows, charts_dir / "throughput.png")
-            written.append(p)
-            throughput_png = _rel_link(p, out_dir)
 
-    # ---- timelines
-    order: list[TrialData] = []
-    for n in (
-        winner.baseline_trial if winner else (data.baseline.number if data.baseline else None),
-        winner.trial if winner else None,
-    ):
-        t = data.trial(n)
-        if t is not None and t not in order:
-            order.append(t)
-    order += [t for t in data.trials if t not in order]
+def _timeline_charts(
+    data: StudyData,
+    winner: Recommendation | None,
+    signals: Mapping[int, TrialSignals],
+    figures: _Figures,
+) -> dict[str, Any]:
+    """One timeline per trial that recorded one, baseline and winner first and side by side.
+
+    Returns ``pair`` (baseline and winner), ``timelines`` (the others) and ``omitted`` (the trials past
+    :data:`MAX_TIMELINES`).
+    """
     timelines = []
     omitted = []
-    for t in order:
+    for t in _timeline_order(data, winner):
         series = charts.timeline_series(data, t)
         if series.empty:
             continue
@@ -563,101 +651,77 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
             "trial": t.number,
             "title": title,
             "label": label,
-            "chart": add_figure(f"chart-timeline-{t.number}", charts.timeline_figure(series, title)),
-            "png": None,
-            "phase_source": ctx.signals[t.number].phase_source,
+            "chart": figures.add(f"chart-timeline-{t.number}", charts.timeline_figure(series, title)),
+            "png": figures.draw(
+                f"timeline-trial-{t.number}.png",
+                partial(charts.timeline_png, series, title),
+            ),
+            "phase_source": signals[t.number].phase_source,
         }
-        if png:
-            p = charts.timeline_png(series, title, charts_dir / f"timeline-trial-{t.number}.png")
-            written.append(p)
-            item["png"] = _rel_link(p, out_dir)
         timelines.append(item)
     pair = [x for x in timelines if x["label"] in ("baseline", "winner")]
     pair = sorted(pair, key=lambda x: 0 if x["label"] == "baseline" else 1)
     rest = [x for x in timelines if x not in pair]
+    return {"pair": pair, "timelines": rest, "omitted": omitted}
 
-    # ---- insight
-    insight = None
-    if data.kind == "study":
-        imp = param_importances(data.results)
-        points = pareto_points(data.results)
-        progress = best_so_far(data.results)
-        failed = []
-        for t in data.trials:
-            if t.status in (TrialStatus.OOM, TrialStatus.VLLM_INIT):
-                peaks = [p for p in ctx.signals[t.number].peak_bytes if p is not None]
-                if peaks:
-                    failed.append((t.number, t.status.value, max(peaks) / GIB))
-        caps = [data.capacity_bytes(i) for i in range(data.gpu_count)]
-        cap_gib = min(c for c in caps if c is not None) / GIB if any(c is not None for c in caps) else None
-        mem_label = "peak memory on the fullest GPU (GiB)" if not cpu_only else "peak RSS (GiB)"
-        insight = {
-            "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
-            "importance_note": clean.clean(imp.note),
-            "importance_chart": add_figure("chart-importance", charts.importance_figure(imp))
-            if imp.values
-            else None,
-            "pareto_chart": add_figure(
-                "chart-pareto", charts.pareto_figure(points, failed, cap_gib, mem_label)
-            )
-            if points
-            else None,
-            "front": [p.trial for p in points if p.on_front],
-            "progress_chart": add_figure("chart-progress", charts.progress_figure(progress))
-            if progress
-            else None,
-            "importance_png": None,
-            "pareto_png": None,
-            "progress_png": None,
-        }
-        if png:
-            if imp.values:
-                p = charts.importance_png(imp, charts_dir / "importance.png")
-                written.append(p)
-                insight["importance_png"] = _rel_link(p, out_dir)
-            if points:
-                p = charts.pareto_png(points, failed, cap_gib, mem_label, charts_dir / "pareto.png")
-                written.append(p)
-                insight["pareto_png"] = _rel_link(p, out_dir)
-            if progress:
-                p = charts.progress_png(progress, charts_dir / "progress.png")
-                written.append(p)
-                insight["progress_png"] = _rel_link(p, out_dir)
 
-    name = str(data.meta.get("name") or data.root.name)
-    view = {
-        "kind": data.kind,
-        "title": clean.clean(
-            f"autotune report — {name}" if data.kind == "study" else f"autotune profile — {name}"
-        ),
-        "name": clean.clean(name),
-        "gpus": clean.clean(_gpu_summary(data)),
-        "host": clean.clean(_host_summary(data)),
-        "meta": meta,
-        "search": clean.clean(str(data.meta.get("search") or DASH)),
-        "outcome": {k: clean.clean(str(v)) for k, v in outcome.items() if k in ("stopped", "detail")},
-        "trials_total": len(data.trials),
-        "trials_launched": launched,
-        "hours_label": "GPU-hours" if not cpu_only else "CPU-hours",
-        "util_label": "GPU util (mean)" if not cpu_only else "CPU util (mean, all cores)",
-        "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
-        "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
-        "winner": win,
-        "no_winner": no_winner,
-        "run": run,
-        "rows": rows,
-        "knob_names": knob_names,
-        "throughput_chart": throughput_id,
-        "throughput_png": throughput_png,
-        "pair": pair,
-        "timelines": rest,
-        "omitted": omitted,
-        "findings": _group_findings(findings, clean),
-        "insight": insight,
-        "problems": [clean.clean(p) for p in data.problems],
-        "figures": figures,
+def _timeline_order(data: StudyData, winner: Recommendation | None) -> list[TrialData]:
+    """The baseline, the winner, then every other trial by number."""
+    order: list[TrialData] = []
+    for n in (
+        winner.baseline_trial if winner else (data.baseline.number if data.baseline else None),
+        winner.trial if winner else None,
+    ):
+        t = data.trial(n)
+        if t is not None and t not in order:
+            order.append(t)
+    return order + [t for t in data.trials if t not in order]
+
+
+def _insight(
+    data: StudyData, signals: Mapping[int, TrialSignals], clean: Sanitizer, figures: _Figures
+) -> dict[str, Any] | None:
+    """What the search learned (a study only): knob importance, throughput against memory, progress."""
+    if data.kind != "study":
+        return None
+    imp = param_importances(data.results)
+    points = pareto_points(data.results)
+    progress = best_so_far(data.results)
+    failed = []
+    for t in data.trials:
+        if t.status in (TrialStatus.OOM, TrialStatus.VLLM_INIT):
+            peaks = [p for p in signals[t.number].peak_bytes if p is not None]
+            if peaks:
+                failed.append((t.number, t.status.value, max(peaks) / GIB))
+    caps = [data.capacity_bytes(i) for i in range(data.gpu_count)]
+    cap_gib = min(c for c in caps if c is not None) / GIB if any(c is not None for c in caps) else None
+    mem_label = "peak memory on the fullest GPU (GiB)" if not _cpu_only(data) else "peak RSS (GiB)"
+    insight = {
+        "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
+        "importance_note": clean.clean(imp.note),
+        "importance_chart": figures.add("chart-importance", charts.importance_figure(imp))
+        if imp.values
+        else None,
+        "pareto_chart": figures.add("chart-pareto", charts.pareto_figure(points, failed, cap_gib, mem_label))
+        if points
+        else None,
+        "front": [p.trial for p in points if p.on_front],
+        "progress_chart": figures.add("chart-progress", charts.progress_figure(progress))
+        if progress
+        else None,
+        "importance_png": None,
+        "pareto_png": None,
+        "progress_png": None,
     }
-    return view, findings, written
+    if imp.values:
+        insight["importance_png"] = figures.draw("importance.png", partial(charts.importance_png, imp))
+    if points:
+        insight["pareto_png"] = figures.draw(
+            "pareto.png", partial(charts.pareto_png, points, failed, cap_gib, mem_label)
+        )
+    if progress:
+        insight["progress_png"] = figures.draw("progress.png", partial(charts.progress_png, progress))
+    return insight
 
 
 def _env() -> Any:
@@ -680,8 +744,8 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
     env.filters["md"] = md_cell
     env.filters["mdtext"] = md_text
     env.filters["mdcode"] = md_code
-    html_path = out_dir / "report.html"
-    md_path = out_dir / "report.md"
+    html_path = out_dir / StudyDir.REPORT_HTML
+    md_path = out_dir / StudyDir.REPORT_MD
     html_text = env.get_template("report.html.j2").render(r=view, plotly_js=charts.plotly_js())
     md_text_out = env.get_template("report.md.j2").render(r=view)
     _atomic_write(html_path, html_text)

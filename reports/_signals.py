@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from autotune.reports._load import PHASES, StudyData, TrialData
+from autotune.probes.phases import PHASES
+from autotune.reports._load import StudyData, TrialData
 
 __all__ = ["IDLE_PCT", "HOST_BUSY_PCT", "TrialSignals", "signals"]
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from autotune.reports._load import PHASES, StudyData, TrialData
+from autotune.probes.phases import PHASES
+from autotune.reports._load import StudyData, TrialData
 from autotune.reports.insight import Importance, ParetoPoint, ProgressPoint
 
 __all__ = [

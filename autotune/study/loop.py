@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import optuna
 
@@ -193,6 +193,40 @@ class SlowerThanBest(optuna.pruners.BasePruner):
         return last < best * (1 - self.margin)
 
 
+_EXHAUSTED = "every configuration of the space has been tried"
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """Why the loop stops (the ``stopped`` and ``detail`` of :class:`StudyOutcome`)."""
+
+    stopped: Literal["budget", "converged", "exhausted", "interrupted"]
+    detail: str
+
+
+@dataclass
+class _Loop:
+    """What one run of the loop carries from trial to trial.
+
+    Attributes:
+        pending: configurations to run next, each with whether it is the baseline.
+        visited: canonical keys of the configurations tried (interrupted ones excepted).
+        launched_total: trials launched in the whole study.
+        start_s: the study clock when this run began (the time budget counts from it).
+        run_now: trials launched by this run.
+        duplicates: asks in a row that returned a configuration already tried.
+    """
+
+    study: optuna.Study
+    settings: dict[str, Any]
+    pending: list[tuple[dict[str, Any], bool]]
+    visited: set[str]
+    launched_total: int
+    start_s: float
+    run_now: int = 0
+    duplicates: int = 0
+
+
 class Study:
     """One tuning study. ``run()`` resumes whatever the study directory already holds."""
 
@@ -264,7 +298,7 @@ class Study:
             "versions": dict(c.versions),
             "search": c.search,
             "budget": {"trials": c.n_trials, "time_s": c.time_budget_s},
-            "storage": c.storage_url or "sqlite:///study.db",
+            "storage": c.storage_url or f"sqlite:///{StudyDir.DB}",
             "identity": c.identity(),
         }
 
@@ -436,7 +470,21 @@ class Study:
         return rerun
 
     def run(self) -> StudyOutcome:
-        """Run (or resume) the study until a budget ends, it converges, or the user interrupts."""
+        """Run (or resume) the study until a budget ends, it converges, or the user interrupts.
+
+        Opens (or resumes) the study, queues the baseline first, then repeats until a stopping rule
+        holds: check the budgets, plan the next configuration, and ask → pre-screen → launch → tell one
+        trial. At the end the recommendation is decided and stored in ``study.json`` with the outcome.
+        """
+        loop = self._resume()
+        self.view.study_started(self.cfg, loop.launched_total, self.cfg.n_trials)
+        stop: _Stop | None = None
+        while stop is None:
+            stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
+        return self._finish(loop, stop)
+
+    def _resume(self) -> _Loop:
+        """Write the settings, open the Optuna study and take in what the study directory already holds."""
         old = self._check_compatible()
         self.dir.trials_dir.mkdir(parents=True, exist_ok=True)
         settings = self.settings()
@@ -455,103 +503,133 @@ class Study:
         visited = {
             canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
         }
-        baseline_done = any(
-            r.is_baseline and r.status is not TrialStatus.INTERRUPTED for r in self._results.values()
-        )
-        if not baseline_done:
-            baseline = self._baseline_params()
-            pending = [(p, b) for p, b in pending if canonical_key(p) != canonical_key(baseline)]
-            pending.insert(0, (baseline, True))
+        if not baseline_done_or(self._results):
+            pending = self._baseline_first(pending)
         launched_total = sum(
             1
             for r in self._results.values()
             if r.steps > 0 or r.status not in (TrialStatus.PRUNED, TrialStatus.INTERRUPTED)
         )
-        start = self.clock()
-        self.view.study_started(self.cfg, launched_total, self.cfg.n_trials)
-        run_now, duplicates, stopped, detail = 0, 0, "budget", ""
-        while True:
-            if self.interrupted():
-                stopped, detail = "interrupted", "stopped by the user"
-                break
-            if launched_total >= self.cfg.n_trials:
-                stopped, detail = "budget", f"trial budget of {self.cfg.n_trials} reached"
-                break
-            elapsed = self.clock() - start
-            if self.cfg.time_budget_s is not None and elapsed >= self.cfg.time_budget_s:
-                stopped, detail = "budget", f"time budget of {self.cfg.time_budget_s:.0f}s reached"
-                break
-            history = list(self._results.values())
-            if not pending and baseline_done_or(self._results):
-                reason = self.strategy.converged(history, self.cfg.n_trials - launched_total, visited)
-                if reason:
-                    used = f"used {launched_total} of {self.cfg.n_trials} trials"
-                    stopped, detail = "converged", f"{reason}; {used}"
-                    break
-                nxt = self.strategy.propose(history, visited)
-                if nxt is not None:
-                    pending.append((nxt, False))
-                elif self.strategy.kind == "grid":
-                    stopped, detail = "exhausted", "every configuration of the space has been tried"
-                    break
-            fixed_params, is_baseline = pending.pop(0) if pending else (None, False)
-            if fixed_params is not None:
-                study.enqueue_trial(fixed_params, skip_if_exists=False)
-            trial = study.ask()
-            params = self.space.suggest(trial)
-            key = canonical_key(params)
-            if key in visited:
-                twin = next((r for r in self._results.values() if canonical_key(r.params) == key), None)
-                trial.set_user_attr("duplicate_of", twin.number if twin else -1)
-                if twin is not None and twin.status is not TrialStatus.INTERRUPTED:
-                    self._tell(study, trial, twin)
-                else:
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                duplicates += 1
-                if duplicates >= 2:
-                    nxt = self.strategy.next_unvisited(visited)
-                    if nxt is None:
-                        stopped, detail = "exhausted", "every configuration of the space has been tried"
-                        break
-                    pending.append((nxt, False))
-                    duplicates = 0
-                continue
-            duplicates = 0
-            trial.set_user_attr("is_baseline", is_baseline)
-            visited.add(key)
-            result = self._prescreen(trial.number, params, is_baseline)
-            if result is None:
-                left = (
-                    None
-                    if self.cfg.time_budget_s is None
-                    else max(1.0, self.cfg.time_budget_s - (self.clock() - start))
-                )
-                result = self._launch(study, trial, params, is_baseline, left)
-                launched_total += 1
-                run_now += 1
-                if is_baseline:
-                    baseline_done = True
-            elif is_baseline:
-                baseline_done = True
-            self.dir.write_result(result)
-            self._results[result.number] = result
-            if result.status is TrialStatus.INTERRUPTED:
-                visited.discard(key)
-            if self.memory_gate is not None:
-                self.memory_gate.observe(result)
-            self._tell(study, trial, result)
-            self.view.trial_finished(result)
-            if result.status is TrialStatus.INTERRUPTED and self.interrupted():
-                stopped, detail = "interrupted", f"stopped by the user during trial {result.number}"
-                break
+        return _Loop(
+            study=study,
+            settings=settings,
+            pending=pending,
+            visited=visited,
+            launched_total=launched_total,
+            start_s=self.clock(),
+        )
+
+    def _baseline_first(
+        self, pending: list[tuple[dict[str, Any], bool]]
+    ) -> list[tuple[dict[str, Any], bool]]:
+        """``pending`` with the baseline at its head (and not again further down)."""
+        baseline = self._baseline_params()
+        pending = [(p, b) for p, b in pending if canonical_key(p) != canonical_key(baseline)]
+        pending.insert(0, (baseline, True))
+        return pending
+
+    def _stopping_rule(self, loop: _Loop) -> _Stop | None:
+        """Why the study stops before its next trial: the user, the trial budget or the time budget."""
+        if self.interrupted():
+            return _Stop("interrupted", "stopped by the user")
+        if loop.launched_total >= self.cfg.n_trials:
+            return _Stop("budget", f"trial budget of {self.cfg.n_trials} reached")
+        elapsed = self.clock() - loop.start_s
+        if self.cfg.time_budget_s is not None and elapsed >= self.cfg.time_budget_s:
+            return _Stop("budget", f"time budget of {self.cfg.time_budget_s:.0f}s reached")
+        return None
+
+    def _plan(self, loop: _Loop) -> _Stop | None:
+        """Queue the strategy's next configuration once nothing is pending and the baseline has run.
+
+        Stops the study when the strategy says it has converged, or when a grid has nothing left.
+        """
+        if loop.pending or not baseline_done_or(self._results):
+            return None
+        history = list(self._results.values())
+        reason = self.strategy.converged(history, self.cfg.n_trials - loop.launched_total, loop.visited)
+        if reason:
+            used = f"used {loop.launched_total} of {self.cfg.n_trials} trials"
+            return _Stop("converged", f"{reason}; {used}")
+        nxt = self.strategy.propose(history, loop.visited)
+        if nxt is not None:
+            loop.pending.append((nxt, False))
+        elif self.strategy.kind == "grid":
+            return _Stop("exhausted", _EXHAUSTED)
+        return None
+
+    def _next_trial(self, loop: _Loop) -> _Stop | None:
+        """Ask → pre-screen → launch → tell one trial (the next pending configuration, else the sampler's)."""
+        fixed_params, is_baseline = loop.pending.pop(0) if loop.pending else (None, False)
+        if fixed_params is not None:
+            loop.study.enqueue_trial(fixed_params, skip_if_exists=False)
+        trial = loop.study.ask()
+        params = self.space.suggest(trial)
+        key = canonical_key(params)
+        if key in loop.visited:
+            return self._duplicate(loop, trial, key)
+        loop.duplicates = 0
+        trial.set_user_attr("is_baseline", is_baseline)
+        loop.visited.add(key)
+        result = self._prescreen(trial.number, params, is_baseline)
+        if result is None:
+            result = self._launch(loop.study, trial, params, is_baseline, self._time_left_s(loop))
+            loop.launched_total += 1
+            loop.run_now += 1
+        self._record(loop, trial, key, result)
+        if result.status is TrialStatus.INTERRUPTED and self.interrupted():
+            return _Stop("interrupted", f"stopped by the user during trial {result.number}")
+        return None
+
+    def _duplicate(self, loop: _Loop, trial: optuna.Trial, key: str) -> _Stop | None:
+        """Tell a configuration already tried with its twin's result instead of running it again.
+
+        After two duplicates in a row the next unvisited configuration is queued; none left stops the
+        study.
+        """
+        twin = next((r for r in self._results.values() if canonical_key(r.params) == key), None)
+        trial.set_user_attr("duplicate_of", twin.number if twin else -1)
+        if twin is not None and twin.status is not TrialStatus.INTERRUPTED:
+            self._tell(loop.study, trial, twin)
+        else:
+            loop.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        loop.duplicates += 1
+        if loop.duplicates >= 2:
+            nxt = self.strategy.next_unvisited(loop.visited)
+            if nxt is None:
+                return _Stop("exhausted", _EXHAUSTED)
+            loop.pending.append((nxt, False))
+            loop.duplicates = 0
+        return None
+
+    def _time_left_s(self, loop: _Loop) -> float | None:
+        """What is left of the time budget for the next trial (at least a second), or None without one."""
+        if self.cfg.time_budget_s is None:
+            return None
+        return max(1.0, self.cfg.time_budget_s - (self.clock() - loop.start_s))
+
+    def _record(self, loop: _Loop, trial: optuna.Trial, key: str, result: TrialResult) -> None:
+        """Store a trial's result, let the memory gate learn from it and tell Optuna."""
+        self.dir.write_result(result)
+        self._results[result.number] = result
+        if result.status is TrialStatus.INTERRUPTED:
+            loop.visited.discard(key)  # an interrupted trial says nothing: its configuration may run again
+        if self.memory_gate is not None:
+            self.memory_gate.observe(result)
+        self._tell(loop.study, trial, result)
+        self.view.trial_finished(result)
+
+    def _finish(self, loop: _Loop, stop: _Stop) -> StudyOutcome:
+        """Decide the recommendation and store it in ``study.json`` with the outcome."""
         results = sorted(self._results.values(), key=lambda r: r.number)
         rec = recommend(results, self.cfg.hardware, min_headroom_frac=self.cfg.min_headroom_frac)
+        settings = loop.settings
         settings["finished_wall_s"] = time.time()
         settings["outcome"] = {
-            "stopped": stopped,
-            "detail": detail,
-            "trials_run": launched_total,
-            "trials_run_now": run_now,
+            "stopped": stop.stopped,
+            "detail": stop.detail,
+            "trials_run": loop.launched_total,
+            "trials_run_now": loop.run_now,
             "gpu_seconds": sum(r.gpu_seconds for r in results),
             "recommended_trial": rec.trial if rec else None,
         }
@@ -562,10 +640,10 @@ class Study:
         return StudyOutcome(
             results=results,
             recommendation=rec,
-            stopped=stopped,
-            detail=detail,
-            trials_run_now=run_now,
-            trials_run=launched_total,
+            stopped=stop.stopped,
+            detail=stop.detail,
+            trials_run_now=loop.run_now,
+            trials_run=loop.launched_total,
             budget_trials=self.cfg.n_trials,
         )
 
@@ -640,7 +718,7 @@ def summary_line(outcome: StudyOutcome) -> str:
     """The one line printed at the end of a study."""
     rec = outcome.recommendation
     if rec is None:
-        return "no healthy trial completed: nothing to recommend (see report.md for why each trial failed)"
+        return f"no healthy trial completed: nothing to recommend (see {StudyDir.REPORT_MD} for why each trial failed)"
     line = f"best: trial {rec.trial} at {rec.throughput:.3g} completions/s"
     if rec.speedup is not None:
         line += f", speedup {rec.speedup:.2f}x over the baseline (trial {rec.baseline_trial})"

@@ -11,7 +11,10 @@ from pathlib import Path
 import make_fixture as mf
 import pytest
 from autotune.reports import render_profile, render_study
-from autotune.reports._render import compact_shell, md_cell, md_text
+from autotune.reports._load import load_study
+from autotune.reports._render import compact_shell, md_cell, md_text, pick_winner
+
+from autotune.records import TrialStatus
 
 EXPECTED_RULES = {
     "hang_pattern",
@@ -227,6 +230,55 @@ def test_study_with_nothing_to_recommend(tmp_path: Path) -> None:
     md = paths.markdown.read_text()
     assert "No trial can be recommended" in md and "Recommended:" not in md
     assert "needs at least 3 completed trials" in md
+
+
+def _store_recommendation(root: Path, recommendation: object) -> None:
+    settings = json.loads((root / "study.json").read_text())
+    settings["recommendation"] = recommendation
+    (root / "study.json").write_text(json.dumps(settings))
+
+
+def test_the_recommendation_stored_when_the_study_ended_is_the_one_shown(
+    tmp_path: Path, fixture_study: Path
+) -> None:
+    root = tmp_path / "study"
+    shutil.copytree(fixture_study, root)
+    data = load_study(root)
+    decided = pick_winner(data)
+    assert decided is not None
+    other = next(
+        r
+        for r in data.results
+        if r.status is TrialStatus.COMPLETE and r.throughput and r.number != decided.trial
+    )
+    stored = decided.model_copy(
+        update={"trial": other.number, "throughput": other.throughput, "why": "stored when the study ended"}
+    )
+    _store_recommendation(root, stored.model_dump(mode="json"))
+    assert pick_winner(load_study(root)) == stored
+    md = render_study(root, png=False).markdown.read_text()
+    assert f"Recommended: trial {other.number}**" in md and "stored when the study ended" in md
+
+
+def test_a_study_that_ended_without_a_recommendation_shows_none(tmp_path: Path, fixture_study: Path) -> None:
+    root = tmp_path / "study"
+    shutil.copytree(fixture_study, root)
+    _store_recommendation(root, None)
+    md = render_study(root, png=False).markdown.read_text()
+    assert "No trial can be recommended" in md and "Recommended:" not in md
+
+
+def test_an_unreadable_stored_recommendation_is_a_note_and_decided_from_the_results(
+    tmp_path: Path, fixture_study: Path
+) -> None:
+    root = tmp_path / "study"
+    shutil.copytree(fixture_study, root)
+    decided = pick_winner(load_study(root))
+    assert decided is not None
+    _store_recommendation(root, {"trial": "the third"})
+    md = render_study(root, png=False).markdown.read_text()
+    assert f"Recommended: trial {decided.trial}**" in md
+    assert "study.json: the recommendation is unreadable" in md
 
 
 def test_profile_report(tmp_path: Path) -> None:

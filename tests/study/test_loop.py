@@ -23,6 +23,7 @@ from autotune.records import (
 )
 from autotune.study.loop import Study, StudyConfig
 from autotune.study.space import canonical_key, load_space
+from autotune.studydir import StudyDir
 
 SPACE = """
 backend: fake
@@ -248,3 +249,37 @@ def test_resume_with_other_settings_is_refused_before_anything_changes(tmp_path:
     with pytest.raises(UsageError, match="global_batch"):
         study2.run()
     assert (tmp_path / "s" / "study.json").read_text() == before
+
+
+def test_the_recommendation_is_stored_in_study_json_with_the_outcome(tmp_path: Path) -> None:
+    study, _ = make(tmp_path, n_trials=4)
+    outcome = study.run()
+    stored = StudyDir(tmp_path / "s")
+    settings = stored.read_settings()
+    assert outcome.recommendation is not None
+    assert stored.recommendation() == outcome.recommendation
+    assert settings["outcome"]["recommended_trial"] == outcome.recommendation.trial
+    assert settings["outcome"]["stopped"] == outcome.stopped == "budget"
+    assert settings["outcome"]["trials_run"] == settings["outcome"]["trials_run_now"] == 4
+
+
+class RecordingExecutor(FakeExecutor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.time_left_s: list[float | None] = []
+
+    def execute(self, spec: TrialSpec, ctx: TrialContext, *, on_step, time_left_s) -> TrialResult:
+        self.time_left_s.append(time_left_s)
+        return super().execute(spec, ctx, on_step=on_step, time_left_s=time_left_s)
+
+
+def test_the_time_budget_stops_the_study_and_bounds_each_trial(tmp_path: Path) -> None:
+    ex = RecordingExecutor()
+    study, _ = make(tmp_path, n_trials=10, executor=ex)
+    study.cfg = study.cfg.__class__(**{**study.cfg.__dict__, "time_budget_s": 250.0})
+    ticks = iter(range(0, 10_000, 100))
+    study.clock = lambda: float(next(ticks))  # every look at the clock: 100 s later
+    outcome = study.run()
+    # start 0; before trial 0: 100 s used, 250 - 200 s left for it; before the next: 300 s used
+    assert ex.time_left_s == [50.0]
+    assert outcome.stopped == "budget" and outcome.detail == "time budget of 250s reached"
