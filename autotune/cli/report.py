@@ -19,10 +19,9 @@ def register(app: typer.Typer) -> None:
         no_png: bool = typer.Option(False, "--no-png", help="Skip the markdown's PNG charts (faster)."),
     ) -> None:
         """Render report.html (self-contained, interactive) and report.md (+ charts/*.png) from DIR."""
-        from autotune.reports import is_profile_dir, is_study_dir, render_profile, render_study
-
         from autotune.cli._console import say
         from autotune.errors import UsageError
+        from autotune.reports import is_profile_dir, is_study_dir, render_profile, render_study
 
         if not directory.is_dir():
             raise UsageError(

@@ -423,85 +423,93 @@ def _sync_gather(s: JobShape) -> int:
     return int(2 * max(layers_per_batch * per_layer, embeds, m.vision_params))
 
 
-def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
-    """Predict per-GPU memory by component and phase, host memory, KV capacity and vLLM's checks.
+@dataclass(frozen=True)
+class _Colocated:
+    """What a colocated vLLM engine reserves and leaves, per GPU (zeros without one)."""
 
-    Args:
-        shape: the trial, from :func:`autotune.estimate.shape.job_shape`.
-        gpu: the GPU; None (or ``shape.n_gpus == 0``) for a CPU-only trial, which is never judged.
-    """
-    s, m = shape, shape.model
-    capacity = gpu.memory_bytes if gpu is not None and s.on_gpu else 0
-    notes: list[str] = []
-    trainable = lora_params(m, s.lora_rank) if s.lora else None
-    states = model_states(
-        params=m.params,
-        largest_layer_params=m.largest_layer_params,
-        n_gpus=s.world_size,
-        zero_stage=s.zero_stage,
-        deepspeed=s.deepspeed,
-        offload_optimizer=s.ds_offload_optimizer,
-        offload_param=s.ds_offload_param,
-        trainable_params=trainable,
-    )
-    n = max(1, s.world_size)
-    zero3 = s.deepspeed and s.zero_stage == 3
+    budget: int = 0
+    weights_tp: int = 0
+    kv_bytes: int = 0
+    kv_tokens: int = 0
+    concurrency: int = 0
+    asleep: int = 0
+    startup_ok: bool = True
+    startup_deficit: int = 0
+    kv_ok: bool = True
+    kv_deficit: int = 0
 
-    # Reference model: bf16 weights, partitioned (or offloaded) like the policy under ZeRO-3.
-    if s.has_reference:
-        reference = 0 if (zero3 and s.ds_offload_param) else int(2 * m.params / n) if zero3 else 2 * m.params
+
+def _reference_bytes(s: JobShape, zero3: bool, n: int) -> int:
+    """The reference model: bf16 weights, partitioned (or offloaded) like the policy under ZeRO-3."""
+    m = s.model
+    if not s.has_reference:
+        return 0
+    if zero3 and s.ds_offload_param:
+        return 0
+    return int(2 * m.params / n) if zero3 else 2 * m.params
+
+
+def _nccl_bytes(s: JobShape) -> int:
+    """NCCL communicator buffers, plus DeepSpeed's reduce and all-gather buckets at ZeRO-1/2."""
+    if s.world_size <= 1:
+        return 0
+    nccl = NCCL_BYTES
+    if s.deepspeed and s.zero_stage in (1, 2):
+        nccl += 2 * s.ds_bucket_elements * 2  # reduce (ipg) + allgather buckets, bf16
+    return nccl
+
+
+def _colocated(
+    s: JobShape, capacity: int, reference: int, zero3: bool, n: int, notes: list[str]
+) -> _Colocated:
+    """vLLM's budget, KV cache and start-up check when it shares the training GPUs."""
+    m = s.model
+    if not (s.colocate and capacity > 0):
+        if s.use_vllm and s.vllm_mode == "server":
+            notes.append("vLLM server runs on other GPUs: not counted here")
+        return _Colocated()
+    tp = s.vllm_tp
+    budget = int(s.vllm_util * capacity)
+    weights_tp = int(2 * m.params / tp)
+    overhead = VLLM_OVERHEAD_BYTES + (VLLM_TP_EXTRA_BYTES if tp > 1 else 0)
+    kv_bytes = budget - weights_tp - _vllm_activation_peak(s, capacity) - overhead
+    per_token = _kv_bytes_per_token_gpu(m, tp)
+    kv_tokens = max(0, kv_bytes // per_token)
+    need_kv = s.vllm_max_model_len * per_token
+    seqs_per_instance = max(1, math.ceil(s.global_batch / max(1, n // tp)))
+    # Start-up: what the trainer already holds when vLLM starts. A framework that loads first
+    # (loads_before_vllm) holds policy and reference, less what offload_model moved away; one that
+    # starts vLLM first holds neither, unless DeepSpeed is off (the policy is on the GPU at load);
+    # ZeRO-3 partitions both at load (zero.Init).
+    if zero3:
+        held_policy = 0 if s.ds_offload_param else int(2 * m.params / n)
+    elif s.loads_before_vllm:
+        held_policy = 0 if s.rollout_offload_model else 2 * m.params
     else:
-        reference = 0
+        held_policy = 0 if s.deepspeed else 2 * m.params
+    held_reference = reference if (s.loads_before_vllm or zero3) else 0
+    free = capacity - (CUDA_CONTEXT_BYTES + held_policy + held_reference)
+    if s.sleep_level == 1:
+        notes.append("sleep level 1 keeps vLLM weights in host RAM between rollouts")
+    return _Colocated(
+        budget=budget,
+        weights_tp=weights_tp,
+        kv_bytes=kv_bytes,
+        kv_tokens=kv_tokens,
+        concurrency=int(min(s.vllm_max_num_seqs, kv_tokens // max(1, s.seq_len), seqs_per_instance)),
+        asleep=overhead if s.sleep_level > 0 else budget,
+        startup_ok=free >= budget,
+        startup_deficit=max(0, budget - free),
+        kv_ok=kv_bytes >= need_kv,
+        kv_deficit=max(0, need_kv - kv_bytes),
+    )
 
-    activations = _train_activations(s)
-    logits = _logits(s)
-    context = CUDA_CONTEXT_BYTES
-    nccl = 0
-    if s.world_size > 1:
-        nccl += NCCL_BYTES
-        if s.deepspeed and s.zero_stage in (1, 2):
-            nccl += 2 * s.ds_bucket_elements * 2  # reduce (ipg) + allgather buckets, bf16
 
-    # --- vLLM
-    budget = weights_tp = kv_bytes = kv_tokens = concurrency = 0
-    startup_ok, startup_deficit, kv_ok, kv_deficit = True, 0, True, 0
-    asleep = 0
-    if s.colocate and capacity > 0:
-        tp = s.vllm_tp
-        budget = int(s.vllm_util * capacity)
-        weights_tp = int(2 * m.params / tp)
-        overhead = VLLM_OVERHEAD_BYTES + (VLLM_TP_EXTRA_BYTES if tp > 1 else 0)
-        act_peak = _vllm_activation_peak(s, capacity)
-        kv_bytes = budget - weights_tp - act_peak - overhead
-        per_token = _kv_bytes_per_token_gpu(m, tp)
-        kv_tokens = max(0, kv_bytes // per_token)
-        need_kv = s.vllm_max_model_len * per_token
-        kv_ok = kv_bytes >= need_kv
-        kv_deficit = max(0, need_kv - kv_bytes)
-        seqs_per_instance = max(1, math.ceil(s.global_batch / max(1, n // tp)))
-        concurrency = int(min(s.vllm_max_num_seqs, kv_tokens // max(1, s.seq_len), seqs_per_instance))
-        asleep = overhead if s.sleep_level > 0 else budget
-        # Start-up: what the trainer already holds when vLLM starts. A framework that loads first
-        # (loads_before_vllm) holds policy and reference, less what offload_model moved away; one that
-        # starts vLLM first holds neither, unless DeepSpeed is off (the policy is on the GPU at load);
-        # ZeRO-3 partitions both at load (zero.Init).
-        if zero3:
-            held_policy = 0 if s.ds_offload_param else int(2 * m.params / n)
-        elif s.loads_before_vllm:
-            held_policy = 0 if s.rollout_offload_model else 2 * m.params
-        else:
-            held_policy = 0 if s.deepspeed else 2 * m.params
-        held_reference = reference if (s.loads_before_vllm or zero3) else 0
-        held = context + held_policy + held_reference
-        free = capacity - held
-        startup_ok = free >= budget
-        startup_deficit = max(0, budget - free)
-        if s.sleep_level == 1:
-            notes.append("sleep level 1 keeps vLLM weights in host RAM between rollouts")
-    elif s.use_vllm and s.vllm_mode == "server":
-        notes.append("vLLM server runs on other GPUs: not counted here")
-
-    # --- phases
+def _phases(
+    s: JobShape, states: ModelStates, reference: int, vllm: _Colocated, capacity: int, zero3: bool
+) -> dict[str, dict[str, int]]:
+    """Per-GPU bytes by component in each phase: train, and rollout / sync when they differ."""
+    m = s.model
     base = {
         "policy_weights": states.weights_bytes,
         "gradients": states.gradients_bytes,
@@ -511,19 +519,24 @@ def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
         "logits": 0,
         "vllm_reserved": 0,
         "zero3_gather": 0,
-        "cuda_context": context,
-        "nccl_buffers": nccl,
+        "cuda_context": CUDA_CONTEXT_BYTES,
+        "nccl_buffers": _nccl_bytes(s),
     }
     phases: dict[str, dict[str, int]] = {}
-    phases["train"] = {**base, "activations": activations, "logits": logits, "vllm_reserved": asleep}
+    phases["train"] = {
+        **base,
+        "activations": _train_activations(s),
+        "logits": _logits(s),
+        "vllm_reserved": vllm.asleep,
+    }
     if s.colocate and capacity > 0:
-        rollout = {**base, "gradients": 0, "vllm_reserved": budget}
+        rollout = {**base, "gradients": 0, "vllm_reserved": vllm.budget}
         if s.rollout_offload_model:
             rollout["policy_weights"] = 0
         if s.rollout_offload_optimizer:
             rollout["optimizer_states"] = 0
         phases["rollout"] = rollout
-        vllm_at_sync = budget if s.sleep_level == 0 else weights_tp + VLLM_OVERHEAD_BYTES
+        vllm_at_sync = vllm.budget if s.sleep_level == 0 else vllm.weights_tp + VLLM_OVERHEAD_BYTES
         phases["sync"] = {
             **base,
             "gradients": 0,
@@ -542,37 +555,67 @@ def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
             "activations": kv + gen_logits,
             "zero3_gather": 2 * m.params if zero3 else 0,
         }
-    totals = {name: sum(c.values()) for name, c in phases.items()}
-    peak_phase = max(totals, key=lambda k: totals[k])
-    components = phases[peak_phase]
+    return phases
 
-    # --- host memory (whole node)
+
+def _host_bytes(s: JobShape, states: ModelStates, vllm: _Colocated, zero3: bool, n: int) -> int:
+    """Host memory of the whole node: ranks, loader workers, offloaded states, sleeping vLLM weights."""
+    m = s.model
     host = states.host_bytes + n * (HOST_RANK_BYTES + s.dataloader_num_workers * HOST_WORKER_BYTES)
     if s.has_reference and zero3 and s.ds_offload_param:
         host += 2 * m.params
     if s.colocate and s.sleep_level == 1:
-        host += n * weights_tp
+        host += n * vllm.weights_tp
     if s.rollout_offload_model and not (zero3 and s.ds_offload_param):
         host += int(2 * m.params) if zero3 else n * states.weights_bytes
     if s.rollout_offload_optimizer and not s.ds_offload_optimizer:
         host += n * states.optimizer_bytes
+    return host
 
+
+def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
+    """Predict per-GPU memory by component and phase, host memory, KV capacity and vLLM's checks.
+
+    Args:
+        shape: the trial (its configuration from the backend's decoder, on a model and GPUs).
+        gpu: the GPU; None (or ``shape.n_gpus == 0``) for a CPU-only trial, which is never judged.
+    """
+    s, m = shape, shape.model
+    capacity = gpu.memory_bytes if gpu is not None and s.on_gpu else 0
+    notes: list[str] = []
+    states = model_states(
+        params=m.params,
+        largest_layer_params=m.largest_layer_params,
+        n_gpus=s.world_size,
+        zero_stage=s.zero_stage,
+        deepspeed=s.deepspeed,
+        offload_optimizer=s.ds_offload_optimizer,
+        offload_param=s.ds_offload_param,
+        trainable_params=lora_params(m, s.lora_rank) if s.lora else None,
+    )
+    n = max(1, s.world_size)
+    zero3 = s.deepspeed and s.zero_stage == 3
+    reference = _reference_bytes(s, zero3, n)
+    vllm = _colocated(s, capacity, reference, zero3, n, notes)
+    phases = _phases(s, states, reference, vllm, capacity, zero3)
+    totals = {name: sum(c.values()) for name, c in phases.items()}
+    peak_phase = max(totals, key=lambda k: totals[k])
     if not s.on_gpu or gpu is None:
         notes.append("CPU-only trial: GPU memory is not judged")
     return MemoryEstimate(
-        components_bytes=dict(components),
+        components_bytes=dict(phases[peak_phase]),
         peak_bytes=int(totals[peak_phase]),
         peak_phase=peak_phase,
         phases=phases,
         capacity_bytes=int(capacity),
-        host_bytes=int(host),
-        kv_tokens=int(kv_tokens),
-        kv_bytes=int(kv_bytes),
-        rollout_concurrency=int(concurrency),
-        vllm_startup_ok=startup_ok,
-        vllm_startup_deficit_bytes=int(startup_deficit),
-        kv_ok=kv_ok,
-        kv_deficit_bytes=int(kv_deficit),
+        host_bytes=int(_host_bytes(s, states, vllm, zero3, n)),
+        kv_tokens=int(vllm.kv_tokens),
+        kv_bytes=int(vllm.kv_bytes),
+        rollout_concurrency=int(vllm.concurrency),
+        vllm_startup_ok=vllm.startup_ok,
+        vllm_startup_deficit_bytes=int(vllm.startup_deficit),
+        kv_ok=vllm.kv_ok,
+        kv_deficit_bytes=int(vllm.kv_deficit),
         on_gpu=bool(s.on_gpu and gpu is not None),
         notes=tuple(notes),
     )

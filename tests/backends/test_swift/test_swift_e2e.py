@@ -60,6 +60,7 @@ def test_search_cli_runs_three_real_swift_trials(tmp_path: Path) -> None:
             "4",
             "--max-steps",
             "6",
+            "--no-early-stop",  # the baseline's six steps are checked below: a steady run may stop at 5
             "--out",
             str(out),
             "--",
