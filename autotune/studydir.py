@@ -209,7 +209,7 @@ class StudyDir:
 
     def results(self) -> list[TrialResult]:
         """Every trial result on disk, by trial number."""
-        out = []
+        out: list[TrialResult] = []
         if not self.trials_dir.exists():
             return out
         for child in self.trials_dir.iterdir():

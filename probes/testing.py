@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 from unittest import mock
 
 __all__ = [
@@ -237,7 +237,7 @@ def fake_nvml(
 def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one table of behaviours
     m = state.module
 
-    def raise_(code: int) -> None:
+    def raise_(code: int) -> NoReturn:
         raise real.NVMLError(code)
 
     def check_init(name: str) -> None:
@@ -470,9 +470,10 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
             state.gpm_owner.get(address(request.sample1)),
             state.gpm_owner.get(address(request.sample2)),
         }
-        if len(owners) != 1 or None in owners:  # both samples must have been taken on one GPU
+        owner = owners.pop() if len(owners) == 1 else None
+        if owner is None:  # both samples must have been taken on one GPU
             raise_(real.NVML_ERROR_INVALID_ARGUMENT)
-        source = state.gpus[owners.pop()]
+        source = state.gpus[owner]
         if source.lost:
             raise_(real.NVML_ERROR_GPU_IS_LOST)
         for k in range(request.numMetrics):

@@ -177,8 +177,8 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
     """The report's title and what was tuned, on what, and how the study ended."""
     cpu_only = _cpu_only(data)
     outcome = _outcome(data)
-    gpu_seconds = (
-        outcome.get("gpu_seconds")
+    gpu_seconds: float = (
+        float(outcome["gpu_seconds"])
         if is_num(outcome.get("gpu_seconds"))
         else sum(r.gpu_seconds for r in data.results)
     )
@@ -256,22 +256,18 @@ def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
     backend = str(meta.get("backend") or DASH)
     if meta.get("backend_version"):
         backend += f" {meta['backend_version']}"
-    fixed = []
+    fixed: list[tuple[str, str]] = []
     for key in ("global_batch", "num_generations", "max_completion_length", "max_steps"):
         if key in meta and meta[key] is not None:
             fixed.append((key, clean.clean(knob_value(meta[key]))))
     if isinstance(meta.get("fixed"), dict):
         fixed += [(str(k), clean.clean(knob_value(v))) for k, v in meta["fixed"].items()]
-    passthrough = meta.get("passthrough")
-    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
-    dropped = meta.get("dropped_knobs") if isinstance(meta.get("dropped_knobs"), dict) else {}
+    versions: dict[str, Any] = meta["versions"] if isinstance(meta.get("versions"), dict) else {}
+    dropped: dict[str, Any] = meta["dropped_knobs"] if isinstance(meta.get("dropped_knobs"), dict) else {}
     return {
         "model": clean.clean(model_text),
         "backend": clean.clean(backend),
         "fixed": fixed,
-        "passthrough": clean.clean(" ".join(str(p) for p in passthrough))
-        if isinstance(passthrough, list) and passthrough
-        else "",
         "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
         "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
         "command": clean.clean(command_text(meta.get("command"))),
@@ -432,7 +428,7 @@ def _trial_row(
     host_peak = r.host_peak_rss_bytes
     predicted = (r.estimate or {}).get("peak_bytes") if isinstance(r.estimate, dict) else None
     pred_err = None
-    if is_num(predicted) and peak_known:
+    if predicted is not None and is_num(predicted) and peak_known:
         pred_err = (float(predicted) - max(peak_known)) / max(peak_known)
     steady = r.steady
     if steady is not None:
@@ -626,8 +622,8 @@ def _timeline_charts(
     Returns ``pair`` (baseline and winner), ``timelines`` (the others) and ``omitted`` (the trials past
     :data:`MAX_TIMELINES`).
     """
-    timelines = []
-    omitted = []
+    timelines: list[dict[str, Any]] = []
+    omitted: list[int] = []
     for t in _timeline_order(data, winner):
         series = charts.timeline_series(data, t)
         if series.empty:

@@ -140,7 +140,7 @@ def signals(data: StudyData, trial: TrialData) -> TrialSignals:
         if peak is None and gpu is not None and "mem_used_bytes" in gpu:
             dev = gpu[gpu["device"] == data.gpu_index(pos)]["mem_used_bytes"].dropna()
             peak = int(dev.max()) if len(dev) else None
-        sig.peak_bytes.append(int(peak) if _num(peak) is not None else None)
+        sig.peak_bytes.append(int(peak) if peak is not None and _num(peak) is not None else None)
 
     sig.util_mean_pct = _mean([_num(g.get("util_mean_pct")) for g in sum_gpus])
     sig.idle_share = _mean([_num(g.get("idle_share")) for g in sum_gpus])

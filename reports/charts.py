@@ -111,7 +111,7 @@ def _bin(
     frame = frame.dropna(subset=["top", "bottom"], how="all")
     if len(frame) > MAX_POINTS:
         edges = np.linspace(frame["t"].min(), frame["t"].max() + 1e-9, MAX_POINTS + 1)
-        groups = frame.groupby(pd.cut(frame["t"], edges, include_lowest=True), observed=True)
+        groups = frame.groupby(pd.cut(frame["t"], list(edges), include_lowest=True), observed=True)
         frame = pd.DataFrame(
             {"t": groups["t"].mean(), "top": groups["top"].mean(), "bottom": groups["bottom"].max()}
         )
@@ -312,15 +312,15 @@ def timeline_figure(series: TimelineSeries, title: str) -> Figure:
                     "layer": "below",
                 }
             )
-    for _, t in series.steps:
+    for _, step_t in series.steps:
         for yref in ("y domain", "y2 domain"):
             shapes.append(
                 {
                     "type": "line",
                     "xref": "x",
                     "yref": yref,
-                    "x0": t,
-                    "x1": t,
+                    "x0": step_t,
+                    "x1": step_t,
                     "y0": 0,
                     "y1": 1,
                     "line": {"width": 1, "dash": "dot", "color": "#555"},
@@ -556,9 +556,9 @@ def timeline_png(series: TimelineSeries, title: str, path: Path) -> Path:
     for phase, a0, a1, is_open in series.spans:
         for ax in (top, bottom):
             ax.axvspan(a0, a1, color=PHASE_COLORS[phase], alpha=0.28 if is_open else 0.13, lw=0)
-    for _, t in series.steps:
+    for _, step_t in series.steps:
         for ax in (top, bottom):
-            ax.axvline(t, color="#555", lw=0.6, ls=":")
+            ax.axvline(step_t, color="#555", lw=0.6, ls=":")
     if series.capacity_gib is not None:
         bottom.axhline(series.capacity_gib, color="#C62828", lw=0.8, ls="--")
     top.set_ylim(0, 105)

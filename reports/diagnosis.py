@@ -546,7 +546,7 @@ def rule_zero3_gather_peak(ctx: Context, trial: TrialData, sig: TrialSignals) ->
     where = (
         "it ran out of memory inside the weight sync"
         if oom_in_sync
-        else f"only {gib(cap - sig.sync_peak_bytes)} stayed free"
+        else f"only {gib((cap or 0) - sig.sync_peak_bytes)} stayed free"
     )
     text = (
         f"Memory peaked at the weight sync: {gib(sig.sync_peak_bytes)} there against {gib(sig.rest_peak_bytes)} in rollout "

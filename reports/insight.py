@@ -58,14 +58,14 @@ def param_importances(results: Sequence[TrialResult]) -> Importance:
         names &= set(r.params)
     dists: dict[str, BaseDistribution] = {}
     for name in sorted(names):
-        values = [r.params[name] for r in done]
-        nums = [_num(v) for v in values]
+        knob_values = [r.params[name] for r in done]
+        nums = [_num(v) for v in knob_values]
         if all(v is not None for v in nums):
             low, high = min(nums), max(nums)  # type: ignore[type-var]
             if high > low:  # type: ignore[operator]
                 dists[name] = FloatDistribution(float(low), float(high))  # type: ignore[arg-type]
             continue
-        choices = sorted({_choice(v) for v in values}, key=repr)
+        choices = sorted({_choice(v) for v in knob_values}, key=repr)
         if len(choices) > 1:
             dists[name] = CategoricalDistribution(choices)
     if not dists:

@@ -48,6 +48,11 @@ export AUTOTUNE_SWIFT_PYTHON=$PWD/.venv-swift/bin/python
 export AUTOTUNE_VERL_PYTHON=$PWD/.venv-verl/bin/python
 
 status=0
+# The type checker reads the package as pip installs it (probes, reports and search_spaces under
+# autotune.*), not the source folders, so every module is checked under its installed name.
+rm -rf .typecheck
+.venv/bin/pip install -q --no-deps --no-build-isolation --target .typecheck . > .setup-typecheck.log 2>&1
+(cd .typecheck && ../.venv/bin/mypy -p autotune --ignore-missing-imports --no-incremental) || status=$?
 .venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests || status=$?
 .venv/bin/python -m pytest -q -m "not swift" -p no:cacheprovider --durations=12 tests || status=$?
 exit $status

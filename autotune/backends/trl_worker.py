@@ -379,7 +379,7 @@ def _extra_grpo_args(extra: list[str], config_cls: type) -> dict[str, Any]:
         return {}
     from transformers import HfArgumentParser
 
-    namespace = vars(HfArgumentParser(config_cls).parse_args(extra))
+    namespace = vars(HfArgumentParser(config_cls).parse_args(extra))  # type: ignore[arg-type]  # a dataclass
     out: dict[str, Any] = {}
     for name in given_option_names(extra):
         key = name if name in namespace else name.removeprefix("no_")

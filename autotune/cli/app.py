@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import cast
 
 import typer
 
@@ -48,11 +49,11 @@ def _classes(name: str) -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: every user error becomes one line and exit code 2."""
-    no_args = _classes("NoArgsIsHelpError")
-    usage = _classes("UsageError")
+    no_args: tuple[type[BaseException], ...] = _classes("NoArgsIsHelpError")
+    usage: tuple[type[BaseException], ...] = _classes("UsageError")
     click_exc = _classes("ClickException")
-    exits = (*_classes("Exit"), typer.Exit)
-    aborts = (*_classes("Abort"), typer.Abort)
+    exits: tuple[type[BaseException], ...] = (*_classes("Exit"), cast("type[BaseException]", typer.Exit))
+    aborts: tuple[type[BaseException], ...] = (*_classes("Abort"), cast("type[BaseException]", typer.Abort))
     command = typer.main.get_command(app)
     try:
         rc = command.main(

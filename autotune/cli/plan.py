@@ -148,7 +148,7 @@ def run_plan(
 
     from autotune.backends import BACKENDS, backend_class
     from autotune.errors import UsageError
-    from autotune.estimate import find_model, model_from_config, resolve_gpu
+    from autotune.estimate import ModelSpec, find_model, model_from_config, resolve_gpu
     from autotune.estimate.plan import plan_space
     from autotune.study.hardware import resolve_hardware
 
@@ -182,6 +182,7 @@ def run_plan(
         raise UsageError(f"--margin must be in [0, 1), got {margin}", hint="Use e.g. 0.15")
 
     # model
+    spec: ModelSpec | None
     if model_config:
         spec = model_from_config(Path(model_config))
     elif Path(model).expanduser().exists():

@@ -415,7 +415,12 @@ class Study:
     def _prescreen(self, number: int, params: dict[str, Any], is_baseline: bool) -> TrialResult | None:
         ctx = self._context(self.dir.trial_dir(number))
         derived = self.backend.derive(params, ctx)
-        base = {"number": number, "params": params, "derived": derived, "is_baseline": is_baseline}
+        base: dict[str, Any] = {
+            "number": number,
+            "params": params,
+            "derived": derived,
+            "is_baseline": is_baseline,
+        }
         violations = self.backend.check_rules(params, derived, ctx)
         if violations:
             text = "; ".join(f"{v.rule}: {v.message}" for v in violations)

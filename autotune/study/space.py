@@ -64,7 +64,7 @@ class Suggester(Protocol):
     """The part of ``optuna.trial.Trial`` a space needs (so tests can pass a fake)."""
 
     def suggest_categorical(self, name: str, choices: Any) -> Any: ...
-    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int: ...
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
     def suggest_float(
         self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
     ) -> float: ...
@@ -111,13 +111,14 @@ class Knob:
         if self.choices is not None:
             return self.choices
         assert self.low is not None and self.high is not None  # guaranteed by the loader
+        vals: tuple[Any, ...]
         if self.type == "int":
             step = int(self.step or 1)
             vals = tuple(range(int(self.low), int(self.high) + 1, step))
         else:
-            step = self.step or (self.high - self.low) / 8
-            n = int(math.floor((self.high - self.low) / step + 1e-9)) + 1
-            vals = tuple(round(self.low + i * step, 10) for i in range(n))
+            step_f = self.step or (self.high - self.low) / 8
+            n = int(math.floor((self.high - self.low) / step_f + 1e-9)) + 1
+            vals = tuple(round(self.low + i * step_f, 10) for i in range(n))
         if len(vals) > _GRID_LIMIT:
             idx = sorted({round(i * (len(vals) - 1) / (_GRID_LIMIT - 1)) for i in range(_GRID_LIMIT)})
             vals = tuple(vals[i] for i in idx)

@@ -193,7 +193,7 @@ class Executor:
             by_index = {g["index"]: g for g in summary["gpus"]}
             peaks = [by_index.get(g.index, {}).get("peak_mem_bytes") for g in self.hardware.gpus]
         host_peak = (summary or {}).get("host", {}).get("peak_rss_bytes") if summary else None
-        fw_mem = [s.values.get("memory_gib") for s in steps if s.values.get("memory_gib") is not None]
+        fw_mem = [s.values["memory_gib"] for s in steps if s.values.get("memory_gib") is not None]
         n_gpus = max(1, len(self.hardware.gpus))
         if spec.is_baseline and status is TrialStatus.COMPLETE:
             self.baseline_steps = steps

@@ -385,10 +385,10 @@ def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
         return None
     pids = sorted(targets)
     killed = terminate_group(group_pgid, known, grace_s)
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started_wall_s") or 0))
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started_wall_s") or 0))
     forced = f", {len(killed)} needed SIGKILL" if killed else ""
     return (
-        f"ended orphaned trial processes of {Path(trial_dir).name} (group {pgid}, started {started}): "
+        f"ended orphaned trial processes of {Path(trial_dir).name} (group {pgid}, started {started_at}): "
         f"{len(pids)} process{'es' if len(pids) != 1 else ''} {', '.join(map(str, pids))}{forced}"
     )
 

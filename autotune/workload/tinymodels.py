@@ -199,6 +199,7 @@ def _build(out: Path, spec: TinyModelSpec, seed: int) -> None:
 
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert isinstance(pad_id, int)  # one token in, one id out
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,

@@ -28,7 +28,7 @@ from autotune.backends._values import (
     required_int,
 )
 from autotune.errors import UsageError
-from autotune.jobconfig import JobConfig
+from autotune.jobconfig import JobConfig, WeightSync
 
 __all__ = [
     "LIST_ARGS",
@@ -137,7 +137,7 @@ def describe_swift(
         if name in given:
             origin[field] = (name, given[name])
 
-    shape = batch_shape(p, derived, n_gpus, int(defaults["per_device_train_batch_size"]))
+    shape: dict[str, Any] = batch_shape(p, derived, n_gpus, int(defaults["per_device_train_batch_size"]))
     preset = p.get("deepspeed")
     custom: str | None = None
     if none_like(preset):
@@ -163,6 +163,7 @@ def describe_swift(
     )
     move_batches = as_int(p.get("move_model_batches")) if use_vllm else None
     steps_per_generation = as_int(p.get("steps_per_generation")) or shape["grad_accum"]
+    sync: WeightSync
     if not colocate:
         sync = "model"
     elif stage == 3 and move_batches is not None:

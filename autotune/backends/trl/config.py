@@ -73,7 +73,7 @@ def describe_trl(
                 origin[field] = (name, given[name])
                 return
 
-    shape = batch_shape(p, derived, n_gpus, int(defaults["per_device_train_batch_size"]))
+    shape: dict[str, Any] = batch_shape(p, derived, n_gpus, int(defaults["per_device_train_batch_size"]))
     stage = required_int(p, "zero_stage", 0)
     deepspeed = stage > 0
     use_peft = as_bool(p.get("use_peft"))
