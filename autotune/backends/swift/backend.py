@@ -73,6 +73,7 @@ _KNOBS: tuple[str, ...] = (
     "vllm_mode",
     "vllm_gpu_memory_utilization",
     "vllm_tensor_parallel_size",
+    "vllm_max_num_seqs",
     "sleep_level",
     "offload_optimizer",
     "offload_model",

@@ -97,6 +97,7 @@ KNOB_FIELDS: dict[str, tuple[str, ...]] = {
     "rollout_offload_model": ("offload_model",),
     "move_model_batches": ("move_model_batches",),
     "vllm_max_model_len": ("vllm_max_model_len",),
+    "vllm_max_num_seqs": ("vllm_max_num_seqs",),
     "world_size": ("num_processes",),
 }
 
