@@ -49,7 +49,7 @@ from autotune.estimate import GIB, GpuSpec, ModelSpec, find_gpu, find_model
 from autotune.estimate.memory import estimate_memory
 from autotune.estimate.timing import estimate_step_time
 from autotune.records import GpuInfo, Hardware, HostInfo, TrialStatus
-from autotune.study.space import SearchSpace, canonical_key, load_space
+from autotune.space import SearchSpace, canonical_key, load_space
 from autotune.trial.outcome import LIVE_HEALTH_MIN_STEPS
 
 __all__ = ["Setting", "SETTINGS", "RawTable", "Surface", "Truth", "SPACES_DIR"]

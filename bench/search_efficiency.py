@@ -52,11 +52,11 @@ from autotune.backends import (  # noqa: E402
 )
 from autotune.estimate import estimate_memory  # noqa: E402
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus  # noqa: E402
+from autotune.space import SearchSpace, canonical_key  # noqa: E402
 from autotune.strategy import DeepSpeedSweep, launched  # noqa: E402
 from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
 from autotune.study.recommend import recommend  # noqa: E402
-from autotune.study.space import SearchSpace, canonical_key  # noqa: E402
 
 STRATEGIES = ("autotune", "random", "tpe", "ds-sweep")
 TARGET_REGRET = 0.03

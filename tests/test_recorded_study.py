@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from autotune.reports import render_study
 
+from autotune.app.best import write_best
+from autotune.app.export import export_study
 from autotune.errors import UsageError
-from autotune.export import EXPORT_FORMATS, export_study
-from autotune.export.best import write_best
+from autotune.export import EXPORT_FORMATS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "recorded_trl_study"
 EXPECTED = FIXTURE / "expected"

@@ -108,10 +108,10 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
         view: the live view of the trials (the CLI passes its rich table); None prints nothing live.
     """
     from autotune.backends import backend_class
+    from autotune.space import load_space
     from autotune.strategy import SEARCH_KINDS
     from autotune.study.hardware import resolve_hardware
     from autotune.study.loop import check_budget
-    from autotune.study.space import load_space
     from autotune.trial.runner import WatchdogConfig, default_startup_timeout_s
 
     # 1. numbers and names: nothing touched yet.
@@ -162,7 +162,7 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
     space, adapt_notices = backend.adapt_space(space)
     for notice in adapt_notices:
         console.print(f"note: {notice}", markup=False, style="yellow")
-    from autotune.study.fixed import coerce_knob_values, load_fixed, split_baseline
+    from autotune.fixed import coerce_knob_values, load_fixed, split_baseline
 
     # The YAML file, then the flags after -- (which win). Knob flags among them are the user's own
     # current configuration: trial 0, unless --baseline names one.
@@ -414,7 +414,7 @@ def _finish(console: Console, cfg: Any, outcome: Any, out: Path) -> None:
 
     console.print(f"study {out}: {outcome.detail}; {outcome.trials_run_now} trial(s) run now", markup=False)
     console.print(summary_line(outcome), markup=False)
-    from autotune.export.best import write_best
+    from autotune.app.best import write_best
 
     write_best(out)
     try:

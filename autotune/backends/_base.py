@@ -5,7 +5,7 @@ Who calls what, and when:
 1. The CLI builds a backend with :func:`autotune.backends.get_backend` and calls :meth:`Backend.probe`
    once, before anything is written. A framework that is missing or too old raises
    :class:`~autotune.errors.BackendError` there.
-2. :mod:`autotune.study.space` loads :meth:`Backend.default_space` (or the user's file).
+2. :mod:`autotune.space` loads :meth:`Backend.default_space` (or the user's file).
 3. For every candidate the study calls :meth:`Backend.derive` (world size, gradient accumulation —
    values that keep training semantics fixed) and :meth:`Backend.check_rules` (the framework's own
    start-up validity rules). A candidate with a violation never launches.
@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from autotune.errors import UsageError
 from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
 from autotune.records import GpuInfo, LaunchPlan, ModelRef, StepMetrics, TrialSpec
-from autotune.study.space import SearchSpace, load_space
+from autotune.space import SearchSpace, load_space
 
 __all__ = [
     "Backend",

@@ -43,7 +43,7 @@ from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError, SpaceError, UsageError
 from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
-from autotune.study.space import SearchSpace
+from autotune.space import SearchSpace
 
 __all__ = ["BUILTIN_PLACEHOLDERS", "CommandBackend", "CommandParser", "knob_env_name", "template_fields"]
 

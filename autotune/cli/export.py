@@ -32,9 +32,10 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write the recommended configuration as a runnable script or config file."""
+        from autotune.app.export import default_format, export_winner
         from autotune.cli._console import notice, say
         from autotune.errors import UsageError
-        from autotune.export import EXPORT_FORMATS, default_format, export_winner, load_winner, write_export
+        from autotune.export import EXPORT_FORMATS, load_winner, write_export
 
         if fmt is not None and fmt not in EXPORT_FORMATS:
             raise UsageError(

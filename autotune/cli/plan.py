@@ -266,7 +266,7 @@ def _load_space(backend: str, space_path: str | None) -> Any:
     from pathlib import Path
 
     from autotune.errors import SpaceError
-    from autotune.study.space import load_space
+    from autotune.space import load_space
 
     if space_path:
         return load_space(space_path, backend=backend)

@@ -12,7 +12,7 @@ from autotune.estimate.memory import MemoryEstimate, estimate_memory, should_pru
 from autotune.estimate.shape import JobShape
 from autotune.estimate.timing import TimeEstimate, estimate_step_time
 from autotune.jobconfig import JobConfig
-from autotune.study.space import SearchSpace
+from autotune.space import SearchSpace
 
 __all__ = ["Candidate", "PlanResult", "candidate_rules", "plan_space"]
 

@@ -93,7 +93,7 @@ class Winner:
     def fixed(self) -> dict[str, Any]:
         """The study's fixed arguments, names normalised (``--lora-rank`` → ``lora_rank``) and spelled
         as the study's backend spells them today."""
-        from autotune.study.fixed import flag_name
+        from autotune.fixed import flag_name
 
         raw = self.settings.get("fixed") or {}
         out = {flag_name(str(k)): v for k, v in raw.items()} if isinstance(raw, dict) else {}

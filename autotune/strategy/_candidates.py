@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from autotune.study.space import SearchSpace, canonical_key
+from autotune.space import SearchSpace, canonical_key
 
 __all__ = ["count_configs", "random_config", "neighbours", "sample_configs"]
 

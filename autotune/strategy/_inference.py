@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import TrialResult, TrialStatus
-from autotune.study.space import SearchSpace, canonical_key
+from autotune.space import SearchSpace, canonical_key
 
 __all__ = [
     "Inference",

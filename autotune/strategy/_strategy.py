@@ -53,10 +53,10 @@ import optuna
 
 from autotune.errors import UsageError
 from autotune.records import TrialResult, TrialStatus
+from autotune.space import SearchSpace, canonical_key
 from autotune.strategy._candidates import count_configs, neighbours, random_config, sample_configs
 from autotune.strategy._inference import infer_infeasible, is_memory_failure
 from autotune.strategy._surrogate import ConfigEncoder, FailureModel, SpeedModel, expected_gain
-from autotune.study.space import SearchSpace, canonical_key
 
 __all__ = ["SEARCH_KINDS", "COMPARISON_KINDS", "Proposal", "SearchStrategy", "launched", "usable_complete"]
 

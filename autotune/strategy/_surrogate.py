@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.study.space import SearchSpace
+from autotune.space import SearchSpace
 
 __all__ = [
     "ABSENT",

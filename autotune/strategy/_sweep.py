@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.records import TrialResult, TrialStatus
+from autotune.space import SearchSpace, canonical_key
 from autotune.strategy._strategy import SearchStrategy, usable_complete
-from autotune.study.space import SearchSpace, canonical_key
 
 __all__ = ["DeepSpeedSweep"]
 

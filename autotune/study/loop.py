@@ -20,9 +20,9 @@ import optuna
 from autotune.backends import Backend, ModelRef, TrialContext
 from autotune.errors import UsageError
 from autotune.records import Hardware, TrialResult, TrialSpec, TrialStatus
+from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import SearchStrategy, infer_infeasible
 from autotune.study.recommend import Recommendation, headroom_bytes, recommend
-from autotune.study.space import SearchSpace, canonical_key
 from autotune.studydir import StudyDir
 
 __all__ = ["StudyConfig", "StudyOutcome", "StudyView", "NullView", "MemoryGate", "TrialExecutor", "Study"]

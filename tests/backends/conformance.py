@@ -36,7 +36,7 @@ import pytest
 
 from autotune.backends._base import Backend, TrialContext
 from autotune.records import StepMetrics, TrialSpec, TrialStatus
-from autotune.study.space import load_space
+from autotune.space import load_space
 from autotune.trial.outcome import Verdict, classify, health_check
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, alive_pids, run_trial
 

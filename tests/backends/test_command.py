@@ -11,7 +11,7 @@ from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.command import CommandBackend, CommandParser, knob_env_name, template_fields
 from autotune.errors import BackendError, SpaceError, UsageError
 from autotune.records import TrialSpec, TrialStatus
-from autotune.study.space import load_space
+from autotune.space import load_space
 from autotune.trial.outcome import classify
 from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 

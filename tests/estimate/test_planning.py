@@ -8,7 +8,7 @@ import pytest
 from autotune.backends import backend_class
 from autotune.estimate import candidate_rules, find_gpu, find_model, plan_space
 from autotune.estimate.plan import _grid
-from autotune.study.space import load_space
+from autotune.space import load_space
 
 DATA = Path(__file__).parent / "data"
 JOB = {"global_batch": 64, "num_generations": 8, "max_prompt_length": 512, "max_completion_length": 1024}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.export import export_study
+from autotune.app.export import export_study
 from tests.export.conftest import check_golden, make_study
 
 

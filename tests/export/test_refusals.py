@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from autotune.app.export import export_study
 from autotune.errors import UsageError
-from autotune.export import export_study
 from tests.export.conftest import make_study
 
 

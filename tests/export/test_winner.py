@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.app.export import export_study
 from autotune.errors import UsageError
-from autotune.export import export_study, load_winner
+from autotune.export import load_winner
 from tests.export.conftest import edit_result
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.app.export import export_study
 from autotune.errors import UsageError
-from autotune.export import EXPORT_FORMATS, MARKER, Export, export_study, write_export
+from autotune.export import EXPORT_FORMATS, MARKER, Export, write_export
 from tests.export.conftest import SECRETS
 
 

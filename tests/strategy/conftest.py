@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.study.space import SearchSpace, load_space
+from autotune.space import SearchSpace, load_space
 
 
 def make_random_space(rng: random.Random, tmp_path: Path, name: str = "space") -> SearchSpace:

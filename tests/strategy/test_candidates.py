@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from autotune.space import canonical_key
 from autotune.strategy._candidates import count_configs, neighbours, random_config, sample_configs
-from autotune.study.space import canonical_key
 
 
 @pytest.mark.parametrize("seed", range(25))

@@ -7,9 +7,9 @@ import pytest
 
 from autotune.backends.trl.backend import TrlBackend
 from autotune.records import TrialResult, TrialStatus
+from autotune.space import SearchSpace, canonical_key, load_space
 from autotune.strategy import infer_infeasible, oom_dominated
 from autotune.strategy._inference import is_kv_failure, is_memory_failure, needs_at_least
-from autotune.study.space import SearchSpace, canonical_key, load_space
 
 SPACE = """
 knobs:

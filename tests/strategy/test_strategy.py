@@ -11,8 +11,8 @@ import pytest
 
 from autotune.errors import UsageError
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
+from autotune.space import SearchSpace, canonical_key, load_space
 from autotune.strategy import SearchStrategy, launched
-from autotune.study.space import SearchSpace, canonical_key, load_space
 
 SPACE = """
 knobs:

@@ -20,9 +20,9 @@ from autotune.records import (
     TrialSpec,
     TrialStatus,
 )
+from autotune.space import canonical_key, load_space
 from autotune.strategy import DeepSpeedSweep
 from autotune.study.loop import Study, StudyConfig, summary_line
-from autotune.study.space import canonical_key, load_space
 
 SPACE = """
 backend: fake

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.space import load_space
 from autotune.strategy._surrogate import (
     ABSENT,
     OFF_GRID,
@@ -16,7 +17,6 @@ from autotune.strategy._surrogate import (
     expected_gain,
     normal_cdf,
 )
-from autotune.study.space import load_space
 
 SPACE = """
 knobs:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
+from autotune.space import SearchSpace, load_space
 from autotune.strategy import DeepSpeedSweep
-from autotune.study.space import SearchSpace, load_space
 
 SPACE = """
 knobs:

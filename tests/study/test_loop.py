@@ -21,8 +21,8 @@ from autotune.records import (
     TrialSpec,
     TrialStatus,
 )
+from autotune.space import canonical_key, load_space
 from autotune.study.loop import Study, StudyConfig
-from autotune.study.space import canonical_key, load_space
 from autotune.studydir import StudyDir
 
 SPACE = """

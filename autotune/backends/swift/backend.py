@@ -2,7 +2,7 @@
 
 Every knob of ``search_spaces/swift.yaml`` is an ms-swift flag (``num_processes`` becomes
 ``NPROC_PER_NODE`` on CPU runs). Everything else about the user's job is fixed for all trials
-(:mod:`autotune.study.fixed`): the dataset, reward functions, template, LoRA settings, beta … When the user
+(:mod:`autotune.fixed`): the dataset, reward functions, template, LoRA settings, beta … When the user
 gives none, a CPU demo job is filled in: the tiny model's ``--model_type qwen2 --template qwen
 --check_model false --tuner_type full``, autotune's generated prompts and its demo reward plugin.
 
@@ -52,9 +52,9 @@ from autotune.backends.swift._args import (
 from autotune.backends.swift._log import SwiftLogParser
 from autotune.backends.swift.config import KNOB_FIELDS, PRESETS, canonical_args, describe_swift, preset_for
 from autotune.errors import BackendError, UsageError
+from autotune.fixed import flag_name
 from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, TrialSpec
-from autotune.study.fixed import flag_name
 
 __all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
 

@@ -32,7 +32,7 @@ from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError
 from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
-from autotune.study.space import SearchSpace
+from autotune.space import SearchSpace
 
 __all__ = ["TrlBackend", "TrlMetricsParser", "ds_config", "MIN_TRL_VERSION"]
 

@@ -16,7 +16,7 @@ from autotune.backends.swift._args import SwiftFlags, flag_items, parse_version
 from autotune.backends.swift.backend import DEMO_REWARD, SwiftBackend
 from autotune.errors import BackendError, UsageError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
-from autotune.study.space import load_space
+from autotune.space import load_space
 from autotune.trial.outcome import classify, match_patterns
 from autotune.trial.runner import RunRecord
 from tests.backends.conformance import BackendConformance, Event, Recording

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from autotune.export import export_study, write_export
+from autotune.app.export import export_study
+from autotune.export import write_export
 from autotune.workload.datasets import write_prompts
 from tests.export.conftest import edit_settings, make_study, script_command, script_env
 from tests.export.test_golden import swift_gpu_study, trl_gpu_study

@@ -12,7 +12,7 @@ from pathlib import Path
 from autotune.backends import job_shape
 from autotune.backends.swift.backend import SwiftBackend
 from autotune.estimate import estimate_memory, find_gpu, find_model
-from autotune.study.space import load_space
+from autotune.space import load_space
 from tests.backends.test_swift.test_swift_backend import GPU_KNOBS, backend, make_ctx, render
 
 JOB = {"global_batch": 64, "num_generations": 8, "max_completion_length": 1024}

@@ -26,7 +26,7 @@ from autotune.backends.trl_worker import (
 )
 from autotune.errors import BackendError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
-from autotune.study.space import load_space
+from autotune.space import load_space
 from tests.backends.conformance import BackendConformance, Event, Recording
 
 GIB = 1 << 30
@@ -757,7 +757,7 @@ def test_zero_stage_is_fixed_off_without_deepspeed(monkeypatch: pytest.MonkeyPat
     import importlib.util
 
     from autotune.backends.trl.backend import TrlBackend
-    from autotune.study.space import load_space
+    from autotune.space import load_space
 
     backend = TrlBackend()
     space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(

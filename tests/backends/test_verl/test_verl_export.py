@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from autotune.app.export import export_study
 from autotune.errors import UsageError
-from autotune.export import export_study, write_export
+from autotune.export import write_export
 from tests.export.conftest import edit_result, python_with, script_command, script_env
 from tests.export.test_golden import swift_gpu_study
 

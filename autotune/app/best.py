@@ -27,7 +27,8 @@ def write_best(study_dir: Path) -> Path | None:
     Args:
         study_dir: the study directory; its recommendation is read from ``study.json``.
     """
-    from autotune.export import MARKER, default_format, export_winner, load_winner, write_export
+    from autotune.app.export import default_format, export_winner
+    from autotune.export import MARKER, load_winner, write_export
 
     sd = StudyDir(Path(study_dir))
     rec = sd.recommendation()

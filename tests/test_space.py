@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpaceError
-from autotune.study.space import canonical_key, load_space
+from autotune.space import canonical_key, load_space
 
 SPACE = """
 backend: trl

@@ -26,7 +26,7 @@ from autotune.errors import UsageError
 from autotune.yamlfile import read_yaml
 
 if TYPE_CHECKING:
-    from autotune.study.space import SearchSpace
+    from autotune.space import SearchSpace
 
 __all__ = [
     "coerce_knob_values",

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import AutotuneError, UsageError
-from autotune.study.fixed import (
+from autotune.fixed import (
     coerce_knob_values,
     flag_name,
     load_fixed,
@@ -13,7 +13,7 @@ from autotune.study.fixed import (
     read_fixed_file,
     split_baseline,
 )
-from autotune.study.space import load_space
+from autotune.space import load_space
 
 SPACE = """
 backend: swift

@@ -7,8 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
-from autotune.export import MARKER, export_study
-from autotune.export.best import write_best
+from autotune.app.best import write_best
+from autotune.app.export import export_study
+from autotune.export import MARKER
 from tests.export.conftest import FIXTURE, edit_settings, make_study
 
 
