@@ -299,14 +299,8 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         backend_version=prep.info.version,
     )
     stop_event = threading.Event()
-    job = {
-        "global_batch": req.global_batch,
-        "num_generations": req.num_generations,
-        "max_completion_length": req.max_completion_length,
-        **fixed_args,
-    }
     # the KL coefficient the job trains with: the user's, else the framework's default
-    beta = backend.describe(space.defaults(), {}, job, len(hardware.gpus)).beta
+    beta = backend.describe(space.defaults(), {}, _job(req, fixed_args), len(hardware.gpus)).beta
     executor = Executor(
         backend=backend,
         hardware=hardware,
@@ -380,6 +374,16 @@ def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_arg
     )
 
 
+def _job(req: SearchRequest, fixed_args: dict[str, Any]) -> dict[str, Any]:
+    """The job facts every trial shares: the user's fixed arguments and the study's fixed batch shape."""
+    return {
+        **fixed_args,
+        "global_batch": req.global_batch,
+        "num_generations": req.num_generations,
+        "max_completion_length": req.max_completion_length,
+    }
+
+
 def _memory_gate(hardware, model, req, fixed_args, backend, out):  # noqa: ANN001, ANN202
     """The estimator-backed pre-screen, when the GPUs and the model's facts are known."""
     if not hardware.gpus or not model.facts:
@@ -388,12 +392,7 @@ def _memory_gate(hardware, model, req, fixed_args, backend, out):  # noqa: ANN00
     from autotune.studydir import StudyDir
 
     ctx = _context(req, out, model, hardware, fixed_args)
-    job = {
-        **fixed_args,
-        "global_batch": req.global_batch,
-        "num_generations": req.num_generations,
-        "max_completion_length": req.max_completion_length,
-    }
+    job = _job(req, fixed_args)
     sd = StudyDir(out)
     calibration = sd.read_settings().get("calibration") if sd.exists() else None
     return EstimatorGate.build(
