@@ -145,7 +145,7 @@ def describe_swift(
         deepspeed, (stage, off_opt, off_param) = False, (0, False, False)
     elif str(preset) in PRESETS:
         deepspeed, (stage, off_opt, off_param) = True, PRESETS[str(preset)]
-    elif str(preset).endswith(".json"):
+    elif str(preset).endswith(".json") or "/" in str(preset):  # a DeepSpeed config file of the user's
         deepspeed, custom, (stage, off_opt, off_param) = True, str(preset), (0, False, False)
     else:
         raise UsageError(
