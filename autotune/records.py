@@ -248,6 +248,11 @@ class TrialResult(BaseModel):
     duration_s: float = 0.0
     startup_s: float | None = None  # launch to first step record
     gpu_seconds: float = 0.0  # duration × GPUs held (× 1 on CPU-only runs)
+    # where a failure happened, from its evidence: "startup", "rollout", "train", "weight_sync"
+    # (the timeline's phase names, plus start-up before the first step); None when unknown or no failure
+    failed_phase: str | None = None
+    # why the search chose this configuration (predicted throughput, risk, move from the incumbent)
+    choice: dict[str, Any] | None = None
 
     @property
     def throughput(self) -> float | None:
