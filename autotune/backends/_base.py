@@ -121,6 +121,19 @@ class FailurePattern:
     reason: str
 
 
+@dataclass(frozen=True)
+class PhaseFrame:
+    """A traceback frame that places a failure in a phase of the step.
+
+    ``regex`` is searched in ``"<file path>:<function>"`` of each ``File "...", line N, in f`` line.
+    Only frames that run in one phase alone belong here (a trainer's weight-sync method, ``backward``),
+    never helpers several phases call (a forward pass, vLLM's ``execute_model``).
+    """
+
+    phase: str  # "startup", "rollout", "train" or "weight_sync"
+    regex: str
+
+
 class StepParser(ABC):
     """Turns a trial's output into step records. One instance per trial; not thread-safe.
 
@@ -306,6 +319,12 @@ class Backend(ABC):
 
     def failure_patterns(self) -> tuple[FailurePattern, ...]:
         """Failure text specific to this framework, on top of the common patterns."""
+        return ()
+
+    def phase_frames(self) -> tuple[PhaseFrame, ...]:
+        """The framework's own traceback frames that say in which phase a failure happened, on top of
+        the common ones (PyTorch's backward and optimizers, Hugging Face and vLLM generation, vLLM's
+        start-up)."""
         return ()
 
     def baseline(self, defaults: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:

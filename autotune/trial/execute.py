@@ -16,6 +16,7 @@ from typing import Any
 from autotune.backends import Backend, TrialContext
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.studydir import TrialDir
+from autotune.trial.failure_phase import failure_phase
 from autotune.trial.outcome import classify, health_check, live_health
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
 from autotune.trial.steady import steady_estimate
@@ -174,6 +175,11 @@ class Executor:
                 health += [p for p in observer.problems if p not in health]
         verdict = classify(record, patterns=self.backend.failure_patterns(), health=health)
         status = verdict.status
+        failed_phase = failure_phase(
+            status,
+            [x.text for x in record.evidence] + list(record.stderr_tail) + list(record.stdout_tail),
+            self.backend.phase_frames(),
+        )
         if (
             status is TrialStatus.TIMEOUT
             and record.stopped_by == "timeout"
@@ -220,6 +226,7 @@ class Executor:
             duration_s=record.duration_s,
             startup_s=record.startup_s,
             gpu_seconds=record.duration_s * n_gpus,
+            failed_phase=failed_phase,
         )
 
     @staticmethod

@@ -23,6 +23,7 @@ from autotune.backends._base import (
     Backend,
     BackendInfo,
     FailurePattern,
+    PhaseFrame,
     RuleViolation,
     StepParser,
     TrialContext,
@@ -513,6 +514,21 @@ class TrlBackend(Backend):
 
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
         return TrlMetricsParser(trial_path(ctx, METRICS_FILE))
+
+    def phase_frames(self) -> tuple[PhaseFrame, ...]:
+        """GRPOTrainer's phase methods (trl/trainer/grpo_trainer.py, trl/generation/vllm_generation.py,
+        TRL 1.x): weights reach vLLM in ``VLLMGeneration.sync_weights`` (older releases:
+        ``_move_model_to_vllm``), completions come from ``_generate_single_turn`` / ``_generate``, the
+        loss from ``compute_loss`` / ``_compute_loss`` inside ``training_step``. The reference and old
+        log-probs (``_get_per_token_logps_and_entropies``) run in both rollout and training, so they name
+        no phase; ``training_step`` is the outermost fallback."""
+        return (
+            PhaseFrame(
+                "weight_sync", r"trl/[^:]*:(sync_weights|_move_model_to_vllm|_sync_fsdp\w*_params_to_vllm)$"
+            ),
+            PhaseFrame("rollout", r"trl/[^:]*:(_generate_single_turn|_generate|_tool_call_loop)$"),
+            PhaseFrame("train", r"trl/[^:]*:(_compute_loss|compute_loss|training_step)$"),
+        )
 
     def failure_patterns(self) -> tuple[FailurePattern, ...]:
         """GRPOConfig's and TRL's own start-up errors (all mean: these arguments cannot work)."""
