@@ -45,7 +45,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,11 +54,20 @@ import optuna
 from autotune.errors import UsageError
 from autotune.records import TrialResult, TrialStatus
 from autotune.space import SearchSpace, canonical_key
+from autotune.strategy._blame import blamed_knobs
 from autotune.strategy._candidates import count_configs, neighbours, random_config, sample_configs
 from autotune.strategy._inference import infer_infeasible, is_memory_failure
 from autotune.strategy._surrogate import ConfigEncoder, FailureModel, SpeedModel, expected_gain
 
-__all__ = ["SEARCH_KINDS", "COMPARISON_KINDS", "Proposal", "SearchStrategy", "launched", "usable_complete"]
+__all__ = [
+    "SEARCH_KINDS",
+    "COMPARISON_KINDS",
+    "Proposal",
+    "SearchStrategy",
+    "launched",
+    "move_from",
+    "usable_complete",
+]
 
 SEARCH_KINDS = ("auto", "random", "grid")
 COMPARISON_KINDS = ("tpe",)  # bench only
@@ -97,6 +106,30 @@ class Proposal:
     predicted_throughput: float | None
     expected_gain_frac: float | None
     failure_risk: float
+    mode: str = "explore"
+    incumbent: int | None = None
+    move: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    def choice(self) -> dict[str, Any]:
+        """Why this configuration was chosen, as stored with its trial (``TrialResult.choice``)."""
+        return {
+            "mode": self.mode,
+            "predicted_throughput": self.predicted_throughput,
+            "expected_gain_frac": self.expected_gain_frac,
+            "failure_risk": round(self.failure_risk, 4),
+            "incumbent": self.incumbent,
+            "move": {k: [a, b] for k, (a, b) in self.move.items()},
+        }
+
+
+def move_from(incumbent: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The knobs ``params`` sets differently from ``incumbent``: name → (incumbent's value, new value)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for name in dict.fromkeys([*incumbent, *params]):
+        a, b = incumbent.get(name), params.get(name)
+        if canonical_key({"v": a}) != canonical_key({"v": b}):
+            out[name] = (a, b)
+    return out
 
 
 @dataclass
@@ -148,6 +181,12 @@ class SearchStrategy:
             predicts) ...
         effect_floor: ... but at least this (effects the estimator does not model at all) ...
         effect_cap: ... and at most this (log scale).
+        warmup_trials: launched trials (baseline included) before the schedule may refine.
+        refine_share: the share of the trials after the warm-up spent refining the incumbent, at the
+            start and at the end of the budget (linear in the share of the budget used): early trials
+            mostly explore while the model is uncertain, the last ones mostly try one- and two-knob
+            changes of the best healthy trial, where gains are likeliest.
+        refine_radius: knobs a refinement move may change at once.
         full_grid_limit: spaces up to this size are considered in full; larger ones are sampled.
         pool_size: random configurations considered in a large space.
         shortlist_size: candidates whose memory load is re-checked fresh per round of choosing.
@@ -174,6 +213,9 @@ class SearchStrategy:
         effect_error: float = 0.3,
         effect_floor: float = 0.06,
         effect_cap: float = 0.25,
+        warmup_trials: int = 3,
+        refine_share: tuple[float, float] = (0.5, 0.9),
+        refine_radius: int = 2,
         full_grid_limit: int = 5_000,
         pool_size: int = 2_000,
         shortlist_size: int = 64,
@@ -200,6 +242,9 @@ class SearchStrategy:
         self.effect_error = effect_error
         self.effect_floor = effect_floor
         self.effect_cap = effect_cap
+        self.warmup_trials = warmup_trials
+        self.refine_share = refine_share
+        self.refine_radius = refine_radius
         self.full_grid_limit = full_grid_limit
         self.pool_size = pool_size
         self.shortlist_size = shortlist_size
@@ -268,24 +313,32 @@ class SearchStrategy:
         return self._rng.choice(feasible or candidates)
 
     # -- proposals -------------------------------------------------------------------------------
-    def propose(self, history: Sequence[TrialResult], visited: set[str]) -> dict[str, Any] | None:
+    def propose(
+        self, history: Sequence[TrialResult], visited: set[str], budget_left: int | None = None
+    ) -> dict[str, Any] | None:
         """The configuration to run next, or None to let the Optuna sampler choose.
 
         ``grid`` returns the next grid point (None once every point was visited); ``random`` and
-        ``tpe`` always leave the choice to Optuna; ``auto`` returns the best-scoring candidate.
+        ``tpe`` always leave the choice to Optuna; ``auto`` returns the best-scoring candidate of the
+        schedule's current move (see :meth:`explain`). ``budget_left``: launched trials the budget
+        still allows (None: unknown, e.g. a time budget only).
         """
         if self.kind == "grid":
             return self.next_unvisited(visited)
         if self.kind != "auto":
             return None
-        analysis = self._analyse(history, visited)
+        analysis = self._analyse(history, visited, budget_left)
         return dict(analysis.proposal.params) if analysis.proposal else None
 
-    def explain(self, history: Sequence[TrialResult], visited: set[str]) -> Proposal | None:
-        """The proposal ``auto`` would make now, with its predicted throughput, gain and risk."""
+    def explain(
+        self, history: Sequence[TrialResult], visited: set[str], budget_left: int | None = None
+    ) -> Proposal | None:
+        """The proposal ``auto`` would make now, with its predicted throughput, gain, risk, and the
+        move from the incumbent (the best usable trial): ``mode`` is ``refine`` for a one- or two-knob
+        change of it, ``explore`` for the best candidate of the whole space."""
         if self.kind != "auto":
             return None
-        return self._analyse(history, visited).proposal
+        return self._analyse(history, visited, budget_left).proposal
 
     def failure_risk(self, history: Sequence[TrialResult], configs: Sequence[Mapping[str, Any]]) -> float:
         """The largest probability, among ``configs``, of failing for a reason the memory estimate does
@@ -305,7 +358,13 @@ class SearchStrategy:
             len(runs), len(enc.slots)
         )
         failed = np.array([r.status.is_failure for r in runs], dtype=bool)
-        return FailureModel().fit(codes, failed, space_codes=self._base_pool().codes)
+        blame: list[np.ndarray | None] = []
+        for r in runs:
+            knobs = blamed_knobs(self.space, r)
+            blame.append(
+                None if knobs is None else np.array([s.name in knobs for s in enc.slots], dtype=bool)
+            )
+        return FailureModel().fit(codes, failed, space_codes=self._base_pool().codes, blame=blame)
 
     # -- stopping --------------------------------------------------------------------------------
     def converged(
@@ -328,7 +387,7 @@ class SearchStrategy:
             return None
         if visited is None:
             visited = {canonical_key(r.params) for r in history if r.status is not TrialStatus.INTERRUPTED}
-        analysis = self._analyse(history, visited)
+        analysis = self._analyse(history, visited, launched_budget_left, explore_only=True)
         if analysis.proposal is None:
             return "no untried configuration passes the pre-screen"
         gain = analysis.proposal.expected_gain_frac
@@ -433,18 +492,76 @@ class SearchStrategy:
         values = [self._memory_load(c.params) for c in cands]
         return np.array([math.nan if v is None else float(v) for v in values])
 
-    def _analyse(self, history: Sequence[TrialResult], visited: set[str]) -> _Analysis:
+    def _analyse(
+        self,
+        history: Sequence[TrialResult],
+        visited: set[str],
+        budget_left: int | None = None,
+        *,
+        explore_only: bool = False,
+    ) -> _Analysis:
         key = (
             tuple((r.number, r.status.value, r.throughput) for r in sorted(history, key=lambda r: r.number)),
             len(visited),
+            budget_left,
+            explore_only,
         )
         if self._analysis is not None and self._analysis_key == key:
             return self._analysis
-        analysis = self._decide(history, visited)
+        analysis = self._decide(history, visited, budget_left, explore_only)
         self._analysis_key, self._analysis = key, analysis
         return analysis
 
-    def _decide(self, history: Sequence[TrialResult], visited: set[str]) -> _Analysis:
+    def _incumbent(self, history: Sequence[TrialResult]) -> TrialResult | None:
+        """The best usable trial (highest throughput; the lower number on a tie)."""
+        usable = [r for r in history if self._usable(r) and r.throughput]
+        return max(usable, key=lambda r: (r.throughput or 0.0, -r.number)) if usable else None
+
+    def _wants_refine(self, runs: Sequence[TrialResult], budget_left: int | None) -> bool:
+        """Whether the next trial is a refinement move, by the budget-aware schedule.
+
+        After ``warmup_trials`` launched trials, refinement moves make up a share of the trials that
+        grows from ``refine_share[0]`` to ``refine_share[1]`` with the share of the budget used (without
+        a trial budget, over 20 trials). The count of refinement moves so far is read from the trials'
+        recorded choices, so a resumed study keeps its schedule.
+        """
+        n = len(runs)
+        if n < self.warmup_trials:
+            return False
+        used = n / (n + budget_left) if budget_left is not None and n + budget_left > 0 else min(1.0, n / 20)
+        lo, hi = self.refine_share
+        share = lo + (hi - lo) * used
+        done = sum(1 for r in runs if (r.choice or {}).get("mode") == "refine")
+        return done < share * (n - self.warmup_trials + 1)
+
+    def _around(self, params: Mapping[str, Any], visited: set[str]) -> list[_Candidate]:
+        """Valid unvisited configurations within ``refine_radius`` knob changes of ``params``."""
+        seen = {canonical_key(params)}
+        frontier = [dict(params)]
+        out: list[_Candidate] = []
+        for _ in range(self.refine_radius):
+            nxt: list[dict[str, Any]] = []
+            for base in frontier:
+                for nb in neighbours(self.space, base):
+                    key = canonical_key(nb)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    nxt.append(nb)
+                    if key not in visited:
+                        cand = self._cand(nb, key)
+                        if cand.valid:
+                            out.append(cand)
+            frontier = nxt
+        return out
+
+    def _decide(
+        self,
+        history: Sequence[TrialResult],
+        visited: set[str],
+        budget_left: int | None = None,
+        explore_only: bool = False,
+    ) -> _Analysis:
         enc = self._encoder_()
         k = len(enc.slots)
         runs = launched(history)
@@ -478,6 +595,30 @@ class SearchStrategy:
             )
             choice = gain * (1.0 - p_mem) ** self.risk_aversion * (1.0 - p_other) ** aversion
             return choice, gain * p_ok, mean_log, p_ok
+
+        incumbent = self._incumbent(history)
+
+        def finish(proposal: Proposal | None, mode: str) -> _Analysis:
+            if proposal is None:
+                return _Analysis(None, best)
+            move = move_from(incumbent.params, proposal.params) if incumbent is not None else {}
+            return _Analysis(
+                replace(proposal, mode=mode, incumbent=incumbent.number if incumbent else None, move=move),
+                best,
+            )
+
+        # refinement: the best one- or two-knob change of the incumbent, when the schedule says so
+        if not explore_only and incumbent is not None and self._wants_refine(runs, budget_left):
+            local = _Block.of(self._around(incumbent.params, visited), k)
+            if local.cands:
+                first, _, _, _ = score(local, self._first_load(local.cands))
+                order = np.argsort(-first, kind="stable")
+                for start in range(0, len(order), self.shortlist_size):
+                    proposal = self._pick(
+                        local.take(order[start : start + self.shortlist_size]), score, history, best
+                    )
+                    if proposal is not None:
+                        return finish(proposal, "refine")
 
         base = self._base_pool()
         block = base.select([c.key not in visited for c in base.cands])
@@ -513,7 +654,7 @@ class SearchStrategy:
                 block.take(order[start : start + self.shortlist_size]), score, history, best
             )
             if proposal is not None:
-                return _Analysis(proposal, best)
+                return finish(proposal, "explore")
         return _Analysis(None, best)
 
     def _pick(

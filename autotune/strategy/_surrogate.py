@@ -249,6 +249,9 @@ class FailureModel:
         flaky: probability that a failure had no cause in the configuration.
         single_share: share of the remaining mass on single values (the rest on pairs).
         shared_cause: how much likelier a culprit is per additional failure it explains.
+        off_phase: prior weight of a culprit that involves no knob of the failure's phase, relative to
+            one that does (see :mod:`autotune.strategy._blame`): small, not zero, since evidence can
+            mislead; when every explanation inside the phase is refuted, those outside keep the mass.
         memory_sd: log-scale uncertainty of the calibrated memory estimate (:meth:`memory_risk`).
     """
 
@@ -259,23 +262,32 @@ class FailureModel:
         flaky: float = 0.1,
         single_share: float = 0.6,
         shared_cause: float = 4.0,
+        off_phase: float = 0.05,
         memory_sd: float = 0.08,
     ) -> None:
         self.base_rate = base_rate
         self.shared_cause = shared_cause
+        self.off_phase = off_phase
         self.flaky = flaky
         self.single_share = single_share
         self.memory_sd = memory_sd
         self._causes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (values, single w, pair W)
 
     def fit(
-        self, codes: np.ndarray, failed: np.ndarray, *, space_codes: np.ndarray | None = None
+        self,
+        codes: np.ndarray,
+        failed: np.ndarray,
+        *,
+        space_codes: np.ndarray | None = None,
+        blame: Sequence[np.ndarray | None] | None = None,
     ) -> FailureModel:
         """Condition on observed configurations (rows of integer ``codes``) and whether each failed.
 
         Args:
             codes: observed configurations, one row each (:meth:`ConfigEncoder.codes`).
             failed: whether each failed.
+            blame: per row, the knobs (a boolean mask over the columns) its failure's evidence points
+                at, or None when the evidence does not narrow them.
             space_codes: a random sample of the space; when given, a culprit's prior weight is the
                 inverse of the share of the space it covers (a bug that broke half of all
                 configurations would have been noticed: narrow causes are likelier).
@@ -284,7 +296,8 @@ class FailureModel:
         ok, bad = codes[~failed], codes[failed]
         n_knobs = codes.shape[1] if codes.ndim == 2 else 0
         upper = np.triu(np.ones((n_knobs, n_knobs), dtype=bool), 1)
-        for f in bad:
+        masks = [m for m, is_bad in zip(blame, failed, strict=True) if is_bad] if blame is not None else []
+        for i, f in enumerate(bad):
             shared = ok == f  # successes × knobs: where each success has this failure's value
             single = ~shared.any(axis=0)  # values no success has
             together = np.einsum("sk,sl->kl", shared.astype(np.int32), shared.astype(np.int32)) > 0
@@ -294,6 +307,10 @@ class FailureModel:
             if not single.any() and not pair.any():
                 continue  # every explanation refuted: a flaky failure teaches nothing
             w_single, w_pair = single.astype(float), pair.astype(float)
+            mask = masks[i] if i < len(masks) else None
+            if mask is not None:  # the evidence names the phase: culprits outside it are unlikely
+                w_single *= np.where(mask, 1.0, self.off_phase)
+                w_pair *= np.where(mask[:, None] | mask[None, :], 1.0, self.off_phase)
             # a value (pair) that every one of n failures shares explains them all at once; by chance
             # that is ~``shared_cause``^(n-1) times less likely
             in_failures = (bad == f).astype(float)
