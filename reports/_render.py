@@ -469,7 +469,45 @@ def _trial_row(
         "duration_text": seconds(r.duration_s) if r.duration_s else DASH,
         "duration_s": r.duration_s,
         "links": _file_links(t, out_dir),
+        "choice_text": clean.clean(choice_text(r.choice)),
     }
+
+
+def choice_text(choice: Mapping[str, Any] | None) -> str:
+    """Why the search ran a trial, in one line: its move from the incumbent, predicted speed and risk."""
+    if not choice:
+        return ""
+    mode = str(choice.get("mode", ""))
+    fixed = {
+        "baseline": "the baseline: the framework's defaults or your own settings",
+        "sampler": "chosen by Optuna's sampler",
+        "grid": "next grid point",
+        "requeued": "re-run: its earlier run was interrupted, or the next untried configuration",
+    }
+    if mode in fixed:
+        return fixed[mode]
+    parts: list[str] = []
+    move = choice.get("move") or {}
+    incumbent = choice.get("incumbent")
+    if mode == "refine" and incumbent is not None:
+        changes = ", ".join(f"{k} {knob_value(a)}→{knob_value(b)}" for k, (a, b) in move.items())
+        parts.append(f"refine best trial {incumbent}: {changes}")
+    elif incumbent is not None:
+        parts.append(
+            f"explore: {len(move)} knob{'s' if len(move) != 1 else ''} away from best trial {incumbent}"
+        )
+    else:
+        parts.append("explore: the model's most promising configuration")
+    predicted = choice.get("predicted_throughput")
+    if is_num(predicted):
+        parts.append(f"predicted {float(predicted):.3g}/s")
+    gain = choice.get("expected_gain_frac")
+    if is_num(gain):
+        parts.append(f"expected gain {float(gain):+.1%}")
+    risk = choice.get("failure_risk")
+    if is_num(risk):
+        parts.append(f"failure risk {float(risk):.0%}")
+    return "; ".join(parts)
 
 
 def _file_links(t: TrialData, out_dir: Path) -> dict[str, str]:
