@@ -57,7 +57,14 @@ from autotune.space import SearchSpace, canonical_key
 from autotune.strategy._blame import blamed_knobs
 from autotune.strategy._candidates import count_configs, neighbours, random_config, sample_configs
 from autotune.strategy._inference import infer_infeasible, is_memory_failure
-from autotune.strategy._surrogate import ConfigEncoder, FailureModel, SpeedModel, expected_gain
+from autotune.strategy._surrogate import (
+    PHASE_NAMES,
+    ConfigEncoder,
+    FailureModel,
+    PhaseSpeedModel,
+    SpeedModel,
+    expected_gain,
+)
 
 __all__ = [
     "SEARCH_KINDS",
@@ -66,6 +73,7 @@ __all__ = [
     "SearchStrategy",
     "launched",
     "move_from",
+    "observed_phases",
     "usable_complete",
 ]
 
@@ -83,6 +91,24 @@ def launched(history: Sequence[TrialResult]) -> list[TrialResult]:
         and r.status not in (TrialStatus.INTERRUPTED, TrialStatus.RUNNING)
     ]
     return sorted(out, key=lambda r: r.number)
+
+
+def observed_phases(result: TrialResult) -> np.ndarray | None:
+    """Seconds per step of each phase (``PHASE_NAMES`` order) a trial measured, scaled to its steady
+    step time; None without a steady estimate or a framework / marker phase split."""
+    if result.steady is None or not result.timeline_summary:
+        return None
+    phases = result.timeline_summary.get("phases") or {}
+    if phases.get("source") not in ("framework", "markers"):
+        return None
+    seconds = phases.get("seconds") or {}
+    values = [seconds.get(p) for p in PHASE_NAMES]
+    if any(v is None or not math.isfinite(float(v)) or float(v) < 0 for v in values):
+        return None
+    total = sum(float(v) for v in values if v is not None)
+    if total <= 0:
+        return None
+    return np.array([float(v) for v in values if v is not None]) * (result.steady.step_time_s / total)
 
 
 def usable_complete(result: TrialResult) -> bool:
@@ -146,6 +172,10 @@ class SearchStrategy:
         kind: "auto", "random", "grid" (or "tpe" in the bench).
         seed: seed of every random choice.
         rank: the estimator's predicted throughput of a configuration, or None when unknown.
+        phase_prior: the estimator's seconds per step of each phase (``rollout``, ``train``,
+            ``weight_sync``, ``other``) for a configuration, or None; with it, and once
+            ``min_phase_trials`` trials measured their phases (the timeline's framework or marker
+            split), the speed model is the per-phase one (:class:`~autotune.strategy._surrogate.PhaseSpeedModel`).
         valid: the framework's static validity rules (checked once per candidate).
         feasible: the cheap pre-check a candidate must pass before it is proposed (validity rules,
             OOM inference, memory gate — it may change as the study learns).
@@ -199,6 +229,8 @@ class SearchStrategy:
         *,
         seed: int = 0,
         rank: Callable[[Mapping[str, Any]], float | None] | None = None,
+        phase_prior: Callable[[Mapping[str, Any]], Mapping[str, float] | None] | None = None,
+        min_phase_trials: int = 2,
         valid: Callable[[Mapping[str, Any]], bool] | None = None,
         feasible: Callable[[Mapping[str, Any]], bool] | None = None,
         memory_load: Callable[[Mapping[str, Any]], float | None] | None = None,
@@ -228,6 +260,9 @@ class SearchStrategy:
         self.kind = kind
         self.seed = seed
         self._rank = rank
+        self._phase_prior = phase_prior
+        self.min_phase_trials = min_phase_trials
+        self._phase_sd: dict[str, np.ndarray] | None = None
         self._valid = valid or (lambda _p: True)
         self._feasible = feasible or (lambda _p: True)
         self._memory_load = memory_load
@@ -442,6 +477,7 @@ class SearchStrategy:
                 x=enc.encode(params, codes),
                 prior=float(prior) if prior is not None and prior > 0 else math.nan,
                 valid=bool(self._valid(params)),
+                phases=self._phase_vector(params),
             )
             self._cands[key] = cand
         return cand
@@ -473,6 +509,38 @@ class SearchStrategy:
                 }
                 self._prior_sd = enc.scaled_prior_sd(scales)
         return self._prior_sd
+
+    def _phase_vector(self, params: Mapping[str, Any]) -> np.ndarray:
+        out = np.full(len(PHASE_NAMES), math.nan)
+        if self._phase_prior is None:
+            return out
+        phases = self._phase_prior(params)
+        if phases:
+            values = [float(phases.get(p, 0.0) or 0.0) for p in PHASE_NAMES]
+            if all(math.isfinite(v) and v >= 0 for v in values) and sum(values) > 0:
+                out[:] = values
+        return out
+
+    def _phase_sds(self) -> dict[str, np.ndarray]:
+        """Per phase, each knob's prior scale from how much the estimator says it moves that phase."""
+        if self._phase_sd is None:
+            enc = self._encoder_()
+            base = self._base_pool()
+            known = np.isfinite(base.phases).all(axis=1)
+            eps = 0.02 * np.nansum(base.phases, axis=1)
+            out: dict[str, np.ndarray] = {}
+            for j, name in enumerate(PHASE_NAMES):
+                log_phase = np.where(
+                    known, np.log(np.where(known, base.phases[:, j], 1.0) + eps + 1e-12), np.nan
+                )
+                spreads = enc.knob_spreads(base.codes, log_phase)
+                scales = {
+                    k: min(self.effect_cap, max(self.effect_floor, self.effect_error * v))
+                    for k, v in spreads.items()
+                }
+                out[name] = enc.scaled_prior_sd(scales)
+            self._phase_sd = out
+        return self._phase_sd
 
     def _first_load(self, cands: Sequence[_Candidate]) -> np.ndarray:
         """Predicted memory load, as first computed (the shortlist is re-checked fresh)."""
@@ -555,6 +623,25 @@ class SearchStrategy:
             frontier = nxt
         return out
 
+    def _fit_phase_model(self, runs: Sequence[TrialResult]) -> PhaseSpeedModel | None:
+        """The per-phase speed model, once enough trials measured their phases (else None)."""
+        if self._phase_prior is None:
+            return None
+        xs, priors, observed = [], [], []
+        for r in runs:
+            obs = observed_phases(r)
+            if obs is None:
+                continue
+            cand = self._cand(r.params)
+            if not np.isfinite(cand.phases).all() or math.isnan(cand.prior):
+                continue
+            xs.append(cand.x)
+            priors.append(cand.phases)
+            observed.append(obs)
+        if len(xs) < self.min_phase_trials:
+            return None
+        return PhaseSpeedModel(self._phase_sds()).fit(np.array(xs), np.array(priors), np.array(observed))
+
     def _decide(
         self,
         history: Sequence[TrialResult],
@@ -580,12 +667,19 @@ class SearchStrategy:
             ]
         )
         model = SpeedModel(self._speed_prior_sd()).fit(x_obs, y_obs)
+        phase_model = self._fit_phase_model(runs)
 
         failure = self._failure_model(runs)
         aversion = self._aversion(runs)
 
         def score(block: _Block, load: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
             mean, sd = model.predict(block.x)
+            if phase_model is not None:
+                has = np.isfinite(block.phases).all(axis=1) & np.isfinite(block.prior)
+                if has.any():
+                    ratio, ratio_sd = phase_model.predict(block.x[has], block.phases[has])
+                    mean, sd = mean.copy(), sd.copy()
+                    mean[has], sd[has] = -ratio, ratio_sd  # throughput ∝ 1 / step time
             mean_log = np.log(np.where(np.isnan(block.prior), fallback, block.prior)) + mean
             p_other = failure.predict(block.codes)
             p_mem = failure.memory_risk(load, self.headroom_limit) if self._memory_load is not None else 0.0
@@ -689,6 +783,7 @@ class _Candidate:
     x: np.ndarray
     prior: float  # NaN when the estimator has no prediction
     valid: bool  # passes the framework's static rules
+    phases: np.ndarray  # the estimator's seconds per phase (PHASE_NAMES order); NaN when unknown
 
 
 @dataclass(frozen=True)
@@ -699,6 +794,7 @@ class _Block:
     x: np.ndarray
     codes: np.ndarray
     prior: np.ndarray
+    phases: np.ndarray
 
     @classmethod
     def of(cls, cands: Sequence[_Candidate], n_slots: int) -> _Block:
@@ -708,10 +804,13 @@ class _Block:
             x=np.array([c.x for c in cands]).reshape(len(cands), n_features),
             codes=np.array([c.codes for c in cands], dtype=int).reshape(len(cands), n_slots),
             prior=np.array([c.prior for c in cands], dtype=float),
+            phases=np.array([c.phases for c in cands], dtype=float).reshape(len(cands), len(PHASE_NAMES)),
         )
 
     def take(self, idx: np.ndarray) -> _Block:
-        return _Block(tuple(self.cands[i] for i in idx), self.x[idx], self.codes[idx], self.prior[idx])
+        return _Block(
+            tuple(self.cands[i] for i in idx), self.x[idx], self.codes[idx], self.prior[idx], self.phases[idx]
+        )
 
     def select(self, mask: Sequence[bool]) -> _Block:
         return self.take(np.flatnonzero(np.asarray(mask, dtype=bool)))
@@ -726,4 +825,5 @@ class _Block:
             np.vstack([self.x, other.x]),
             np.vstack([self.codes, other.codes]),
             np.concatenate([self.prior, other.prior]),
+            np.vstack([self.phases, other.phases]),
         )

@@ -32,6 +32,8 @@ __all__ = [
     "ConfigEncoder",
     "SpeedModel",
     "FailureModel",
+    "PHASE_NAMES",
+    "PhaseSpeedModel",
     "expected_gain",
     "normal_cdf",
     "value_key",
@@ -224,6 +226,62 @@ class SpeedModel:
         mean = x @ self.mean
         var = ((x @ self.cov) * x).sum(axis=1)
         return mean, np.sqrt(np.maximum(var, 1e-12))
+
+
+PHASE_NAMES: tuple[str, ...] = ("rollout", "train", "weight_sync", "other")
+
+
+class PhaseSpeedModel:
+    """Step time as the sum of its phases, each phase's log residual modelled on its own knobs.
+
+    ``t_p(config) = (prior_p(config) + ε_p) × exp(r_p(config)) − ε_p`` for each phase ``p`` (rollout,
+    train, weight sync, other), where ``prior_p`` is the estimator's time for that phase and ``r_p`` a
+    Bayesian linear regression like :class:`SpeedModel`'s, with each knob's prior scale set by how much
+    the estimator says the knob moves *that phase* (so a rollout measurement teaches little about the
+    training knobs and the other way round). ``ε_p`` (a small share of the prior step) keeps phases the
+    estimator calls zero learnable. The step's distribution is the sum of the phases' log-normals,
+    matched to one log-normal (Fenton–Wilkinson), so the expected-improvement machinery is unchanged.
+
+    Args:
+        prior_sd: per phase, the per-feature prior standard deviations.
+        noise_sd: one measurement's noise around the model, log scale, per phase.
+        floor_frac: ``ε_p`` as a share of the prior step time.
+    """
+
+    def __init__(
+        self, prior_sd: Mapping[str, np.ndarray], *, noise_sd: float = 0.08, floor_frac: float = 0.02
+    ) -> None:
+        self.models = {p: SpeedModel(prior_sd[p], noise_sd=noise_sd) for p in PHASE_NAMES}
+        self.floor_frac = floor_frac
+
+    def _eps(self, prior: np.ndarray) -> np.ndarray:
+        return self.floor_frac * np.maximum(prior.sum(axis=1, keepdims=True), 1e-9)
+
+    def fit(self, x: np.ndarray, prior: np.ndarray, observed: np.ndarray) -> PhaseSpeedModel:
+        """Condition on rows of features ``x``, the estimator's phase seconds ``prior`` and the
+        measured ones ``observed`` (both ``n × 4`` in :data:`PHASE_NAMES` order); returns self."""
+        eps = self._eps(prior) if len(prior) else np.zeros((0, 1))
+        for j, name in enumerate(PHASE_NAMES):
+            y = np.log(np.maximum(observed[:, j], 0.0) + eps[:, 0]) - np.log(prior[:, j] + eps[:, 0])
+            self.models[name].fit(x, y)
+        return self
+
+    def predict(self, x: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, sd) of ``log(step time ÷ prior step time)`` for each row."""
+        eps = self._eps(prior)[:, 0]
+        total_mean = np.zeros(len(x))
+        total_var = np.zeros(len(x))
+        for j, name in enumerate(PHASE_NAMES):
+            mean, sd = self.models[name].predict(x)
+            base = prior[:, j] + eps
+            mu = np.log(base) + mean
+            expect = np.exp(mu + 0.5 * sd**2)
+            total_mean += expect - eps
+            total_var += (np.exp(sd**2) - 1.0) * np.exp(2 * mu + sd**2)
+        total_mean = np.maximum(total_mean, 1e-12)
+        sigma2 = np.log1p(total_var / total_mean**2)
+        mu_step = np.log(total_mean) - 0.5 * sigma2
+        return mu_step - np.log(np.maximum(prior.sum(axis=1), 1e-12)), np.sqrt(np.maximum(sigma2, 1e-12))
 
 
 class FailureModel:

@@ -263,6 +263,8 @@ class Study:
             cfg.search,
             seed=cfg.seed,
             rank=memory_gate.rank if memory_gate else None,
+            # a gate that can split its prediction by phase (the estimator's) enables the phase model
+            phase_prior=getattr(memory_gate, "phase_times", None),
             valid=self._valid,
             feasible=self._cheap_feasible,
             memory_load=self._memory_load if memory_gate else None,
