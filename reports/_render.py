@@ -498,15 +498,14 @@ def choice_text(choice: Mapping[str, Any] | None) -> str:
         )
     else:
         parts.append("explore: the model's most promising configuration")
-    predicted = choice.get("predicted_throughput")
-    if is_num(predicted):
-        parts.append(f"predicted {float(predicted):.3g}/s")
-    gain = choice.get("expected_gain_frac")
-    if is_num(gain):
-        parts.append(f"expected gain {float(gain):+.1%}")
-    risk = choice.get("failure_risk")
-    if is_num(risk):
-        parts.append(f"failure risk {float(risk):.0%}")
+    for key, text in (
+        ("predicted_throughput", "predicted {:.3g}/s"),
+        ("expected_gain_frac", "expected gain {:+.1%}"),
+        ("failure_risk", "failure risk {:.0%}"),
+    ):
+        value = choice.get(key)
+        if is_num(value):
+            parts.append(text.format(value))
     return "; ".join(parts)
 
 
