@@ -399,7 +399,10 @@ class SearchStrategy:
             blame.append(
                 None if knobs is None else np.array([s.name in knobs for s in enc.slots], dtype=bool)
             )
-        return FailureModel().fit(codes, failed, space_codes=self._base_pool().codes, blame=blame)
+        kinds = [f"{r.status.value}:{r.failed_phase or ''}" for r in runs]
+        return FailureModel().fit(
+            codes, failed, space_codes=self._base_pool().codes, blame=blame, kinds=kinds
+        )
 
     # -- stopping --------------------------------------------------------------------------------
     def converged(

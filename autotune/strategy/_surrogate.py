@@ -338,6 +338,7 @@ class FailureModel:
         *,
         space_codes: np.ndarray | None = None,
         blame: Sequence[np.ndarray | None] | None = None,
+        kinds: Sequence[str] | None = None,
     ) -> FailureModel:
         """Condition on observed configurations (rows of integer ``codes``) and whether each failed.
 
@@ -346,6 +347,9 @@ class FailureModel:
             failed: whether each failed.
             blame: per row, the knobs (a boolean mask over the columns) its failure's evidence points
                 at, or None when the evidence does not narrow them.
+            kinds: per row, what kind of failure it is (status and phase): a culprit is likelier for
+                sharing it with more failures of the *same* kind only (a hang in the weight sync and
+                a run that does not learn have different causes).
             space_codes: a random sample of the space; when given, a culprit's prior weight is the
                 inverse of the share of the space it covers (a bug that broke half of all
                 configurations would have been noticed: narrow causes are likelier).
@@ -355,6 +359,11 @@ class FailureModel:
         n_knobs = codes.shape[1] if codes.ndim == 2 else 0
         upper = np.triu(np.ones((n_knobs, n_knobs), dtype=bool), 1)
         masks = [m for m, is_bad in zip(blame, failed, strict=True) if is_bad] if blame is not None else []
+        bad_kinds = np.array(
+            [k for k, is_bad in zip(kinds, failed, strict=True) if is_bad]
+            if kinds is not None
+            else [""] * len(bad)
+        )
         for i, f in enumerate(bad):
             shared = ok == f  # successes × knobs: where each success has this failure's value
             single = ~shared.any(axis=0)  # values no success has
@@ -371,7 +380,7 @@ class FailureModel:
                 w_pair *= np.where(mask[:, None] | mask[None, :], 1.0, self.off_phase)
             # a value (pair) that every one of n failures shares explains them all at once; by chance
             # that is ~``shared_cause``^(n-1) times less likely
-            in_failures = (bad == f).astype(float)
+            in_failures = (bad[bad_kinds == bad_kinds[i]] == f).astype(float)
             w_single *= self.shared_cause ** (in_failures.sum(axis=0) - 1.0)
             w_pair *= self.shared_cause ** (in_failures.T @ in_failures - 1.0)
             if space_codes is not None and len(space_codes):
