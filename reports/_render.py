@@ -489,9 +489,14 @@ def choice_text(choice: Mapping[str, Any] | None) -> str:
     parts: list[str] = []
     move = choice.get("move") or {}
     incumbent = choice.get("incumbent")
+    changes = ", ".join(f"{k} {knob_value(a)}→{knob_value(b)}" for k, (a, b) in move.items())
     if mode == "refine" and incumbent is not None:
-        changes = ", ".join(f"{k} {knob_value(a)}→{knob_value(b)}" for k, (a, b) in move.items())
         parts.append(f"refine best trial {incumbent}: {changes}")
+    elif mode == "probe" and incumbent is not None:
+        parts.append(
+            f"test a suspect of earlier failures ({choice.get('suspect') or 'a knob value'}) on best trial "
+            f"{incumbent}: {changes}; if it works, faster configurations with it are open"
+        )
     elif incumbent is not None:
         parts.append(
             f"explore: {len(move)} knob{'s' if len(move) != 1 else ''} away from best trial {incumbent}"

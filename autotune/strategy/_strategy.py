@@ -135,6 +135,7 @@ class Proposal:
     mode: str = "explore"
     incumbent: int | None = None
     move: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    suspect: str | None = None
 
     def choice(self) -> dict[str, Any]:
         """Why this configuration was chosen, as stored with its trial (``TrialResult.choice``)."""
@@ -145,6 +146,7 @@ class Proposal:
             "failure_risk": round(self.failure_risk, 4),
             "incumbent": self.incumbent,
             "move": {k: [a, b] for k, (a, b) in self.move.items()},
+            **({"suspect": self.suspect} if self.suspect else {}),
         }
 
 
@@ -217,6 +219,13 @@ class SearchStrategy:
             mostly explore while the model is uncertain, the last ones mostly try one- and two-knob
             changes of the best healthy trial, where gains are likeliest.
         refine_radius: knobs a refinement move may change at once.
+        suspect_weight: a knob value whose share of some failure's blame is at least this is a suspect;
+            a one-knob move of the incumbent onto a suspect value is a *probe*, chosen over the
+            schedule's move when its expected gain plus what its success would unlock (the best
+            candidate's expected gain once the suspect is cleared, times the chance it succeeds) is
+            larger: a one-step look-ahead on the culprit model, so one failure next to the optimum does
+            not keep the search away from it for good.
+        max_probes: probes evaluated per decision (each costs a refit of the culprit model).
         full_grid_limit: spaces up to this size are considered in full; larger ones are sampled.
         pool_size: random configurations considered in a large space.
         shortlist_size: candidates whose memory load is re-checked fresh per round of choosing.
@@ -248,6 +257,8 @@ class SearchStrategy:
         warmup_trials: int = 3,
         refine_share: tuple[float, float] = (0.5, 0.9),
         refine_radius: int = 2,
+        suspect_weight: float = 0.15,
+        max_probes: int = 6,
         full_grid_limit: int = 5_000,
         pool_size: int = 2_000,
         shortlist_size: int = 64,
@@ -280,6 +291,8 @@ class SearchStrategy:
         self.warmup_trials = warmup_trials
         self.refine_share = refine_share
         self.refine_radius = refine_radius
+        self.suspect_weight = suspect_weight
+        self.max_probes = max_probes
         self.full_grid_limit = full_grid_limit
         self.pool_size = pool_size
         self.shortlist_size = shortlist_size
@@ -383,12 +396,20 @@ class SearchStrategy:
         model = self._failure_model(launched(history))
         return float(model.predict(np.array([self._encoder_().codes(p) for p in configs], dtype=int)).max())
 
-    def _failure_model(self, runs: Sequence[TrialResult]) -> FailureModel:
-        """Failure evidence from every launched run. Memory failures are the estimate's business when
-        there is one (the gate calibrates on them); without one the culprit model learns them too."""
+    def _failure_model(
+        self, runs: Sequence[TrialResult], success: Mapping[str, Any] | None = None
+    ) -> FailureModel:
+        """Failure evidence from every launched run (and, for a look-ahead, one more configuration
+        supposed to succeed). Memory failures are the estimate's business when there is one (the gate
+        calibrates on them); without one the culprit model learns them too."""
         enc = self._encoder_()
         if self._memory_load is not None:
             runs = [r for r in runs if not is_memory_failure(r)]
+        if success is not None:
+            runs = [
+                *runs,
+                TrialResult(number=-1, params=dict(success), status=TrialStatus.COMPLETE, reason=""),
+            ]
         codes = np.array([self._cand(r.params).codes for r in runs], dtype=int).reshape(
             len(runs), len(enc.slots)
         )
@@ -675,7 +696,9 @@ class SearchStrategy:
         failure = self._failure_model(runs)
         aversion = self._aversion(runs)
 
-        def score(block: _Block, load: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        def score(
+            block: _Block, load: np.ndarray, fm: FailureModel = failure
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
             mean, sd = model.predict(block.x)
             if phase_model is not None:
                 has = np.isfinite(block.phases).all(axis=1) & np.isfinite(block.prior)
@@ -684,8 +707,8 @@ class SearchStrategy:
                     mean, sd = mean.copy(), sd.copy()
                     mean[has], sd[has] = -ratio, ratio_sd  # throughput ∝ 1 / step time
             mean_log = np.log(np.where(np.isnan(block.prior), fallback, block.prior)) + mean
-            p_other = failure.predict(block.codes)
-            p_mem = failure.memory_risk(load, self.headroom_limit) if self._memory_load is not None else 0.0
+            p_other = fm.predict(block.codes)
+            p_mem = fm.memory_risk(load, self.headroom_limit) if self._memory_load is not None else 0.0
             p_ok = (1.0 - p_mem) * (1.0 - p_other)
             gain = (
                 expected_gain(mean_log, sd, best) if best is not None else np.exp(mean_log - mean_log.max())
@@ -704,6 +727,7 @@ class SearchStrategy:
                 best,
             )
 
+        chosen: tuple[Proposal, str] | None = None
         # refinement: the best one- or two-knob change of the incumbent, when the schedule says so
         if not explore_only and incumbent is not None and self._wants_refine(runs, budget_left):
             local = _Block.of(self._around(incumbent.params, visited), k)
@@ -715,7 +739,8 @@ class SearchStrategy:
                         local.take(order[start : start + self.shortlist_size]), score, history, best
                     )
                     if proposal is not None:
-                        return finish(proposal, "refine")
+                        chosen = (proposal, "refine")
+                        break
 
         base = self._base_pool()
         block = base.select([c.key not in visited for c in base.cands])
@@ -741,18 +766,94 @@ class SearchStrategy:
                 if not extra:
                     break
                 block = block.concat(_Block.of(extra, k))
-        if not block.cands:
+        if chosen is None and block.cands:
+            first, _, _, _ = score(block, self._first_load(block.cands))
+            order = np.argsort(-first, kind="stable")
+            for start in range(0, len(order), self.shortlist_size):
+                proposal = self._pick(
+                    block.take(order[start : start + self.shortlist_size]), score, history, best
+                )
+                if proposal is not None:
+                    chosen = (proposal, "explore")
+                    break
+        if chosen is None:
             return _Analysis(None, best)
+        later_trials = budget_left is None or budget_left > 1
+        # probes take a risk on purpose: not while the study is weighing failures up (budget_aversion)
+        calm = aversion <= 1.0
+        if (
+            not explore_only
+            and calm
+            and incumbent is not None
+            and best is not None
+            and later_trials
+            and block.cands
+        ):
+            current = chosen[0].expected_gain_frac or 0.0
+            probe = self._probe(runs, history, incumbent, visited, block, failure, score, current)
+            if probe is not None:
+                return finish(probe, "probe")
+        return finish(*chosen)
 
-        first, _, _, _ = score(block, self._first_load(block.cands))
-        order = np.argsort(-first, kind="stable")
-        for start in range(0, len(order), self.shortlist_size):
-            proposal = self._pick(
-                block.take(order[start : start + self.shortlist_size]), score, history, best
-            )
-            if proposal is not None:
-                return finish(proposal, "explore")
-        return _Analysis(None, best)
+    def _probe(
+        self,
+        runs: Sequence[TrialResult],
+        history: Sequence[TrialResult],
+        incumbent: TrialResult,
+        visited: set[str],
+        block: _Block,
+        failure: FailureModel,
+        score: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        current: float,
+    ) -> Proposal | None:
+        """A one-knob move of the incumbent onto a suspect value, when testing it is worth more than
+        ``current`` (the expected gain of the schedule's own move); None otherwise."""
+        enc = self._encoder_()
+        suspects = {
+            (j, int(f[j]))
+            for f, w_single, _ in failure.causes
+            for j in np.flatnonzero(w_single >= self.suspect_weight)
+        }
+        if not suspects:
+            return None
+        probes: list[_Candidate] = []
+        for nb in neighbours(self.space, incumbent.params):
+            key = canonical_key(nb)
+            if key in visited:
+                continue
+            cand = self._cand(nb, key)
+            if cand.valid and any(cand.codes[j] == code for j, code in suspects):
+                probes.append(cand)
+        if not probes:
+            return None
+        pblock = _Block.of(probes, len(enc.slots))
+        _, p_gain, p_mean, p_ok = score(pblock, self._fresh_load(pblock.cands))
+        load = self._first_load(block.cands)
+        now = float(score(block, load)[1].max())
+        best_value, best_i = current, None
+        for i in np.argsort(-p_ok, kind="stable")[: self.max_probes]:
+            params = probes[i].params
+            if infer_infeasible(self.space, params, history) is not None or not self._feasible(params):
+                continue
+            after = float(score(block, load, self._failure_model(runs, success=params))[1].max())
+            value = float(p_gain[i]) + float(p_ok[i]) * max(0.0, after - now)
+            if value > best_value:
+                best_value, best_i = value, int(i)
+        if best_i is None:
+            return None
+        cand = probes[best_i]
+        names = [
+            f"{enc.slots[j].name}={cand.params.get(enc.slots[j].name)!r}"
+            for j, code in sorted(suspects)
+            if cand.codes[j] == code
+        ]
+        return Proposal(
+            params=dict(cand.params),
+            predicted_throughput=float(math.exp(p_mean[best_i])),
+            expected_gain_frac=best_value,
+            failure_risk=float(1.0 - p_ok[best_i]),
+            suspect=", ".join(names),
+        )
 
     def _pick(
         self,

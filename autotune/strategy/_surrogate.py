@@ -395,6 +395,11 @@ class FailureModel:
             self._causes.append((f, w_single, w_pair))
         return self
 
+    @property
+    def causes(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per explained failure: its codes, the blame on each single value, the blame on each pair."""
+        return list(self._causes)
+
     def predict(self, codes: np.ndarray) -> np.ndarray:
         """P(failure) of each row of ``codes``."""
         survive = np.full(len(codes), 1.0 - self.base_rate)

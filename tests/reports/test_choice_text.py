@@ -41,3 +41,19 @@ def test_the_markdown_report_has_a_chosen_because_column(fixture_study: Path, tm
     md = Path(paths.markdown).read_text()
     assert "| chosen because |" in md
     assert "refine best trial 0:" in md
+
+
+def test_a_probe_names_the_suspect_it_tests() -> None:
+    text = choice_text(
+        {
+            "mode": "probe",
+            "incumbent": 3,
+            "move": {"deepspeed": ["zero3_offload", "zero3"]},
+            "suspect": "deepspeed='zero3'",
+            "failure_risk": 0.6,
+        }
+    )
+    assert text.startswith(
+        "test a suspect of earlier failures (deepspeed='zero3') on best trial 3: deepspeed zero3_offload→zero3"
+    )
+    assert text.endswith("failure risk 60%")
