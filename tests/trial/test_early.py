@@ -19,11 +19,19 @@ from autotune.probes.nvml import NvmlSampler
 from autotune.probes.testing import FakeGpu, FakeNvml, fake_nvml
 from autotune.probes.timeline import GPU_METRICS, RowBuffer
 
-from autotune.backends import OpenPhase, StepParser
-from autotune.backends.command import CommandParser
+from autotune.backends import ModelRef, OpenPhase, StepParser, TrialContext
+from autotune.backends.command import CommandBackend, CommandParser
 from autotune.backends.swift._log import SwiftLogParser
 from autotune.errors import UsageError
-from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics, TrialStatus
+from autotune.records import (
+    Hardware,
+    HostInfo,
+    LaunchPlan,
+    SteadyEstimate,
+    StepMetrics,
+    TrialSpec,
+    TrialStatus,
+)
 from autotune.trial.early import (
     EarlyCallConfig,
     FatalLines,
@@ -33,6 +41,7 @@ from autotune.trial.early import (
     sync_call,
 )
 from autotune.trial.evidence import COMMON_PATTERNS
+from autotune.trial.execute import Executor
 from autotune.trial.failure_phase import trial_failure_phase
 from autotune.trial.outcome import Verdict, classify
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, alive_pids, run_trial
@@ -305,6 +314,41 @@ def test_a_step_after_the_fatal_text_means_the_framework_recovered(tmp_path: Pat
     assert rec.stopped_by is None and rec.exit_code == 0
     assert any("CUDA out of memory" in line.text for line in rec.evidence)
     assert classify(rec).status is TrialStatus.COMPLETE  # as without early calls
+
+
+def test_the_trial_result_says_which_signal_called_it_and_the_failed_phase(tmp_path: Path) -> None:
+    backend = CommandBackend(
+        [
+            sys.executable,
+            str(FAULT),
+            "--mode",
+            "{mode}",
+            "--fail-at",
+            "3",
+            "--step-s",
+            "0.2",
+            "--linger-s",
+            "-1",
+        ]
+    )
+    host = HostInfo(
+        hostname="h", cpu_cores_logical=2, cpu_cores_physical=1, ram_total_bytes=2**34, platform="linux"
+    )
+    executor = Executor(
+        backend=backend, hardware=Hardware(host=host), watchdog=watchdog(), early_stop=NO_EARLY_STOP
+    )
+    got = {}
+    for number, mode in enumerate(("vllm_init", "sync_stall"), start=1):
+        ctx = TrialContext(
+            study_dir=tmp_path, trial_dir=tmp_path / "trials" / str(number), model=ModelRef("m", "/models/m")
+        )
+        spec = TrialSpec(number=number, params={"mode": mode})
+        got[mode] = executor.execute(spec, ctx, on_step=lambda *_: None, time_left_s=None)
+    startup, sync = got["vllm_init"], got["sync_stall"]
+    assert (startup.status, startup.failed_phase) == (TrialStatus.VLLM_INIT, "startup")
+    assert startup.evidence is not None and "Free memory on device" in startup.evidence
+    assert (sync.status, sync.failed_phase, sync.steps) == (TrialStatus.HANG, "weight_sync", 3)
+    assert sync.evidence is not None and sync.evidence.startswith("weight_sync_log: ")
 
 
 # --------------------------------------------------------------------------------------------------
