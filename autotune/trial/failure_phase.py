@@ -12,6 +12,10 @@ the phase must come from what the trial showed, not from a guess:
 
 The frames common to every framework are below, each from its project's source; a backend adds its
 trainer's own (:meth:`~autotune.backends.Backend.phase_frames`).
+
+:func:`trial_failure_phase` puts the traceback together with what the runner saw while the trial ran
+(:mod:`autotune.trial.early`): a hang called on a weight sync the log showed never ending, the phase the
+framework's log showed open when the trial ended, and whether any step was made.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from collections.abc import Iterable, Sequence
 from autotune.backends._base import PhaseFrame
 from autotune.records import TrialStatus
 from autotune.trial.evidence import strip_rank_prefix
+from autotune.trial.runner import RunRecord
 
-__all__ = ["COMMON_PHASE_FRAMES", "PHASES", "failure_phase", "traceback_frames"]
+__all__ = ["COMMON_PHASE_FRAMES", "PHASES", "failure_phase", "traceback_frames", "trial_failure_phase"]
 
 PHASES = ("startup", "rollout", "train", "weight_sync")
 
@@ -100,3 +105,33 @@ def failure_phase(
                 if rx.search(frame):
                     return phase
     return None
+
+
+def trial_failure_phase(
+    record: RunRecord, status: TrialStatus, frames: Sequence[PhaseFrame] = ()
+) -> str | None:
+    """The phase of a finished trial's failure (``TrialResult.failed_phase``), first that applies:
+
+    1. A hang the runner called because the framework's log showed a weight sync that never ended
+       (``record.hang_signal == "weight_sync_log"``) → ``weight_sync``, over any traceback.
+    2. :func:`failure_phase` over the trial's output (evidence lines, stderr tail, stdout tail):
+       vLLM's refusal or rejected arguments → ``startup``, else the traceback's innermost phase frame.
+    3. For a failure other than UNHEALTHY whose output names no phase: the phase the framework's log
+       or the worker's phase markers showed open when it ended (``record.open_phase``: a rollout, a
+       weight sync, training), else ``startup`` when it never made a step (a start-up hang, a fatal
+       line before the first step), else None (e.g. GPUs spinning between steps: the GPUs show that a
+       collective waits, not which one).
+
+    Args:
+        record: what the runner observed.
+        status: the trial's classified status.
+        frames: the backend's own phase frames (:meth:`~autotune.backends.Backend.phase_frames`).
+    """
+    signal_phase = "weight_sync" if record.hang_signal == "weight_sync_log" else None
+    lines = [x.text for x in record.evidence] + list(record.stderr_tail) + list(record.stdout_tail)
+    phase = failure_phase(status, lines, frames, signal_phase=signal_phase)
+    if phase is not None or not status.is_failure or status is TrialStatus.UNHEALTHY:
+        return phase
+    if record.open_phase in PHASES:
+        return record.open_phase
+    return None if record.steps else "startup"

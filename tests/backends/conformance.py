@@ -404,6 +404,7 @@ class BackendConformance:
         assert [s.step for s in got] == [1]
         assert math.isclose(got[0].values["grad_norm"], healthy_values(1)["grad_norm"], rel_tol=1e-3)
         assert b.feed("stdout", "an unrelated line", 3.0, 3.0) == []  # b has its own state
+        assert b.open_phase() is None  # a fresh parser shows no phase
 
     @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
     def test_status(self, scenario: Scenario, tmp_path: Path) -> None:

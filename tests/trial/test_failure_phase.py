@@ -9,10 +9,15 @@ written here from the frameworks' source (TRL 1.16 ``trl/generation/vllm_generat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pytest
+
 from autotune.backends.swift.backend import SwiftBackend
 from autotune.backends.trl.backend import TrlBackend
-from autotune.records import TrialStatus
-from autotune.trial.failure_phase import failure_phase, traceback_frames
+from autotune.records import StepMetrics, TrialStatus
+from autotune.trial.failure_phase import failure_phase, traceback_frames, trial_failure_phase
+from autotune.trial.runner import OutputLine, RunRecord
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.32 GiB."
 SITE = "/venv/lib/python3.11/site-packages"
@@ -96,3 +101,66 @@ def test_startup_statuses_and_what_the_evidence_cannot_place() -> None:
     assert failure_phase(TrialStatus.COMPLETE, TRL_SYNC) is None  # not a failure
     # the runner's own signal (a hang called while the log said "syncing weights") wins
     assert failure_phase(TrialStatus.HANG, [], signal_phase="weight_sync") == "weight_sync"
+
+
+# --------------------------------------------------------------------------------------------------
+# With what the runner saw (autotune.trial.early)
+
+
+def _record(
+    steps: int, *, stderr: Sequence[str] = (), hang_signal: str | None = None, open_phase: str | None = None
+) -> RunRecord:
+    return RunRecord(
+        exit_code=-15,
+        signal=15,
+        stopped_by=None,
+        stop_reason=None,
+        steps=[StepMetrics(step=i, t_mono_s=float(i), t_wall_s=float(i)) for i in range(1, steps + 1)],
+        stdout_tail=[],
+        stderr_tail=list(stderr),
+        evidence=[OutputLine("stderr", x) for x in stderr if "Error" in x],
+        duration_s=1.0,
+        startup_s=None,
+        started_wall_s=0.0,
+        pid=1,
+        pgid=1,
+        hang_signal=hang_signal,
+        open_phase=open_phase,
+    )
+
+
+TRAIN_OOM = _tb((f"{SITE}/torch/_tensor.py", "backward"))
+
+
+@pytest.mark.parametrize(
+    ("status", "steps", "stderr", "hang_signal", "open_phase", "phase"),
+    [
+        # the runner's weight-sync call wins over everything
+        (TrialStatus.HANG, 3, (), "weight_sync_log", "weight_sync", "weight_sync"),
+        (TrialStatus.HANG, 0, TRAIN_OOM, "weight_sync_log", None, "weight_sync"),
+        # then the output: start-up statuses, the traceback
+        (TrialStatus.VLLM_INIT, 0, (), None, "rollout", "startup"),
+        (TrialStatus.OOM, 0, TRAIN_OOM, None, "rollout", "train"),
+        # then the phase the log showed open, then "no step at all"
+        (TrialStatus.OOM, 3, (OOM,), None, "rollout", "rollout"),
+        (TrialStatus.HANG, 0, (), "gpu_spin", None, "startup"),
+        (TrialStatus.HANG, 0, (), "no_step", None, "startup"),
+        (TrialStatus.CRASH, 0, ("RuntimeError: boom",), None, None, "startup"),
+        (TrialStatus.HANG, 3, (), "gpu_spin", None, None),  # the GPUs do not say which collective
+        (TrialStatus.HANG, 3, (), "no_step", "other", None),  # not a phase of the step
+        # not failures, or a run that did not fail in a phase
+        (TrialStatus.COMPLETE, 0, (), None, "train", None),
+        (TrialStatus.INTERRUPTED, 0, (), None, None, None),
+        (TrialStatus.UNHEALTHY, 3, (), None, "train", None),
+    ],
+)
+def test_the_runners_evidence_around_the_traceback(
+    status: TrialStatus,
+    steps: int,
+    stderr: Sequence[str],
+    hang_signal: str | None,
+    open_phase: str | None,
+    phase: str | None,
+) -> None:
+    rec = _record(steps, stderr=stderr, hang_signal=hang_signal, open_phase=open_phase)
+    assert trial_failure_phase(rec, status) == phase
