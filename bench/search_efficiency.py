@@ -43,7 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _surfaces import SETTINGS, RawTable, Setting, Surface  # noqa: E402
+from _settings import SETTINGS, Setting  # noqa: E402
+from _surfaces import RawTable, Surface  # noqa: E402
 
 from autotune.backends import (  # noqa: E402
     Backend,
@@ -345,6 +346,7 @@ def load_table(setting: Setting, space: SearchSpace, tmp: Path, cache_dir: Path 
         root / "autotune" / "backends" / f"{setting.backend}.py",
         root / "search_spaces" / f"{setting.backend}.yaml",
         Path(__file__).resolve().parent / "_surfaces.py",
+        Path(__file__).resolve().parent / "_settings.py",
     ]
     digest = hashlib.sha256(repr(setting).encode())
     for path in sources:

@@ -16,7 +16,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import search_efficiency as se  # noqa: E402
-from _surfaces import SETTINGS, RawTable, Surface  # noqa: E402
+from _settings import SETTINGS  # noqa: E402
+from _surfaces import RawTable, Surface  # noqa: E402
 
 from autotune.backends import TrialContext  # noqa: E402
 from autotune.records import TrialSpec, TrialStatus  # noqa: E402
