@@ -253,80 +253,78 @@ _SWIFT_BASELINE = {
     "deepspeed": "zero3",
     "per_device_train_batch_size": 2,
 }
-_SWIFT = {
-    "narrow": {"vllm_mode": ("colocate",)},
-    "stage_knob": "deepspeed",
-    "stages": ("zero0", "zero1", "zero2", "zero3"),
-}
+
+
+def _swift(
+    name: str,
+    model: str,
+    gpu: str,
+    n_gpus: int,
+    host_ram_gib: float,
+    fixed: Mapping[str, Any],
+    baseline: Mapping[str, Any],
+    kind: Literal["estimator", "independent"] = "estimator",
+) -> Setting:
+    """An ms-swift setting: colocated vLLM only (server mode needs a rollout server of its own), the
+    DeepSpeed presets as the stages of the DeepSpeed-style sweep."""
+    return Setting(
+        name,
+        "swift",
+        model,
+        gpu,
+        n_gpus,
+        host_ram_gib,
+        fixed,
+        baseline,
+        narrow={"vllm_mode": ("colocate",)},
+        stage_knob="deepspeed",
+        stages=("zero0", "zero1", "zero2", "zero3"),
+        kind=kind,
+    )
+
 
 SETTINGS: tuple[Setting, ...] = (
     # -- estimator-derived
     Setting("trl Qwen2.5-1.5B 4xA10", "trl", "Qwen2.5-1.5B", "A10", 4, 256, _TRL_FIXED, _TRL_BASELINE),
     Setting("trl Qwen2.5-7B 8xH100", "trl", "Qwen2.5-7B", "H100", 8, 2048, _TRL_FIXED, _TRL_BASELINE),
-    Setting(
-        "swift Qwen2.5-7B 4xA100-80G",
-        "swift",
-        "Qwen2.5-7B",
-        "A100-80G",
-        4,
-        1024,
-        _SWIFT_FIXED,
-        _SWIFT_BASELINE,
-        **_SWIFT,
-    ),
-    Setting(
-        "swift Qwen2.5-14B 8xH100",
-        "swift",
-        "Qwen2.5-14B",
-        "H100",
-        8,
-        2048,
-        _SWIFT_FIXED,
-        _SWIFT_BASELINE,
-        **_SWIFT,
-    ),
+    _swift("swift Qwen2.5-7B 4xA100-80G", "Qwen2.5-7B", "A100-80G", 4, 1024, _SWIFT_FIXED, _SWIFT_BASELINE),
+    _swift("swift Qwen2.5-14B 8xH100", "Qwen2.5-14B", "H100", 8, 2048, _SWIFT_FIXED, _SWIFT_BASELINE),
     # -- independent
-    Setting(
+    _swift(
         "swift Qwen2.5-7B LoRA 4xRTX4090",
-        "swift",
         "Qwen2.5-7B",
         "RTX4090",
         4,
         256,
         {**_SWIFT_FIXED, "tuner_type": "lora", "lora_rank": 16},
         # ms-swift's LoRA colocate recipe on small GPUs: the model leaves the GPU while vLLM generates,
-        # vLLM sleeps while the trainer trains, vLLM split over two GPUs
+        # vLLM sleeps while the trainer trains, vLLM split over two GPUs, the ZeRO-3 sync in batches
         {
             **_SWIFT_BASELINE,
             "vllm_gpu_memory_utilization": 0.5,
             "vllm_tensor_parallel_size": 2,
             "move_model_batches": 8,
         },
-        **_SWIFT,
         kind="independent",
     ),
-    Setting(
+    _swift(
         "swift Qwen2.5-7B full 8xH100",
-        "swift",
         "Qwen2.5-7B",
         "H100",
         8,
         2048,
         _SWIFT_FIXED,
         _SWIFT_BASELINE,
-        **_SWIFT,
         kind="independent",
     ),
-    Setting(
+    _swift(
         "swift Qwen2.5-7B full 4xA100-80G",
-        "swift",
         "Qwen2.5-7B",
         "A100-80G",
         4,
         1024,
         _SWIFT_FIXED,
         _SWIFT_BASELINE,
-        **_SWIFT,
         kind="independent",
     ),
     Setting(

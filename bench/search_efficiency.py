@@ -139,7 +139,9 @@ class SimulatedExecutor:
             "startup_s": truth.startup_s,
         }
         step_s = truth.step_s
-        peaks = [int(truth.peak_bytes * (1 + rng.gauss(0.0, 0.005))) for _ in range(self.n_gpus)]
+        peaks: list[int | None] = [
+            int(truth.peak_bytes * (1 + rng.gauss(0.0, 0.005))) for _ in range(self.n_gpus)
+        ]
         done = truth.fail_after_steps
         failure_s = {
             TrialStatus.HOST_OOM: 0.7 * truth.startup_s,
@@ -215,7 +217,7 @@ class SimulatedExecutor:
         phases: Mapping[str, float],
         times: Sequence[float],
         startup_s: float,
-        peaks: Sequence[int],
+        peaks: Sequence[int | None],
         ctx: TrialContext,
         key: str,
     ) -> dict[str, Any]:
