@@ -632,40 +632,45 @@ def verdict(metrics: Sequence[RunMetrics], budget: int) -> list[str]:
             continue
         surfaces = list(dict.fromkeys(m.setting for m in metrics if m.kind == kind))
         out += ["", f"verdict, {kind} surfaces:"]
-        beats = met = 0
+        wins: dict[str, int] = {"random": 0, "tpe": 0, "both": 0}
+        met = 0
         for setting in surfaces:
             a = [m for m in auto if m.setting == setting]
-            ta, ga, ra12, ra = _summary(a)
+            ta, _, ra12, _ = _summary(a)
             fa = _median([m.failed_gpu_share for m in a])
-            parts = []
-            wins = True
+            parts, beaten = [], 0
             for rival in ("random", "tpe"):
                 r = [m for m in metrics if m.setting == setting and m.strategy == rival]
                 if not r:
                     parts.append(f"{rival} not run")
-                    wins = False
                     continue
                 tr, _, rr12, _ = _summary(r)
                 better = _summary(a) < _summary(r)
-                wins &= better
+                wins[rival] += better
+                beaten += better
                 parts.append(
                     f"{'beats' if better else 'does NOT beat'} {rival} (trials to 3% {_fmt_trials(ta, budget)} vs "
                     f"{_fmt_trials(tr, budget)}, regret@12 {ra12:.1%} vs {rr12:.1%})"
                 )
+            wins["both"] += beaten == 2
             trials_ok, failed_ok = ta <= TARGET_TRIALS, fa <= TARGET_FAILED
-            beats += wins
             met += trials_ok and failed_ok
             out.append(
                 f"  {setting}: autotune {'; '.join(parts)}; targets: trials to 3% {_fmt_trials(ta, budget)} "
                 f"({'met' if trials_ok else 'MISSED'}, <= {TARGET_TRIALS}), failed GPU time {fa:.1%} "
                 f"({'met' if failed_ok else 'MISSED'}, <= {TARGET_FAILED:.0%})"
             )
+        n = len(surfaces)
+        ran = {rival for rival in ("random", "tpe") if any(m.strategy == rival for m in metrics)}
+        beats = [f"{rival} on {wins[rival]} of {n}" for rival in ("random", "tpe") if rival in ran]
+        if len(ran) == 2:
+            beats.append(f"both on {wins['both']} of {n}")
         hits = sum(m.trials_to_target <= TARGET_TRIALS for m in auto)
         out.append(
-            f"  {kind}: autotune beats random and TPE on {beats} of {len(surfaces)} surfaces; both targets hold "
-            f"on {met} of {len(surfaces)}; within 3% in at most {TARGET_TRIALS} trials in {hits} of {len(auto)} "
-            f"studies; median trials used {_median([float(m.trials_used) for m in auto]):g} of {budget}, "
-            f"stopped early in {sum(m.stopped == 'converged' for m in auto)}/{len(auto)}"
+            f"  {kind}: autotune beats {', '.join(beats) or 'no rival run'} surfaces; both targets hold on {met} "
+            f"of {n}; within 3% in at most {TARGET_TRIALS} trials in {hits} of {len(auto)} studies; median "
+            f"trials used {_median([float(m.trials_used) for m in auto]):g} of {budget}, stopped early in "
+            f"{sum(m.stopped == 'converged' for m in auto)}/{len(auto)}"
         )
     return out
 

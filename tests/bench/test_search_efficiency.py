@@ -123,3 +123,48 @@ def test_one_study_per_strategy_through_the_real_loop(table: RawTable, tmp_path:
         assert 0.0 <= m.regret_at_12 <= 1.0 and m.kind == "estimator"
     text = se.render([m], ["ds-sweep"], 12, [5])
     assert "trials to 3%" in text and "regret@12" in text and setting.name in text
+
+
+def _metrics(
+    strategy: str, setting: str, kind: str, trials: float, failed: float, regret: float
+) -> se.RunMetrics:
+    return se.RunMetrics(
+        strategy=strategy,
+        setting=setting,
+        kind=kind,
+        seed=1,
+        trials_to_target=trials,
+        gpu_h_to_target=trials / 2,
+        failed_gpu_share=failed,
+        regret_at_12=regret,
+        final_regret=regret,
+        trials_used=30,
+        gpu_h_total=10.0,
+        stopped="budget",
+        wall_s=1.0,
+    )
+
+
+def test_each_kind_of_surface_gets_its_table_and_its_verdict() -> None:
+    inf = math.inf
+    metrics = [
+        _metrics("autotune", "est A", "estimator", 5, 0.05, 0.0),
+        _metrics("random", "est A", "estimator", inf, 0.02, 0.2),
+        _metrics("tpe", "est A", "estimator", inf, 0.02, 0.1),
+        _metrics("autotune", "ind B", "independent", inf, 0.2, 0.15),
+        _metrics("random", "ind B", "independent", inf, 0.05, 0.3),
+        _metrics("tpe", "ind B", "independent", inf, 0.05, 0.1),
+    ]
+    text = se.render(metrics, ["autotune", "random", "tpe"], 30, [1])
+    estimator, independent = text.split("independent surfaces")
+    assert "est A" in estimator and "ind B" not in estimator
+    assert "ind B" in independent and "est A" not in independent
+    lines = se.verdict(metrics, 30)
+    est = next(line for line in lines if line.strip().startswith("est A"))
+    ind = next(line for line in lines if line.strip().startswith("ind B"))
+    assert "beats random" in est and "beats tpe" in est and "(met, <= 12)" in est and "5.0% (met" in est
+    # neither reaches 3 %: regret at 12 trials decides; 15 % beats random's 30 %, loses to TPE's 10 %
+    assert "beats random" in ind and "does NOT beat tpe" in ind and ind.count("MISSED") == 2
+    assert any(
+        "independent: autotune beats random on 1 of 1, tpe on 0 of 1, both on 0 of 1" in x for x in lines
+    )
