@@ -544,7 +544,9 @@ def _describe_job(job: _Job) -> tuple[int, str]:
         base = surface.usable_throughput(baseline)
         speedups.append(optimum / base if base else math.inf)
         if not base:
-            failures.append(surface.truth(baseline).status.value)
+            truth = surface.truth(baseline)
+            ok = truth.status is TrialStatus.COMPLETE
+            failures.append("no 5% headroom" if ok else truth.status.value)
     n_configs = table.n_rows * len(table.worker_values)
     first = "baseline fails" if math.isinf(speedups[0]) else f"{speedups[0]:.2f}x"
     fine = [x for x in speedups if not math.isinf(x)]
