@@ -1,8 +1,6 @@
-"""Simulated GRPO response surfaces for the search-efficiency bench.
+"""Estimator-derived GRPO response surfaces for the search-efficiency bench.
 
-A *setting* is a job on some hardware (backend vocabulary, model, GPU type and count, fixed job facts,
-the user's own starting configuration). A *surface* is one "true world" for a setting and a seed: the
-estimator's memory and step-time model (``autotune.estimate``) distorted by errors drawn from the seed,
+A *surface* is one "true world" for a setting (:mod:`_settings`) and a seed: the estimator's memory and step-time model (``autotune.estimate``) distorted by errors drawn from the seed,
 plus what the estimator does not model at all:
 
 - memory: per-component errors (model states ±3 %, activations and logits −15…+25 %, other buffers
@@ -24,6 +22,11 @@ plus what the estimator does not model at all:
 
 The estimator's outputs for every configuration are computed once per setting (they do not depend on
 the seed) and the truth is evaluated with numpy, so the optimum over the whole space is exact.
+
+A truth carries the step's phases (the estimator's rollout term with vLLM's wake-up, its training and
+weight-sync terms; offload moves and data-loader stalls are "other") and where a failure happens: an
+OOM in the first phase whose memory exceeds the GPU, vLLM's checks and host OOMs at start-up, the
+sleep/TP hang in the rollout, the ZeRO-3 sync hang in the weight sync, a random hang in a random phase.
 """
 
 from __future__ import annotations
@@ -31,204 +34,24 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _settings import FAILED_PHASES, HEADROOM, LIVE_STOP, REASON, STATUS, Setting, Truth
 
-from autotune.backends import (
-    Backend,
-    ModelRef,
-    TrialContext,
-    backend_class,
-    get_backend,
-    job_shape,
-)
-from autotune.estimate import GIB, GpuSpec, ModelSpec, find_gpu, find_model
+from autotune.backends import Backend, TrialContext, job_shape
+from autotune.estimate import GIB
 from autotune.estimate.memory import estimate_memory
 from autotune.estimate.timing import estimate_step_time
-from autotune.records import GpuInfo, Hardware, HostInfo, TrialStatus
-from autotune.space import SearchSpace, canonical_key, load_space
-from autotune.trial.outcome import LIVE_HEALTH_MIN_STEPS
+from autotune.records import TrialStatus
+from autotune.space import SearchSpace, canonical_key
 
-__all__ = ["Setting", "SETTINGS", "RawTable", "Surface", "Truth", "SPACES_DIR"]
+__all__ = ["RawTable", "Surface"]
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 _CORE_DROP = "dataloader_num_workers"  # the estimator's GPU memory and time ignore it: computed apart
 _PHASES = ("train", "rollout", "sync")
-_HEADROOM = 0.95  # the recommendation wants 5 % of memory left
-
-# Reasons as autotune.trial.outcome words them (the inference reads them).
-_REASON = {
-    "oom": "CUDA out of memory",
-    "startup": "vLLM could not start: free GPU memory is below the requested gpu_memory_utilization",
-    "kv": "vLLM could not start: the KV cache cannot hold one sequence of max_model_len",
-    "host": "a rank was killed by SIGKILL (host out of memory?)",
-    "hang": "no step for too long (watchdog): the trial hung",
-    "unhealthy": "does not learn: kl and grad_norm are 0 on every step",
-    "gibberish": "does not learn: rollouts are degenerate (sleep level 2 weight reload)",
-}
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A job on some hardware.
-
-    Attributes:
-        name: label in the bench table.
-        backend: ``trl`` or ``swift`` (knob vocabulary, rules, space file).
-        model: catalog model name.
-        gpu: catalog GPU name.
-        n_gpus: GPUs per trial.
-        host_ram_gib: host memory of the node.
-        fixed: job facts the same for every trial (estimator vocabulary).
-        baseline: the user's own starting configuration (missing knobs take defaults).
-        narrow: knob values the bench space keeps (e.g. colocated vLLM only).
-        stage_knob: the ZeRO-stage knob, for the DeepSpeed-style sweep.
-        stages: its values in the order DeepSpeed tries them.
-    """
-
-    name: str
-    backend: str
-    model: str
-    gpu: str
-    n_gpus: int
-    host_ram_gib: float
-    fixed: Mapping[str, Any]
-    baseline: Mapping[str, Any]
-    narrow: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    stage_knob: str = "zero_stage"
-    stages: tuple[Any, ...] = (0, 2, 3)
-
-    @property
-    def global_batch(self) -> int:
-        return int(self.fixed["global_batch"])
-
-    @property
-    def num_generations(self) -> int:
-        return int(self.fixed["num_generations"])
-
-    @property
-    def max_completion_length(self) -> int:
-        return int(self.fixed["max_completion_length"])
-
-    def model_spec(self) -> ModelSpec:
-        spec = find_model(self.model)
-        if spec is None:
-            raise ValueError(f"unknown model {self.model}")
-        return spec
-
-    def gpu_spec(self) -> GpuSpec:
-        spec = find_gpu(self.gpu)
-        if spec is None:
-            raise ValueError(f"unknown GPU {self.gpu}")
-        return spec
-
-    def space(self) -> SearchSpace:
-        space = (
-            load_space(SPACES_DIR / f"{self.backend}.yaml", backend=self.backend)
-            .restrict(gpu_present=True)
-            .with_roles(backend_class(self.backend).knob_roles())
-        )
-        return space.narrow(self.narrow) if self.narrow else space
-
-    def hardware(self) -> Hardware:
-        gpu = self.gpu_spec()
-        name = gpu.nvml_names[0] if gpu.nvml_names else gpu.name
-        gpus = tuple(
-            GpuInfo(index=i, name=name, memory_total_bytes=gpu.memory_bytes, declared=True)
-            for i in range(self.n_gpus)
-        )
-        host = HostInfo(
-            hostname="simulated",
-            cpu_cores_logical=128,
-            cpu_cores_physical=64,
-            ram_total_bytes=int(self.host_ram_gib * GIB),
-            platform="linux",
-        )
-        return Hardware(gpus=gpus, host=host)
-
-    def model_ref(self) -> ModelRef:
-        m = self.model_spec()
-        return ModelRef(name=m.name, path_or_id=m.hub_id, local=False, facts=asdict(m))
-
-    def context(self, trial_dir: Path) -> TrialContext:
-        return TrialContext(
-            study_dir=trial_dir.parent,
-            trial_dir=trial_dir,
-            model=self.model_ref(),
-            gpus=self.hardware().gpus,
-            global_batch=self.global_batch,
-            num_generations=self.num_generations,
-            max_steps=10,
-            max_completion_length=self.max_completion_length,
-        )
-
-    def make_backend(self) -> Backend:
-        return get_backend(self.backend)
-
-
-_TRL_FIXED = {
-    "global_batch": 64,
-    "num_generations": 8,
-    "max_completion_length": 1024,
-    "max_prompt_length": 512,
-    "beta": 0.0,
-    "vllm_max_model_len": 2048,
-}
-_SWIFT_FIXED = {
-    "global_batch": 64,
-    "num_generations": 8,
-    "max_completion_length": 1024,
-    "max_prompt_length": 512,
-    "beta": 0.04,
-    "vllm_max_model_len": 2048,
-}
-# TRL's documented way to run GRPO: its defaults with colocated vLLM.
-_TRL_BASELINE = {"use_vllm": True, "vllm_gpu_memory_utilization": 0.3}
-# ms-swift's documented colocate example for large models (Qwen3-8B full GRPO on 8 GPUs): safe, slow.
-_SWIFT_BASELINE = {
-    "use_vllm": True,
-    "vllm_mode": "colocate",
-    "vllm_gpu_memory_utilization": 0.4,
-    "sleep_level": 1,
-    "offload_model": True,
-    "offload_optimizer": True,
-    "deepspeed": "zero3",
-    "per_device_train_batch_size": 2,
-}
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting("trl Qwen2.5-1.5B 4xA10", "trl", "Qwen2.5-1.5B", "A10", 4, 256, _TRL_FIXED, _TRL_BASELINE),
-    Setting("trl Qwen2.5-7B 8xH100", "trl", "Qwen2.5-7B", "H100", 8, 2048, _TRL_FIXED, _TRL_BASELINE),
-    Setting(
-        "swift Qwen2.5-7B 4xA100-80G",
-        "swift",
-        "Qwen2.5-7B",
-        "A100-80G",
-        4,
-        1024,
-        _SWIFT_FIXED,
-        _SWIFT_BASELINE,
-        narrow={"vllm_mode": ("colocate",)},
-        stage_knob="deepspeed",
-        stages=("zero0", "zero1", "zero2", "zero3"),
-    ),
-    Setting(
-        "swift Qwen2.5-14B 8xH100",
-        "swift",
-        "Qwen2.5-14B",
-        "H100",
-        8,
-        2048,
-        _SWIFT_FIXED,
-        _SWIFT_BASELINE,
-        narrow={"vllm_mode": ("colocate",)},
-        stage_knob="deepspeed",
-        stages=("zero0", "zero1", "zero2", "zero3"),
-    ),
-)
+# the estimator's memory phases in the order a step meets them, with the timeline's names
+_STEP_ORDER = (("rollout", "rollout"), ("train", "train"), ("sync", "weight_sync"))
 
 
 def _core(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -326,22 +149,6 @@ class RawTable:
         return self.index.get(canonical_key(_core(params)))
 
 
-@dataclass(frozen=True)
-class Truth:
-    """What really happens when one configuration runs."""
-
-    status: TrialStatus
-    reason: str
-    throughput: float  # completions/s without noise (0 for a failure before the first step)
-    step_s: float
-    startup_s: float
-    peak_bytes: int
-    valid: bool
-    # the step at which the executor's live health check stops it (autotune.trial.outcome.live_health): a model
-    # that never moves shows it from step 1, degenerate rollouts after the first weight reload (step 2)
-    live_stop_step: int | None = None
-
-
 class Surface:
     """One true world for a setting: the raw table distorted by errors drawn from ``seed``."""
 
@@ -380,6 +187,8 @@ class Surface:
         self.hang_z3_sync = bool(rng.uniform() < 0.5) and "move_model_batches" in knobs
         self.unhealthy_batch1 = bool(rng.uniform() < 0.5)
         self.gibberish_sleep2 = bool(rng.uniform() < 0.5) and "sleep_level" in knobs
+        # where a random hang stops the step (drawn last, so the draws above are those of every seed before)
+        self.flaky_phase = rng.integers(1, len(FAILED_PHASES), table.n_rows)
         # start-up costs (seconds)
         load_s = 25.0 + 2 * model.params / 1.5e9
         c = table.cols
@@ -420,6 +229,13 @@ class Surface:
         host = (take(c["host"]) + workers * self.table.host_per_worker) * self.f_host
         host_fail = host > self.host_ram
         oom = peak > self.capacity
+        # the first phase of a step (rollout, training, weight sync) whose memory exceeds the GPU
+        oom_phase = np.full(peak.shape, FAILED_PHASES.index("weight_sync"))
+        for name, phase in reversed(_STEP_ORDER):
+            i = _PHASES.index(name)
+            oom_phase = np.where(
+                present[i] & (phases[i] > self.capacity), FAILED_PHASES.index(phase), oom_phase
+            )
         # time
         kv_tokens = np.maximum(take(c["kv_tokens"]), 1.0)
         kv_scale = np.clip(kv_true / np.maximum(take(c["kv_bytes"]), 1.0), 0.05, 1.0)
@@ -443,20 +259,30 @@ class Surface:
             * np.where(take(c["zero"]) == 3, self.z3_factor, 1.0)
         )
         wake = np.where(colocate & (take(c["sleep"]) > 0), self.wake_s, 0.0)
-        step = rollout + train + self.f_sync * take(c["sync_s"]) + self.f_off * take(c["offload_s"]) + wake
-        step = step * take(self.idio)
+        sync = self.f_sync * take(c["sync_s"])
+        step = rollout + train + sync + self.f_off * take(c["offload_s"]) + wake
+        idio = take(self.idio)
+        step = step * idio
         step = step * (
             1.0
             + (self.no_worker_penalty if workers == 0 else 0.0)
             + (self.contention_penalty if workers >= 8 else 0.0)
         )
         throughput = self.setting.global_batch / step
+        # the phases of a step: vLLM's wake-up counts to the rollout, offload moves and data stalls to "other"
+        rollout_s, train_s, sync_s = (rollout + wake) * idio, train * idio, sync * idio
+        other_s = np.maximum(step - rollout_s - train_s - sync_s, 0.0)
         # failures without memory
         hang = take(self.flaky) & colocate
+        hang_phase = take(self.flaky_phase)
         if self.hang_tp_sleep:
-            hang |= colocate & (tp == self.setting.n_gpus) & (take(c["sleep"]) > 0)
+            region = colocate & (tp == self.setting.n_gpus) & (take(c["sleep"]) > 0)
+            hang_phase = np.where(region, FAILED_PHASES.index("rollout"), hang_phase)
+            hang |= region
         if self.hang_z3_sync:
-            hang |= colocate & (take(c["zero"]) == 3) & (take(c["mmb"]) == 0) & (tp > 1)
+            region = colocate & (take(c["zero"]) == 3) & (take(c["mmb"]) == 0) & (tp > 1)
+            hang_phase = np.where(region, FAILED_PHASES.index("weight_sync"), hang_phase)
+            hang |= region
         unhealthy = np.zeros_like(hang)
         if self.unhealthy_batch1:
             unhealthy |= (take(c["pdbs"]) == 1) & (take(c["zero"]) >= 2) & (take(c["ga"]) > 1)
@@ -473,6 +299,12 @@ class Surface:
             "unhealthy": unhealthy,
             "gibberish": gibberish,
             "step": step,
+            "rollout_s": rollout_s,
+            "train_s": train_s,
+            "sync_s": sync_s,
+            "other_s": other_s,
+            "oom_phase": oom_phase,
+            "hang_phase": hang_phase,
             "throughput": throughput,
             "valid": take(c["valid"]) > 0,
             "startup": take(self.startup),
@@ -489,7 +321,7 @@ class Surface:
             | ev["unhealthy"]
             | ev["gibberish"]
         )
-        return ev["valid"] & ok & (ev["peak"] <= _HEADROOM * capacity)
+        return ev["valid"] & ok & (ev["peak"] <= HEADROOM * capacity)
 
     def truth(self, params: Mapping[str, Any]) -> Truth:
         """What running ``params`` does on this surface."""
@@ -502,34 +334,39 @@ class Surface:
             raise KeyError(f"configuration not in the bench space: {dict(params)}")
         workers = int(params.get(_CORE_DROP, 0) or 0)
         ev = {k: v[0] for k, v in self._evaluate(workers, np.asarray([row])).items()}
-        if ev["host_fail"]:
-            status, reason = TrialStatus.HOST_OOM, _REASON["host"]
-        elif ev["startup_fail"]:
-            status, reason = TrialStatus.VLLM_INIT, _REASON["startup"]
-        elif ev["kv_fail"]:
-            status, reason = TrialStatus.VLLM_INIT, _REASON["kv"]
-        elif ev["oom"]:
-            status, reason = TrialStatus.OOM, _REASON["oom"]
-        elif ev["hang"]:
-            status, reason = TrialStatus.HANG, _REASON["hang"]
-        elif ev["unhealthy"]:
-            status, reason = TrialStatus.UNHEALTHY, _REASON["unhealthy"]
-        elif ev["gibberish"]:
-            status, reason = TrialStatus.UNHEALTHY, _REASON["gibberish"]
-        else:
-            status, reason = TrialStatus.COMPLETE, "completed"
+        # failures in the order the run meets them
+        kind, phase = next(
+            (
+                (kind, phase)
+                for kind, phase, found in (
+                    ("host", "startup", ev["host_fail"]),
+                    ("startup", "startup", ev["startup_fail"]),
+                    ("kv", "startup", ev["kv_fail"]),
+                    ("oom", FAILED_PHASES[int(ev["oom_phase"])], ev["oom"]),
+                    ("hang", FAILED_PHASES[int(ev["hang_phase"])], ev["hang"]),
+                    ("unhealthy", "train", ev["unhealthy"]),
+                    ("gibberish", "rollout", ev["gibberish"]),
+                )
+                if found
+            ),
+            (None, None),
+        )
         truth = Truth(
-            status=status,
-            reason=reason,
+            status=STATUS[kind] if kind else TrialStatus.COMPLETE,
+            reason=REASON[kind] if kind else "completed",
             throughput=float(ev["throughput"]),
             step_s=float(ev["step"]),
             startup_s=float(ev["startup"]),
             peak_bytes=int(min(ev["peak"], self.capacity)),
             valid=bool(ev["valid"]),
-            live_stop_step={
-                _REASON["unhealthy"]: LIVE_HEALTH_MIN_STEPS,
-                _REASON["gibberish"]: LIVE_HEALTH_MIN_STEPS + 1,
-            }.get(reason),
+            phases={
+                "rollout": float(ev["rollout_s"]),
+                "train": float(ev["train_s"]),
+                "weight_sync": float(ev["sync_s"]),
+                "other": float(ev["other_s"]),
+            },
+            failed_phase=phase,
+            live_stop_step=LIVE_STOP.get(kind or ""),
         )
         self._cache[key] = truth
         return truth
@@ -537,7 +374,7 @@ class Surface:
     def usable_throughput(self, params: Mapping[str, Any]) -> float:
         """True throughput if the configuration runs and can be recommended, else 0."""
         t = self.truth(params)
-        if t.status is not TrialStatus.COMPLETE or not t.valid or t.peak_bytes > _HEADROOM * self.capacity:
+        if t.status is not TrialStatus.COMPLETE or not t.valid or t.peak_bytes > HEADROOM * self.capacity:
             return 0.0
         return t.throughput
 

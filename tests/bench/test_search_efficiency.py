@@ -16,7 +16,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import search_efficiency as se  # noqa: E402
-from _surfaces import SETTINGS, RawTable, Surface  # noqa: E402
+from _settings import FAILED_PHASES, SETTINGS, STEP_PHASES  # noqa: E402
+from _surfaces import RawTable, Surface  # noqa: E402
 
 from autotune.backends import TrialContext  # noqa: E402
 from autotune.records import TrialSpec, TrialStatus  # noqa: E402
@@ -55,6 +56,22 @@ def test_the_optimum_beats_every_configuration(table: RawTable) -> None:
     assert 0 < info["usable_frac"] < 1  # some of the space fails: the bench is not trivial
 
 
+def test_truths_carry_step_phases_and_the_phase_a_failure_happens_in(table: RawTable) -> None:
+    failed_in: dict[TrialStatus, set[str | None]] = {}
+    for seed in (4, 5, 6):
+        surface = Surface(table, seed)
+        for core in table.configs:
+            truth = surface.truth({**core, "dataloader_num_workers": 0})
+            assert set(truth.phases) == set(STEP_PHASES) and min(truth.phases.values()) >= 0
+            assert math.fsum(truth.phases.values()) == pytest.approx(truth.step_s, rel=1e-9)
+            failed_in.setdefault(truth.status, set()).add(truth.failed_phase)
+    assert failed_in.pop(TrialStatus.COMPLETE) == {None}
+    assert failed_in[TrialStatus.OOM] and failed_in[TrialStatus.OOM] <= {"rollout", "train", "weight_sync"}
+    assert all(phases <= set(FAILED_PHASES) for phases in failed_in.values())
+    for status in (TrialStatus.VLLM_INIT, TrialStatus.HOST_OOM):  # before the first step
+        assert failed_in.get(status, {"startup"}) == {"startup"}
+
+
 def _run(surface: Surface, params: dict, number: int = 1):
     setting = surface.setting
     ctx: TrialContext = setting.context(Path("/nonexistent") / "trials" / str(number))
@@ -83,9 +100,13 @@ def test_the_simulated_executor_reports_what_the_surface_says(table: RawTable) -
     assert result.throughput == pytest.approx(truth.throughput, rel=0.06)  # ±2 % noise per step
     assert result.gpu_seconds == pytest.approx(result.duration_s * surface.setting.n_gpus)
     assert result.duration_s > truth.startup_s
+    phases = result.timeline_summary["phases"]  # type: ignore[index]
+    assert phases["source"] == "framework" and set(phases["seconds"]) == set(STEP_PHASES)
+    assert result.failed_phase is None
     oom_params = by_status[TrialStatus.OOM]
     oom, _ = _run(surface, oom_params)
     assert oom.status is TrialStatus.OOM and oom.reason == "CUDA out of memory" and oom.steady is None
+    assert oom.failed_phase == surface.truth(oom_params).failed_phase
     # an OOM costs its start-up and part of a step, less than running the trial would have
     oom_truth = surface.truth(oom_params)
     assert oom_truth.startup_s < oom.duration_s < oom_truth.startup_s + oom_truth.step_s
@@ -99,5 +120,51 @@ def test_one_study_per_strategy_through_the_real_loop(table: RawTable, tmp_path:
         assert 0 < m.trials_used <= 12
         assert 0.0 <= m.failed_gpu_share <= 1.0 and 0.0 <= m.final_regret <= 1.0
         assert math.isinf(m.trials_to_target) or 1 <= m.trials_to_target <= m.trials_used
+        assert 0.0 <= m.regret_at_12 <= 1.0 and m.kind == "estimator"
     text = se.render([m], ["ds-sweep"], 12, [5])
-    assert "trials to 3%" in text and setting.name in text
+    assert "trials to 3%" in text and "regret@12" in text and setting.name in text
+
+
+def _metrics(
+    strategy: str, setting: str, kind: str, trials: float, failed: float, regret: float
+) -> se.RunMetrics:
+    return se.RunMetrics(
+        strategy=strategy,
+        setting=setting,
+        kind=kind,
+        seed=1,
+        trials_to_target=trials,
+        gpu_h_to_target=trials / 2,
+        failed_gpu_share=failed,
+        regret_at_12=regret,
+        final_regret=regret,
+        trials_used=30,
+        gpu_h_total=10.0,
+        stopped="budget",
+        wall_s=1.0,
+    )
+
+
+def test_each_kind_of_surface_gets_its_table_and_its_verdict() -> None:
+    inf = math.inf
+    metrics = [
+        _metrics("autotune", "est A", "estimator", 5, 0.05, 0.0),
+        _metrics("random", "est A", "estimator", inf, 0.02, 0.2),
+        _metrics("tpe", "est A", "estimator", inf, 0.02, 0.1),
+        _metrics("autotune", "ind B", "independent", inf, 0.2, 0.15),
+        _metrics("random", "ind B", "independent", inf, 0.05, 0.3),
+        _metrics("tpe", "ind B", "independent", inf, 0.05, 0.1),
+    ]
+    text = se.render(metrics, ["autotune", "random", "tpe"], 30, [1])
+    estimator, independent = text.split("independent surfaces")
+    assert "est A" in estimator and "ind B" not in estimator
+    assert "ind B" in independent and "est A" not in independent
+    lines = se.verdict(metrics, 30)
+    est = next(line for line in lines if line.strip().startswith("est A"))
+    ind = next(line for line in lines if line.strip().startswith("ind B"))
+    assert "beats random" in est and "beats tpe" in est and "(met, <= 12)" in est and "5.0% (met" in est
+    # neither reaches 3 %: regret at 12 trials decides; 15 % beats random's 30 %, loses to TPE's 10 %
+    assert "beats random" in ind and "does NOT beat tpe" in ind and ind.count("MISSED") == 2
+    assert any(
+        "independent: autotune beats random on 1 of 1, tpe on 0 of 1, both on 0 of 1" in x for x in lines
+    )
