@@ -271,7 +271,7 @@ class SpeedupInterval(_Frozen):
         low: lower end of the 95 % interval.
         high: upper end of the 95 % interval.
         runs: runs of the numerator and of the denominator the interval was computed from.
-        df: degrees of freedom of the Student t quantile used (Welch–Satterthwaite).
+        df: degrees of freedom of the Student t quantile used (runs − configurations re-measured).
     """
 
     estimate: float

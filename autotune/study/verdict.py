@@ -11,11 +11,16 @@ are correlated (the same neighbours load the machine for the whole run), so most
 between runs. Pooling every step as if independent gives an interval as narrow as the number of steps
 allows and wrong by as much as a neighbour's load; a bootstrap over runs with two or three runs per side
 has only a handful of distinct resamples and under-covers. So each run is one observation (its log mean
-step time), and the interval is Welch's t-interval on the difference of the two means of log step time,
-with the Welch–Satterthwaite degrees of freedom. Two runs per side give about 2 degrees of freedom
-(t ≈ 4.3): wide, and honestly so. One floor keeps two runs that agree by chance from claiming more than
-they measured: the variance of one run's mean is never taken below what its own steps imply (a run's
-``rel_ci95``), because the variance of a run mean is the between-run variance plus the within-run one.
+step time), and the interval is Student's t-interval on the difference of two means of log step time.
+
+The run-to-run variance is pooled over every configuration of the re-measurement (winner, baseline,
+runners-up), with ``runs − configurations`` degrees of freedom: it is the host's noise (neighbours,
+caches, clocks) on similar runs of one job, and on the log scale it is relative, so it carries from one
+configuration to another. With two runs each, a variance per configuration would have one degree of
+freedom: Welch's interval would then take t ≈ 12.7 and confirm nothing but tenfold speedups. One floor
+keeps runs that agree by chance from claiming more than they measured: the variance of one run's mean is
+never taken below what its own steps imply (the runs' ``rel_ci95``), because the variance of a run mean is
+the between-run variance plus the within-run one.
 
 The refusal rule: a speedup whose interval includes 1.0 is "no measurable speedup", never a bare ratio.
 A runner-up whose interval against the winner includes 1.0 is named as equivalent. A compared
@@ -52,8 +57,9 @@ __all__ = [
 ]
 
 METHOD = (
-    "Welch t-interval (95 %) on the difference of the mean log step time of the runs of each"
-    " configuration; one run = one observation, its variance never below what its own steps imply"
+    "Student t-interval (95 %) on the difference of the mean log step time of the runs of each"
+    " configuration; one run = one observation, run-to-run variance pooled over the configurations"
+    " re-measured and never below what a run's own steps imply"
 )
 
 
@@ -83,47 +89,45 @@ class RunTime:
         return (self.rel_ci95 / t_quantile_975(self.steady_steps - 1)) ** 2
 
 
-def _moments(runs: Sequence[RunTime]) -> tuple[float, float, int]:
-    """(mean log step time, variance of one run's log mean, number of runs)."""
-    ys = [r.log_time for r in runs]
-    between = statistics.variance(ys) if len(ys) >= 2 else 0.0
-    floor = statistics.fmean(r.within_var for r in runs)
-    return statistics.fmean(ys), max(between, floor), len(ys)
-
-
-def speedup_interval(candidate: Sequence[RunTime], reference: Sequence[RunTime]) -> SpeedupInterval | None:
-    """How many times the candidate's throughput the reference's is, with a 95 % interval.
+def speedup_interval(
+    candidate: Sequence[RunTime],
+    reference: Sequence[RunTime],
+    *,
+    others: Sequence[Sequence[RunTime]] = (),
+) -> SpeedupInterval | None:
+    """How many times the reference's throughput the candidate's is, with a 95 % interval.
 
     Args:
         candidate: runs of the configuration in the numerator (e.g. the winner).
         reference: runs of the configuration in the denominator (e.g. the baseline).
+        others: runs of the other configurations re-measured with them: they only add to the pooled
+            estimate of the run-to-run variance.
 
     Returns:
         The ratio of throughputs (reference step time ÷ candidate step time, geometric means) and its
-        interval, or None when either side has fewer than two runs (one run cannot show how much runs
-        differ).
+        interval, or None when either side has fewer than two runs (one run cannot show how much its
+        configuration's runs differ).
     """
     if len(candidate) < 2 or len(reference) < 2:
         return None
-    for r in (*candidate, *reference):
+    groups = [list(candidate), list(reference), *(list(g) for g in others if g)]
+    for r in (run for g in groups for run in g):
         if not (r.step_time_s > 0 and math.isfinite(r.step_time_s)):
             raise ValueError(f"a step time must be a positive number, got {r.step_time_s!r}")
-    mean_c, var_c, n_c = _moments(candidate)
-    mean_r, var_r, n_r = _moments(reference)
-    a, b = var_c / n_c, var_r / n_r
-    diff = mean_r - mean_c  # log(reference time / candidate time) = log speedup
-    se = math.sqrt(a + b)
-    if a + b > 0:
-        df = (a + b) ** 2 / (a**2 / (n_c - 1) + b**2 / (n_r - 1))
-    else:
-        df = float(n_c + n_r - 2)
-    half = t_quantile_975(max(1, math.floor(df + 1e-9))) * se  # whole degrees, rounded down: wider
+    means = [statistics.fmean(r.log_time for r in g) for g in groups]
+    df = sum(len(g) for g in groups) - len(groups)
+    ss = sum((r.log_time - m) ** 2 for g, m in zip(groups, means, strict=True) for r in g)
+    floor = statistics.fmean(r.within_var for g in groups for r in g)
+    var = max(ss / df, floor)
+    n_c, n_r = len(candidate), len(reference)
+    diff = means[1] - means[0]  # log(reference time / candidate time) = log speedup
+    half = t_quantile_975(df) * math.sqrt(var * (1 / n_c + 1 / n_r))
     return SpeedupInterval(
         estimate=math.exp(diff),
         low=math.exp(diff - half),
         high=math.exp(diff + half),
         runs=(n_c, n_r),
-        df=df,
+        df=float(df),
     )
 
 
@@ -159,24 +163,20 @@ def judge(
     times = _run_times(confirmation.runs)
     base = rec.baseline_trial
     winner = rec.trial
-    better = [
-        (iv.estimate, t)
-        for t in times
-        if t != winner
-        and (iv := speedup_interval(times[t], times.get(winner, []))) is not None
-        and iv.low > 1.0
-    ]
+
+    def interval(a: int, b: int | None) -> SpeedupInterval | None:
+        """``a`` ÷ ``b`` from their re-measured runs, the variance pooled with every other configuration's."""
+        if b is None:
+            return None
+        others = [runs for t, runs in times.items() if t not in (a, b)]
+        return speedup_interval(times.get(a, []), times.get(b, []), others=others)
+
+    better = [(iv.estimate, t) for t in times if t != winner and (iv := interval(t, winner)) and iv.low > 1.0]
     overtaken = None
     if better:
         overtaken, winner = winner, max(better)[1]
-    versus = {
-        t: iv
-        for t in times
-        if t != winner and (iv := speedup_interval(times[t], times.get(winner, []))) is not None
-    }
-    speedup = (
-        speedup_interval(times.get(winner, []), times[base]) if base in times and winner != base else None
-    )
+    versus = {t: iv for t in times if t != winner and (iv := interval(t, winner)) is not None}
+    speedup = interval(winner, base) if winner != base else None
     equivalent = sorted(t for t, iv in versus.items() if t != base and iv.includes_one)
     loaded = [r for r in confirmation.runs if r.host_loaded]
     host_load = None

@@ -87,7 +87,7 @@ def test_a_measurable_speedup_is_shown_with_its_interval(reports) -> None:
         assert "Verdict:" in text and "speedup over the baseline (trial 0): " + interval in text
         assert "Re-measurement" in text and "2 time(s) each, interleaved" in text
         assert "4 run(s), 20.0 min, 1.33 GPU-hours" in text
-        assert "Welch t-interval" in text
+        assert "Student t-interval (95 %) on the difference of the mean log step time" in text
         # the winner's second run was loaded: said beside the verdict and in the runs table
         assert "host loaded by other processes during 1 of 4 re-measurement runs" in text
         assert "loaded" in text

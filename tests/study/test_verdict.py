@@ -18,19 +18,19 @@ from autotune.records import (
 from autotune.study.verdict import RunTime, headline, judge, not_remeasured, speedup_interval, speedup_text
 
 T975_DF2 = 4.303  # Student t, two-sided 95 %, 2 degrees of freedom (any printed table)
-T975_DF1 = 12.706
+T975_DF3 = 3.182
 
 
-def test_the_estimate_is_the_ratio_of_geometric_means_and_the_interval_is_welch_over_runs() -> None:
+def test_the_estimate_is_the_ratio_of_geometric_means_and_the_interval_is_a_t_interval_over_runs() -> None:
     # winner runs 1.0 s and 1.1 s per step, baseline 2.0 s and 2.2 s: the same spread, half the time
     winner = [RunTime(1.0), RunTime(1.1)]
     baseline = [RunTime(2.0), RunTime(2.2)]
     iv = speedup_interval(winner, baseline)
     assert iv is not None
     assert iv.estimate == pytest.approx(2.0)
-    # each side: sample variance of (0, ln 1.1) = ln(1.1)^2 / 2; its mean's variance over 2 runs = ln(1.1)^2 / 4;
-    # se of the difference = ln(1.1) / sqrt(2); Welch df = 2 (equal variances, 2 runs each)
-    assert iv.df == pytest.approx(2.0)
+    # pooled variance of one run's log time: (2 * ln(1.1)^2 / 2) / (4 runs - 2 configurations) = ln(1.1)^2 / 2;
+    # se of the difference of the two means (2 runs each) = sqrt(var * (1/2 + 1/2)) = ln(1.1) / sqrt(2)
+    assert iv.df == 2
     half = T975_DF2 * math.log(1.1) / math.sqrt(2)
     assert iv.low == pytest.approx(2.0 * math.exp(-half), rel=1e-3)
     assert iv.high == pytest.approx(2.0 * math.exp(half), rel=1e-3)
@@ -42,16 +42,24 @@ def test_the_estimate_is_the_ratio_of_geometric_means_and_the_interval_is_welch_
     assert back.estimate == pytest.approx(0.5) and back.high == pytest.approx(1 / iv.low, rel=1e-9)
 
 
-def test_unequal_spread_uses_welch_degrees_of_freedom() -> None:
-    # the baseline varies (1.0 vs 2.0 s), the winner does not: df falls to 1, the interval widens
-    iv = speedup_interval([RunTime(0.5), RunTime(0.5)], [RunTime(1.0), RunTime(2.0)])
-    assert iv is not None
-    assert iv.df == pytest.approx(1.0)
-    log_mean_ratio = (math.log(1.0) + math.log(2.0)) / 2 - math.log(0.5)
-    se = math.sqrt(math.log(2.0) ** 2 / 2 / 2)
-    assert iv.estimate == pytest.approx(math.exp(log_mean_ratio))
-    assert iv.low == pytest.approx(math.exp(log_mean_ratio - T975_DF1 * se), rel=1e-3)
-    assert iv.includes_one  # a 2.8x point estimate that two runs cannot confirm
+def test_the_run_to_run_variance_is_pooled_over_every_configuration_re_measured() -> None:
+    # the winner's two runs agree, the baseline's differ twofold: one host, one noise
+    winner, baseline = [RunTime(0.5), RunTime(0.5)], [RunTime(1.0), RunTime(2.0)]
+    iv = speedup_interval(winner, baseline)
+    assert iv is not None and iv.df == 2
+    log_ratio = (math.log(1.0) + math.log(2.0)) / 2 - math.log(0.5)
+    var = (math.log(2.0) ** 2 / 2) / 2  # the baseline's sum of squares over 4 runs - 2 configurations
+    half = T975_DF2 * math.sqrt(var)
+    assert iv.estimate == pytest.approx(math.exp(log_ratio))
+    assert (iv.low, iv.high) == pytest.approx(
+        (math.exp(log_ratio - half), math.exp(log_ratio + half)), rel=1e-3
+    )
+    assert iv.includes_one  # a 2.8x point estimate that these runs cannot confirm
+    # a runner-up's two runs, as steady as the winner's, add two runs and one degree of freedom
+    pooled = speedup_interval(winner, baseline, others=[[RunTime(0.7), RunTime(0.7)]])
+    assert pooled is not None and pooled.df == 3 and pooled.estimate == pytest.approx(iv.estimate)
+    half3 = T975_DF3 * math.sqrt(math.log(2.0) ** 2 / 2 / 3)
+    assert pooled.low == pytest.approx(math.exp(log_ratio - half3), rel=1e-3)
 
 
 def test_runs_that_agree_by_chance_keep_the_spread_their_own_steps_show() -> None:
