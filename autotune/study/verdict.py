@@ -247,6 +247,8 @@ def not_remeasured(rec: Recommendation, reason: str) -> Recommendation:
     """``rec`` with a verdict that says its speedup comes from single runs, and why it was not re-measured."""
     if rec.baseline_trial is not None and rec.trial == rec.baseline_trial:
         verdict = f"the baseline (trial {rec.baseline_trial}) is the fastest configuration tried"
+    elif rec.speedup is None:
+        verdict = _single_run_text(None, rec.baseline_trial)  # nothing to re-measure against
     else:
         verdict = _single_run_text(rec.speedup, rec.baseline_trial) + f" (not re-measured: {reason})"
     return rec.model_copy(update={"verdict": verdict, "search_speedup": rec.speedup})

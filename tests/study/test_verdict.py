@@ -221,6 +221,11 @@ def test_without_re_measurement_the_speedup_is_never_bare() -> None:
         == "2.00× the baseline (trial 0) from one run of each (not re-measured: re-measurement off (--confirm-runs 0))"
     )
     assert speedup_text(rec) == "2.00× (single runs, not re-measured)"
+    no_baseline = _rec(results, 3).model_copy(update={"speedup": None, "baseline_throughput": None})
+    assert not_remeasured(no_baseline, "the baseline did not complete").verdict == (
+        "no speedup can be given: the baseline did not complete"
+    )
+    assert speedup_text(no_baseline) == "—"
 
 
 def test_a_recommendation_stored_before_verdicts_existed_still_loads() -> None:
