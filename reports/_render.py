@@ -384,7 +384,12 @@ def _confirmation_view(data: StudyData, winner: Recommendation) -> dict[str, Any
             }
         )
     versus = [
-        {"trial": t, "text": iv.text(), "equivalent": t in winner.equivalent}
+        {
+            "trial": t,
+            "text": iv.text(),
+            "equivalent": t in winner.equivalent,
+            "baseline": t == winner.baseline_trial,
+        }
         for t, iv in sorted(c.versus_winner.items())
     ]
     hours = "GPU-hours" if not _cpu_only(data) else "CPU-hours"

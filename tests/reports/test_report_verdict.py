@@ -97,6 +97,8 @@ def test_a_measurable_speedup_is_shown_with_its_interval(reports) -> None:
             in text
         )
         assert "1.52×" in text  # the search's single-run ratio, shown as what it was
+        versus = judged.confirmation.versus_winner[0]  # type: ignore[union-attr]
+        assert f"Against the winner: trial 0 (the baseline) {versus.text()}" in text
 
 
 @pytest.mark.parametrize("reports", [[24.0, 33.0]], indirect=True)
