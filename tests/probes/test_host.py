@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -204,7 +205,10 @@ def test_the_load_of_other_processes_is_recorded_beside_the_trial(monkeypatch: p
     assert rows[0]["other_cpu_cores"] is None  # a rate needs two samples
     other = [r["other_cpu_cores"] for r in rows[1:]]
     # the machine: half of 4 CPUs busy = 2 cores; a sleeping trial uses none, autotune's sampling a little
-    assert all(o is not None and 1.5 < o <= 2.0 for o in other), other
+    # (more in the interval of its first full scan; CPU time comes in 10 ms ticks, so one interval of
+    # 50 ms may read a tick or none)
+    assert all(o is not None and 0.0 <= o <= 2.0 for o in other), other
+    assert statistics.median(other) > 1.5, other
     assert all(r["host_cpu_count"] == 4 and r["load_avg_1m"] is not None for r in rows)
     assert rows[-1]["host_cpu_pct"] == pytest.approx(50.0)
 
