@@ -517,6 +517,21 @@ class NvmlSampler:
         """
         return self._buffer.rows()
 
+    def samples_since(self, cursor: int, columns: Sequence[str]) -> tuple[list[tuple[float, ...]], int]:
+        """A live view for a reader in another thread: the rows taken since ``cursor``, as tuples.
+
+        ``columns`` names any of ``t_mono_s``, ``t_wall_s``, ``device`` and the
+        :data:`probes.timeline.GPU_METRICS`; each row holds them in that order (floats, NaN = not
+        measured on that row). Returns the rows and the cursor of the next call (start with 0). Costs
+        only the new rows and never blocks the sampling thread for longer than one copy; the rows are
+        the same ones :meth:`rows` returns at the end. The trial runner reads utilization and power
+        through it while the trial runs.
+
+        Raises:
+            KeyError: a column the timeline does not have.
+        """
+        return self._buffer.since(cursor, columns)
+
     def start(self) -> None:
         """Initialise NVML, open the GPUs, start the sampling thread.
 

@@ -137,6 +137,26 @@ class RowBuffer:
     def __len__(self) -> int:
         return len(self._data) // self.width
 
+    def since(self, start: int, names: Sequence[str]) -> tuple[list[tuple[float, ...]], int]:
+        """The rows stored from row number ``start`` on, each as a tuple of the columns ``names``.
+
+        For a reader that follows the buffer while it grows (the trial runner's live hang rule): it
+        passes back the returned row number on its next call, so each call costs only the new rows.
+        Values are floats, NaN = not measured. Thread-safe.
+
+        Raises:
+            KeyError: a name that is not a column.
+        """
+        picks = [self.columns.index(n) if n in self.columns else -1 for n in names]
+        if -1 in picks:
+            raise KeyError(f"no column {names[picks.index(-1)]!r}; columns: {', '.join(self.columns)}")
+        width = self.width
+        with self._lock:
+            end = len(self._data) // width
+            chunk = self._data[max(0, start) * width : end * width]
+        rows = [tuple(chunk[i + k] for k in picks) for i in range(0, len(chunk), width)]
+        return rows, end
+
     def rows(self) -> list[dict[str, Any]]:
         """Every row so far as a dict: ``source`` added, ``device`` an int, NaN turned into None."""
         with self._lock:

@@ -546,6 +546,7 @@ def _trial_row(
         "duration_text": seconds(r.duration_s) if r.duration_s else DASH,
         "duration_s": r.duration_s,
         "links": _file_links(t, out_dir),
+        "choice_text": clean.clean(choice_text(r.choice)),
     }
 
 
@@ -553,6 +554,47 @@ def _row_load(r: TrialResult) -> str:
     """The trial's host-load flag ("host loaded by other processes during this trial (...)"), or ""."""
     load = host_load(r.timeline_summary)
     return load.text() if load is not None and load.loaded else ""
+
+
+def choice_text(choice: Mapping[str, Any] | None) -> str:
+    """Why the search ran a trial, in one line: its move from the incumbent, predicted speed and risk."""
+    if not choice:
+        return ""
+    mode = str(choice.get("mode", ""))
+    fixed = {
+        "baseline": "the baseline: the framework's defaults or your own settings",
+        "sampler": "chosen by Optuna's sampler",
+        "grid": "next grid point",
+        "requeued": "re-run: its earlier run was interrupted, or the next untried configuration",
+    }
+    if mode in fixed:
+        return fixed[mode]
+    parts: list[str] = []
+    move = choice.get("move") or {}
+    incumbent = choice.get("incumbent")
+    changes = ", ".join(f"{k} {knob_value(a)}→{knob_value(b)}" for k, (a, b) in move.items())
+    if mode == "refine" and incumbent is not None:
+        parts.append(f"refine best trial {incumbent}: {changes}")
+    elif mode == "probe" and incumbent is not None:
+        parts.append(
+            f"test a suspect of earlier failures ({choice.get('suspect') or 'a knob value'}) on best trial "
+            f"{incumbent}: {changes}; if it works, faster configurations with it are open"
+        )
+    elif incumbent is not None:
+        parts.append(
+            f"explore: {len(move)} knob{'s' if len(move) != 1 else ''} away from best trial {incumbent}"
+        )
+    else:
+        parts.append("explore: the model's most promising configuration")
+    for key, text in (
+        ("predicted_throughput", "predicted {:.3g}/s"),
+        ("expected_gain_frac", "expected gain {:+.1%}"),
+        ("failure_risk", "failure risk {:.0%}"),
+    ):
+        value = choice.get(key)
+        if is_num(value):
+            parts.append(text.format(value))
+    return "; ".join(parts)
 
 
 def _file_links(t: TrialData, out_dir: Path) -> dict[str, str]:

@@ -47,6 +47,8 @@ __all__ = [
     "BackendInfo",
     "FailurePattern",
     "ModelRef",
+    "OpenPhase",
+    "PhaseMark",
     "RuleViolation",
     "StepParser",
     "TrialContext",
@@ -121,11 +123,58 @@ class FailurePattern:
     reason: str
 
 
+@dataclass(frozen=True)
+class PhaseFrame:
+    """A traceback frame that places a failure in a phase of the step.
+
+    ``regex`` is searched in ``"<file path>:<function>"`` of each ``File "...", line N, in f`` line.
+    Only frames that run in one phase alone belong here (a trainer's weight-sync method, ``backward``),
+    never helpers several phases call (a forward pass, vLLM's ``execute_model``).
+    """
+
+    phase: str  # "startup", "rollout", "train" or "weight_sync"
+    regex: str
+
+
+@dataclass(frozen=True)
+class PhaseMark:
+    """A line a framework prints when one of its phases begins or ends (its weight sync, ...).
+
+    Attributes:
+        phase: a timeline phase name (``probes.phases.PHASES``): ``weight_sync``, ``rollout``, ...
+        event: ``begin`` or ``end``.
+        regex: searched anywhere in each output line (so rank and worker prefixes do not matter).
+        source: where the framework prints it (repository, file, function), to re-check it against a
+            new release.
+    """
+
+    phase: str
+    event: str
+    regex: str
+    source: str
+
+
+@dataclass(frozen=True)
+class OpenPhase:
+    """A phase the trial's own log shows it inside: entered, and not left since.
+
+    Attributes:
+        phase: a timeline phase name (``weight_sync``, ``rollout``, ``train``).
+        since_mono_s: when it was entered (``time.monotonic()``).
+        evidence: the line or marker that opened it.
+    """
+
+    phase: str
+    since_mono_s: float
+    evidence: str
+
+
 class StepParser(ABC):
     """Turns a trial's output into step records. One instance per trial; not thread-safe.
 
     The runner calls :meth:`feed` from one thread for each complete line (stdout and stderr alike,
-    carriage-return segments already split) and :meth:`poll` periodically from the same thread.
+    carriage-return segments already split) and :meth:`poll` periodically from the same thread; it asks
+    :meth:`open_phase` from that thread too, after each poll.
     """
 
     @abstractmethod
@@ -139,6 +188,18 @@ class StepParser(ABC):
     def finish(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         """Called once after the process ended: flush what is left."""
         return self.poll(t_mono_s, t_wall_s)
+
+    def open_phase(self) -> OpenPhase | None:
+        """The phase the trial's own log shows it inside now, from what :meth:`feed` and :meth:`poll`
+        have seen; None when it shows none, or the framework does not say.
+
+        The runner calls a trial hung when the log shows it inside a blocking phase (a weight sync)
+        for much longer than a step takes, and records the phase a failed trial ended in. A parser
+        that reads its framework's phase lines (:class:`PhaseMark`, with
+        :class:`autotune.backends._phases.LinePhases`) or phase markers
+        (:class:`autotune.backends._phases.MarkerPhases`) overrides it; the default knows none.
+        """
+        return None
 
 
 @cache
@@ -306,6 +367,12 @@ class Backend(ABC):
 
     def failure_patterns(self) -> tuple[FailurePattern, ...]:
         """Failure text specific to this framework, on top of the common patterns."""
+        return ()
+
+    def phase_frames(self) -> tuple[PhaseFrame, ...]:
+        """The framework's own traceback frames that say in which phase a failure happened, on top of
+        the common ones (PyTorch's backward and optimizers, Hugging Face and vLLM generation, vLLM's
+        start-up)."""
         return ()
 
     def baseline(self, defaults: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:

@@ -36,7 +36,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.backends._base import Backend, BackendInfo, ModelRef, RuleViolation, StepParser, TrialContext
+from autotune.backends._base import (
+    Backend,
+    BackendInfo,
+    ModelRef,
+    OpenPhase,
+    RuleViolation,
+    StepParser,
+    TrialContext,
+)
+from autotune.backends._phases import MarkerPhases
 from autotune.backends._values import as_number
 from autotune.backends.trl.backend import TrlBackend
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
@@ -44,6 +53,7 @@ from autotune.errors import BackendError, SpaceError, UsageError
 from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.space import SearchSpace
+from autotune.studydir import TrialDir
 
 __all__ = ["BUILTIN_PLACEHOLDERS", "CommandBackend", "CommandParser", "knob_env_name", "template_fields"]
 
@@ -122,13 +132,24 @@ class _Value:
 
 
 class CommandParser(StepParser):
-    """Step records from JSON lines on stdout and in a metrics file (tailed; partial lines kept)."""
+    """Step records from JSON lines on stdout and in a metrics file (tailed; partial lines kept).
 
-    def __init__(self, metrics_path: Path | None) -> None:
+    Args:
+        metrics_path: the metrics file the command writes (``$AUTOTUNE_METRICS_FILE``), if any.
+        phases_path: the phase-marker file (``$AUTOTUNE_PHASES_FILE``): a script that marks its phases
+            with :mod:`autotune.probes.phases` tells :meth:`open_phase` where it is.
+    """
+
+    def __init__(self, metrics_path: Path | None, phases_path: Path | None = None) -> None:
         self.metrics_path = metrics_path
         self._offset = 0
         self._partial = b""
         self._seen: set[int] = set()
+        self._phases = MarkerPhases(phases_path) if phases_path is not None else None
+
+    def open_phase(self) -> OpenPhase | None:
+        """The phase the script's last marker opened and no marker closed."""
+        return self._phases.open() if self._phases is not None else None
 
     def _record(self, line: str, t_mono_s: float, t_wall_s: float) -> StepMetrics | None:
         text = line.strip()
@@ -179,6 +200,8 @@ class CommandParser(StepParser):
         return [rec] if rec is not None else []
 
     def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        if self._phases is not None:
+            self._phases.poll()
         if self.metrics_path is None:
             return []
         try:
@@ -420,7 +443,7 @@ class CommandBackend(Backend):
             "AUTOTUNE_GLOBAL_BATCH": str(ctx.global_batch),
             "AUTOTUNE_WORLD_SIZE": str(world),
             "AUTOTUNE_METRICS_FILE": str(metrics),
-            "AUTOTUNE_PHASES_FILE": str(ctx.trial_dir / "phases.jsonl"),
+            "AUTOTUNE_PHASES_FILE": str(ctx.trial_dir / TrialDir.PHASES),
             "AUTOTUNE_MAX_STEPS": str(ctx.max_steps),
             "AUTOTUNE_SEED": str(ctx.seed),
             "AUTOTUNE_TRIAL_NUMBER": str(spec.number),
@@ -434,4 +457,4 @@ class CommandBackend(Backend):
         return LaunchPlan(argv=argv, env=env, cwd=self.cwd, metrics_paths=(str(metrics),), world_size=world)
 
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
-        return CommandParser(self._metrics_path(ctx))
+        return CommandParser(self._metrics_path(ctx), ctx.trial_dir / TrialDir.PHASES)

@@ -45,7 +45,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,11 +54,28 @@ import optuna
 from autotune.errors import UsageError
 from autotune.records import TrialResult, TrialStatus
 from autotune.space import SearchSpace, canonical_key
+from autotune.strategy._blame import blamed_knobs
 from autotune.strategy._candidates import count_configs, neighbours, random_config, sample_configs
 from autotune.strategy._inference import infer_infeasible, is_memory_failure
-from autotune.strategy._surrogate import ConfigEncoder, FailureModel, SpeedModel, expected_gain
+from autotune.strategy._surrogate import (
+    PHASE_NAMES,
+    ConfigEncoder,
+    FailureModel,
+    PhaseSpeedModel,
+    SpeedModel,
+    expected_gain,
+)
 
-__all__ = ["SEARCH_KINDS", "COMPARISON_KINDS", "Proposal", "SearchStrategy", "launched", "usable_complete"]
+__all__ = [
+    "SEARCH_KINDS",
+    "COMPARISON_KINDS",
+    "Proposal",
+    "SearchStrategy",
+    "launched",
+    "move_from",
+    "observed_phases",
+    "usable_complete",
+]
 
 SEARCH_KINDS = ("auto", "random", "grid")
 COMPARISON_KINDS = ("tpe",)  # bench only
@@ -74,6 +91,24 @@ def launched(history: Sequence[TrialResult]) -> list[TrialResult]:
         and r.status not in (TrialStatus.INTERRUPTED, TrialStatus.RUNNING)
     ]
     return sorted(out, key=lambda r: r.number)
+
+
+def observed_phases(result: TrialResult) -> np.ndarray | None:
+    """Seconds per step of each phase (``PHASE_NAMES`` order) a trial measured, scaled to its steady
+    step time; None without a steady estimate or a framework / marker phase split."""
+    if result.steady is None or not result.timeline_summary:
+        return None
+    phases = result.timeline_summary.get("phases") or {}
+    if phases.get("source") not in ("framework", "markers"):
+        return None
+    seconds = phases.get("seconds") or {}
+    values = [seconds.get(p) for p in PHASE_NAMES]
+    if any(v is None or not math.isfinite(float(v)) or float(v) < 0 for v in values):
+        return None
+    total = sum(float(v) for v in values if v is not None)
+    if total <= 0:
+        return None
+    return np.array([float(v) for v in values if v is not None]) * (result.steady.step_time_s / total)
 
 
 def usable_complete(result: TrialResult) -> bool:
@@ -97,6 +132,32 @@ class Proposal:
     predicted_throughput: float | None
     expected_gain_frac: float | None
     failure_risk: float
+    mode: str = "explore"
+    incumbent: int | None = None
+    move: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    suspect: str | None = None
+
+    def choice(self) -> dict[str, Any]:
+        """Why this configuration was chosen, as stored with its trial (``TrialResult.choice``)."""
+        return {
+            "mode": self.mode,
+            "predicted_throughput": self.predicted_throughput,
+            "expected_gain_frac": self.expected_gain_frac,
+            "failure_risk": round(self.failure_risk, 4),
+            "incumbent": self.incumbent,
+            "move": {k: [a, b] for k, (a, b) in self.move.items()},
+            **({"suspect": self.suspect} if self.suspect else {}),
+        }
+
+
+def move_from(incumbent: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The knobs ``params`` sets differently from ``incumbent``: name → (incumbent's value, new value)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for name in dict.fromkeys([*incumbent, *params]):
+        a, b = incumbent.get(name), params.get(name)
+        if canonical_key({"v": a}) != canonical_key({"v": b}):
+            out[name] = (a, b)
+    return out
 
 
 @dataclass
@@ -113,6 +174,10 @@ class SearchStrategy:
         kind: "auto", "random", "grid" (or "tpe" in the bench).
         seed: seed of every random choice.
         rank: the estimator's predicted throughput of a configuration, or None when unknown.
+        phase_prior: the estimator's seconds per step of each phase (``rollout``, ``train``,
+            ``weight_sync``, ``other``) for a configuration, or None; with it, and once
+            ``min_phase_trials`` trials measured their phases (the timeline's framework or marker
+            split), the speed model is the per-phase one (:class:`~autotune.strategy._surrogate.PhaseSpeedModel`).
         valid: the framework's static validity rules (checked once per candidate).
         feasible: the cheap pre-check a candidate must pass before it is proposed (validity rules,
             OOM inference, memory gate — it may change as the study learns).
@@ -148,6 +213,19 @@ class SearchStrategy:
             predicts) ...
         effect_floor: ... but at least this (effects the estimator does not model at all) ...
         effect_cap: ... and at most this (log scale).
+        warmup_trials: launched trials (baseline included) before the schedule may refine.
+        refine_share: the share of the trials after the warm-up spent refining the incumbent, at the
+            start and at the end of the budget (linear in the share of the budget used): early trials
+            mostly explore while the model is uncertain, the last ones mostly try one- and two-knob
+            changes of the best healthy trial, where gains are likeliest.
+        refine_radius: knobs a refinement move may change at once.
+        suspect_weight: a knob value whose share of some failure's blame is at least this is a suspect;
+            a one-knob move of the incumbent onto a suspect value is a *probe*, chosen over the
+            schedule's move when its expected gain plus what its success would unlock (the best
+            candidate's expected gain once the suspect is cleared, times the chance it succeeds) is
+            larger: a one-step look-ahead on the culprit model, so one failure next to the optimum does
+            not keep the search away from it for good.
+        max_probes: probes evaluated per decision (each costs a refit of the culprit model).
         full_grid_limit: spaces up to this size are considered in full; larger ones are sampled.
         pool_size: random configurations considered in a large space.
         shortlist_size: candidates whose memory load is re-checked fresh per round of choosing.
@@ -160,6 +238,8 @@ class SearchStrategy:
         *,
         seed: int = 0,
         rank: Callable[[Mapping[str, Any]], float | None] | None = None,
+        phase_prior: Callable[[Mapping[str, Any]], Mapping[str, float] | None] | None = None,
+        min_phase_trials: int = 2,
         valid: Callable[[Mapping[str, Any]], bool] | None = None,
         feasible: Callable[[Mapping[str, Any]], bool] | None = None,
         memory_load: Callable[[Mapping[str, Any]], float | None] | None = None,
@@ -174,6 +254,11 @@ class SearchStrategy:
         effect_error: float = 0.3,
         effect_floor: float = 0.06,
         effect_cap: float = 0.25,
+        warmup_trials: int = 3,
+        refine_share: tuple[float, float] = (0.5, 0.9),
+        refine_radius: int = 2,
+        suspect_weight: float = 0.15,
+        max_probes: int = 6,
         full_grid_limit: int = 5_000,
         pool_size: int = 2_000,
         shortlist_size: int = 64,
@@ -186,6 +271,9 @@ class SearchStrategy:
         self.kind = kind
         self.seed = seed
         self._rank = rank
+        self._phase_prior = phase_prior
+        self.min_phase_trials = min_phase_trials
+        self._phase_sd: dict[str, np.ndarray] | None = None
         self._valid = valid or (lambda _p: True)
         self._feasible = feasible or (lambda _p: True)
         self._memory_load = memory_load
@@ -200,6 +288,11 @@ class SearchStrategy:
         self.effect_error = effect_error
         self.effect_floor = effect_floor
         self.effect_cap = effect_cap
+        self.warmup_trials = warmup_trials
+        self.refine_share = refine_share
+        self.refine_radius = refine_radius
+        self.suspect_weight = suspect_weight
+        self.max_probes = max_probes
         self.full_grid_limit = full_grid_limit
         self.pool_size = pool_size
         self.shortlist_size = shortlist_size
@@ -268,24 +361,32 @@ class SearchStrategy:
         return self._rng.choice(feasible or candidates)
 
     # -- proposals -------------------------------------------------------------------------------
-    def propose(self, history: Sequence[TrialResult], visited: set[str]) -> dict[str, Any] | None:
+    def propose(
+        self, history: Sequence[TrialResult], visited: set[str], budget_left: int | None = None
+    ) -> dict[str, Any] | None:
         """The configuration to run next, or None to let the Optuna sampler choose.
 
         ``grid`` returns the next grid point (None once every point was visited); ``random`` and
-        ``tpe`` always leave the choice to Optuna; ``auto`` returns the best-scoring candidate.
+        ``tpe`` always leave the choice to Optuna; ``auto`` returns the best-scoring candidate of the
+        schedule's current move (see :meth:`explain`). ``budget_left``: launched trials the budget
+        still allows (None: unknown, e.g. a time budget only).
         """
         if self.kind == "grid":
             return self.next_unvisited(visited)
         if self.kind != "auto":
             return None
-        analysis = self._analyse(history, visited)
+        analysis = self._analyse(history, visited, budget_left)
         return dict(analysis.proposal.params) if analysis.proposal else None
 
-    def explain(self, history: Sequence[TrialResult], visited: set[str]) -> Proposal | None:
-        """The proposal ``auto`` would make now, with its predicted throughput, gain and risk."""
+    def explain(
+        self, history: Sequence[TrialResult], visited: set[str], budget_left: int | None = None
+    ) -> Proposal | None:
+        """The proposal ``auto`` would make now, with its predicted throughput, gain, risk, and the
+        move from the incumbent (the best usable trial): ``mode`` is ``refine`` for a one- or two-knob
+        change of it, ``explore`` for the best candidate of the whole space."""
         if self.kind != "auto":
             return None
-        return self._analyse(history, visited).proposal
+        return self._analyse(history, visited, budget_left).proposal
 
     def failure_risk(self, history: Sequence[TrialResult], configs: Sequence[Mapping[str, Any]]) -> float:
         """The largest probability, among ``configs``, of failing for a reason the memory estimate does
@@ -295,17 +396,34 @@ class SearchStrategy:
         model = self._failure_model(launched(history))
         return float(model.predict(np.array([self._encoder_().codes(p) for p in configs], dtype=int)).max())
 
-    def _failure_model(self, runs: Sequence[TrialResult]) -> FailureModel:
-        """Failure evidence from every launched run. Memory failures are the estimate's business when
-        there is one (the gate calibrates on them); without one the culprit model learns them too."""
+    def _failure_model(
+        self, runs: Sequence[TrialResult], success: Mapping[str, Any] | None = None
+    ) -> FailureModel:
+        """Failure evidence from every launched run (and, for a look-ahead, one more configuration
+        supposed to succeed). Memory failures are the estimate's business when there is one (the gate
+        calibrates on them); without one the culprit model learns them too."""
         enc = self._encoder_()
         if self._memory_load is not None:
             runs = [r for r in runs if not is_memory_failure(r)]
+        if success is not None:
+            runs = [
+                *runs,
+                TrialResult(number=-1, params=dict(success), status=TrialStatus.COMPLETE, reason=""),
+            ]
         codes = np.array([self._cand(r.params).codes for r in runs], dtype=int).reshape(
             len(runs), len(enc.slots)
         )
         failed = np.array([r.status.is_failure for r in runs], dtype=bool)
-        return FailureModel().fit(codes, failed, space_codes=self._base_pool().codes)
+        blame: list[np.ndarray | None] = []
+        for r in runs:
+            knobs = blamed_knobs(self.space, r)
+            blame.append(
+                None if knobs is None else np.array([s.name in knobs for s in enc.slots], dtype=bool)
+            )
+        kinds = [f"{r.status.value}:{r.failed_phase or ''}" for r in runs]
+        return FailureModel().fit(
+            codes, failed, space_codes=self._base_pool().codes, blame=blame, kinds=kinds
+        )
 
     # -- stopping --------------------------------------------------------------------------------
     def converged(
@@ -328,7 +446,7 @@ class SearchStrategy:
             return None
         if visited is None:
             visited = {canonical_key(r.params) for r in history if r.status is not TrialStatus.INTERRUPTED}
-        analysis = self._analyse(history, visited)
+        analysis = self._analyse(history, visited, launched_budget_left, explore_only=True)
         if analysis.proposal is None:
             return "no untried configuration passes the pre-screen"
         gain = analysis.proposal.expected_gain_frac
@@ -383,6 +501,7 @@ class SearchStrategy:
                 x=enc.encode(params, codes),
                 prior=float(prior) if prior is not None and prior > 0 else math.nan,
                 valid=bool(self._valid(params)),
+                phases=self._phase_vector(params),
             )
             self._cands[key] = cand
         return cand
@@ -415,6 +534,38 @@ class SearchStrategy:
                 self._prior_sd = enc.scaled_prior_sd(scales)
         return self._prior_sd
 
+    def _phase_vector(self, params: Mapping[str, Any]) -> np.ndarray:
+        out = np.full(len(PHASE_NAMES), math.nan)
+        if self._phase_prior is None:
+            return out
+        phases = self._phase_prior(params)
+        if phases:
+            values = [float(phases.get(p, 0.0) or 0.0) for p in PHASE_NAMES]
+            if all(math.isfinite(v) and v >= 0 for v in values) and sum(values) > 0:
+                out[:] = values
+        return out
+
+    def _phase_sds(self) -> dict[str, np.ndarray]:
+        """Per phase, each knob's prior scale from how much the estimator says it moves that phase."""
+        if self._phase_sd is None:
+            enc = self._encoder_()
+            base = self._base_pool()
+            known = np.isfinite(base.phases).all(axis=1)
+            eps = 0.02 * np.nansum(base.phases, axis=1)
+            out: dict[str, np.ndarray] = {}
+            for j, name in enumerate(PHASE_NAMES):
+                log_phase = np.where(
+                    known, np.log(np.where(known, base.phases[:, j], 1.0) + eps + 1e-12), np.nan
+                )
+                spreads = enc.knob_spreads(base.codes, log_phase)
+                scales = {
+                    k: min(self.effect_cap, max(self.effect_floor, self.effect_error * v))
+                    for k, v in spreads.items()
+                }
+                out[name] = enc.scaled_prior_sd(scales)
+            self._phase_sd = out
+        return self._phase_sd
+
     def _first_load(self, cands: Sequence[_Candidate]) -> np.ndarray:
         """Predicted memory load, as first computed (the shortlist is re-checked fresh)."""
         if self._memory_load is None:
@@ -433,18 +584,95 @@ class SearchStrategy:
         values = [self._memory_load(c.params) for c in cands]
         return np.array([math.nan if v is None else float(v) for v in values])
 
-    def _analyse(self, history: Sequence[TrialResult], visited: set[str]) -> _Analysis:
+    def _analyse(
+        self,
+        history: Sequence[TrialResult],
+        visited: set[str],
+        budget_left: int | None = None,
+        *,
+        explore_only: bool = False,
+    ) -> _Analysis:
         key = (
             tuple((r.number, r.status.value, r.throughput) for r in sorted(history, key=lambda r: r.number)),
             len(visited),
+            budget_left,
+            explore_only,
         )
         if self._analysis is not None and self._analysis_key == key:
             return self._analysis
-        analysis = self._decide(history, visited)
+        analysis = self._decide(history, visited, budget_left, explore_only)
         self._analysis_key, self._analysis = key, analysis
         return analysis
 
-    def _decide(self, history: Sequence[TrialResult], visited: set[str]) -> _Analysis:
+    def _incumbent(self, history: Sequence[TrialResult]) -> TrialResult | None:
+        """The best usable trial (highest throughput; the lower number on a tie)."""
+        usable = [r for r in history if self._usable(r) and r.throughput]
+        return max(usable, key=lambda r: (r.throughput or 0.0, -r.number)) if usable else None
+
+    def _wants_refine(self, runs: Sequence[TrialResult], budget_left: int | None) -> bool:
+        """Whether the next trial is a refinement move, by the budget-aware schedule.
+
+        After ``warmup_trials`` launched trials, refinement moves make up a share of the trials that
+        grows from ``refine_share[0]`` to ``refine_share[1]`` with the share of the budget used (without
+        a trial budget, over 20 trials). The count of refinement moves so far is read from the trials'
+        recorded choices, so a resumed study keeps its schedule.
+        """
+        n = len(runs)
+        if n < self.warmup_trials:
+            return False
+        used = n / (n + budget_left) if budget_left is not None and n + budget_left > 0 else min(1.0, n / 20)
+        lo, hi = self.refine_share
+        share = lo + (hi - lo) * used
+        done = sum(1 for r in runs if (r.choice or {}).get("mode") == "refine")
+        return done < share * (n - self.warmup_trials + 1)
+
+    def _around(self, params: Mapping[str, Any], visited: set[str]) -> list[_Candidate]:
+        """Valid unvisited configurations within ``refine_radius`` knob changes of ``params``."""
+        seen = {canonical_key(params)}
+        frontier = [dict(params)]
+        out: list[_Candidate] = []
+        for _ in range(self.refine_radius):
+            nxt: list[dict[str, Any]] = []
+            for base in frontier:
+                for nb in neighbours(self.space, base):
+                    key = canonical_key(nb)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    nxt.append(nb)
+                    if key not in visited:
+                        cand = self._cand(nb, key)
+                        if cand.valid:
+                            out.append(cand)
+            frontier = nxt
+        return out
+
+    def _fit_phase_model(self, runs: Sequence[TrialResult]) -> PhaseSpeedModel | None:
+        """The per-phase speed model, once enough trials measured their phases (else None)."""
+        if self._phase_prior is None:
+            return None
+        xs, priors, observed = [], [], []
+        for r in runs:
+            obs = observed_phases(r)
+            if obs is None:
+                continue
+            cand = self._cand(r.params)
+            if not np.isfinite(cand.phases).all() or math.isnan(cand.prior):
+                continue
+            xs.append(cand.x)
+            priors.append(cand.phases)
+            observed.append(obs)
+        if len(xs) < self.min_phase_trials:
+            return None
+        return PhaseSpeedModel(self._phase_sds()).fit(np.array(xs), np.array(priors), np.array(observed))
+
+    def _decide(
+        self,
+        history: Sequence[TrialResult],
+        visited: set[str],
+        budget_left: int | None = None,
+        explore_only: bool = False,
+    ) -> _Analysis:
         enc = self._encoder_()
         k = len(enc.slots)
         runs = launched(history)
@@ -463,21 +691,56 @@ class SearchStrategy:
             ]
         )
         model = SpeedModel(self._speed_prior_sd()).fit(x_obs, y_obs)
+        phase_model = self._fit_phase_model(runs)
 
         failure = self._failure_model(runs)
         aversion = self._aversion(runs)
 
-        def score(block: _Block, load: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        def score(
+            block: _Block, load: np.ndarray, fm: FailureModel = failure
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
             mean, sd = model.predict(block.x)
+            if phase_model is not None:
+                has = np.isfinite(block.phases).all(axis=1) & np.isfinite(block.prior)
+                if has.any():
+                    ratio, ratio_sd = phase_model.predict(block.x[has], block.phases[has])
+                    mean, sd = mean.copy(), sd.copy()
+                    mean[has], sd[has] = -ratio, ratio_sd  # throughput ∝ 1 / step time
             mean_log = np.log(np.where(np.isnan(block.prior), fallback, block.prior)) + mean
-            p_other = failure.predict(block.codes)
-            p_mem = failure.memory_risk(load, self.headroom_limit) if self._memory_load is not None else 0.0
+            p_other = fm.predict(block.codes)
+            p_mem = fm.memory_risk(load, self.headroom_limit) if self._memory_load is not None else 0.0
             p_ok = (1.0 - p_mem) * (1.0 - p_other)
             gain = (
                 expected_gain(mean_log, sd, best) if best is not None else np.exp(mean_log - mean_log.max())
             )
             choice = gain * (1.0 - p_mem) ** self.risk_aversion * (1.0 - p_other) ** aversion
             return choice, gain * p_ok, mean_log, p_ok
+
+        incumbent = self._incumbent(history)
+
+        def finish(proposal: Proposal | None, mode: str) -> _Analysis:
+            if proposal is None:
+                return _Analysis(None, best)
+            move = move_from(incumbent.params, proposal.params) if incumbent is not None else {}
+            return _Analysis(
+                replace(proposal, mode=mode, incumbent=incumbent.number if incumbent else None, move=move),
+                best,
+            )
+
+        chosen: tuple[Proposal, str] | None = None
+        # refinement: the best one- or two-knob change of the incumbent, when the schedule says so
+        if not explore_only and incumbent is not None and self._wants_refine(runs, budget_left):
+            local = _Block.of(self._around(incumbent.params, visited), k)
+            if local.cands:
+                first, _, _, _ = score(local, self._first_load(local.cands))
+                order = np.argsort(-first, kind="stable")
+                for start in range(0, len(order), self.shortlist_size):
+                    proposal = self._pick(
+                        local.take(order[start : start + self.shortlist_size]), score, history, best
+                    )
+                    if proposal is not None:
+                        chosen = (proposal, "refine")
+                        break
 
         base = self._base_pool()
         block = base.select([c.key not in visited for c in base.cands])
@@ -503,18 +766,94 @@ class SearchStrategy:
                 if not extra:
                     break
                 block = block.concat(_Block.of(extra, k))
-        if not block.cands:
+        if chosen is None and block.cands:
+            first, _, _, _ = score(block, self._first_load(block.cands))
+            order = np.argsort(-first, kind="stable")
+            for start in range(0, len(order), self.shortlist_size):
+                proposal = self._pick(
+                    block.take(order[start : start + self.shortlist_size]), score, history, best
+                )
+                if proposal is not None:
+                    chosen = (proposal, "explore")
+                    break
+        if chosen is None:
             return _Analysis(None, best)
+        later_trials = budget_left is None or budget_left > 1
+        # probes take a risk on purpose: not while the study is weighing failures up (budget_aversion)
+        calm = aversion <= 1.0
+        if (
+            not explore_only
+            and calm
+            and incumbent is not None
+            and best is not None
+            and later_trials
+            and block.cands
+        ):
+            current = chosen[0].expected_gain_frac or 0.0
+            probe = self._probe(runs, history, incumbent, visited, block, failure, score, current)
+            if probe is not None:
+                return finish(probe, "probe")
+        return finish(*chosen)
 
-        first, _, _, _ = score(block, self._first_load(block.cands))
-        order = np.argsort(-first, kind="stable")
-        for start in range(0, len(order), self.shortlist_size):
-            proposal = self._pick(
-                block.take(order[start : start + self.shortlist_size]), score, history, best
-            )
-            if proposal is not None:
-                return _Analysis(proposal, best)
-        return _Analysis(None, best)
+    def _probe(
+        self,
+        runs: Sequence[TrialResult],
+        history: Sequence[TrialResult],
+        incumbent: TrialResult,
+        visited: set[str],
+        block: _Block,
+        failure: FailureModel,
+        score: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        current: float,
+    ) -> Proposal | None:
+        """A one-knob move of the incumbent onto a suspect value, when testing it is worth more than
+        ``current`` (the expected gain of the schedule's own move); None otherwise."""
+        enc = self._encoder_()
+        suspects = {
+            (j, int(f[j]))
+            for f, w_single, _ in failure.causes
+            for j in np.flatnonzero(w_single >= self.suspect_weight)
+        }
+        if not suspects:
+            return None
+        probes: list[_Candidate] = []
+        for nb in neighbours(self.space, incumbent.params):
+            key = canonical_key(nb)
+            if key in visited:
+                continue
+            cand = self._cand(nb, key)
+            if cand.valid and any(cand.codes[j] == code for j, code in suspects):
+                probes.append(cand)
+        if not probes:
+            return None
+        pblock = _Block.of(probes, len(enc.slots))
+        _, p_gain, p_mean, p_ok = score(pblock, self._fresh_load(pblock.cands))
+        load = self._first_load(block.cands)
+        now = float(score(block, load)[1].max())
+        best_value, best_i = current, None
+        for i in np.argsort(-p_ok, kind="stable")[: self.max_probes]:
+            params = probes[i].params
+            if infer_infeasible(self.space, params, history) is not None or not self._feasible(params):
+                continue
+            after = float(score(block, load, self._failure_model(runs, success=params))[1].max())
+            value = float(p_gain[i]) + float(p_ok[i]) * max(0.0, after - now)
+            if value > best_value:
+                best_value, best_i = value, int(i)
+        if best_i is None:
+            return None
+        cand = probes[best_i]
+        names = [
+            f"{enc.slots[j].name}={cand.params.get(enc.slots[j].name)!r}"
+            for j, code in sorted(suspects)
+            if cand.codes[j] == code
+        ]
+        return Proposal(
+            params=dict(cand.params),
+            predicted_throughput=float(math.exp(p_mean[best_i])),
+            expected_gain_frac=best_value,
+            failure_risk=float(1.0 - p_ok[best_i]),
+            suspect=", ".join(names),
+        )
 
     def _pick(
         self,
@@ -548,6 +887,7 @@ class _Candidate:
     x: np.ndarray
     prior: float  # NaN when the estimator has no prediction
     valid: bool  # passes the framework's static rules
+    phases: np.ndarray  # the estimator's seconds per phase (PHASE_NAMES order); NaN when unknown
 
 
 @dataclass(frozen=True)
@@ -558,6 +898,7 @@ class _Block:
     x: np.ndarray
     codes: np.ndarray
     prior: np.ndarray
+    phases: np.ndarray
 
     @classmethod
     def of(cls, cands: Sequence[_Candidate], n_slots: int) -> _Block:
@@ -567,10 +908,13 @@ class _Block:
             x=np.array([c.x for c in cands]).reshape(len(cands), n_features),
             codes=np.array([c.codes for c in cands], dtype=int).reshape(len(cands), n_slots),
             prior=np.array([c.prior for c in cands], dtype=float),
+            phases=np.array([c.phases for c in cands], dtype=float).reshape(len(cands), len(PHASE_NAMES)),
         )
 
     def take(self, idx: np.ndarray) -> _Block:
-        return _Block(tuple(self.cands[i] for i in idx), self.x[idx], self.codes[idx], self.prior[idx])
+        return _Block(
+            tuple(self.cands[i] for i in idx), self.x[idx], self.codes[idx], self.prior[idx], self.phases[idx]
+        )
 
     def select(self, mask: Sequence[bool]) -> _Block:
         return self.take(np.flatnonzero(np.asarray(mask, dtype=bool)))
@@ -585,4 +929,5 @@ class _Block:
             np.vstack([self.x, other.x]),
             np.vstack([self.codes, other.codes]),
             np.concatenate([self.prior, other.prior]),
+            np.vstack([self.phases, other.phases]),
         )

@@ -32,6 +32,8 @@ __all__ = [
     "ConfigEncoder",
     "SpeedModel",
     "FailureModel",
+    "PHASE_NAMES",
+    "PhaseSpeedModel",
     "expected_gain",
     "normal_cdf",
     "value_key",
@@ -226,6 +228,62 @@ class SpeedModel:
         return mean, np.sqrt(np.maximum(var, 1e-12))
 
 
+PHASE_NAMES: tuple[str, ...] = ("rollout", "train", "weight_sync", "other")
+
+
+class PhaseSpeedModel:
+    """Step time as the sum of its phases, each phase's log residual modelled on its own knobs.
+
+    ``t_p(config) = (prior_p(config) + ε_p) × exp(r_p(config)) − ε_p`` for each phase ``p`` (rollout,
+    train, weight sync, other), where ``prior_p`` is the estimator's time for that phase and ``r_p`` a
+    Bayesian linear regression like :class:`SpeedModel`'s, with each knob's prior scale set by how much
+    the estimator says the knob moves *that phase* (so a rollout measurement teaches little about the
+    training knobs and the other way round). ``ε_p`` (a small share of the prior step) keeps phases the
+    estimator calls zero learnable. The step's distribution is the sum of the phases' log-normals,
+    matched to one log-normal (Fenton–Wilkinson), so the expected-improvement machinery is unchanged.
+
+    Args:
+        prior_sd: per phase, the per-feature prior standard deviations.
+        noise_sd: one measurement's noise around the model, log scale, per phase.
+        floor_frac: ``ε_p`` as a share of the prior step time.
+    """
+
+    def __init__(
+        self, prior_sd: Mapping[str, np.ndarray], *, noise_sd: float = 0.08, floor_frac: float = 0.02
+    ) -> None:
+        self.models = {p: SpeedModel(prior_sd[p], noise_sd=noise_sd) for p in PHASE_NAMES}
+        self.floor_frac = floor_frac
+
+    def _eps(self, prior: np.ndarray) -> np.ndarray:
+        return self.floor_frac * np.maximum(prior.sum(axis=1, keepdims=True), 1e-9)
+
+    def fit(self, x: np.ndarray, prior: np.ndarray, observed: np.ndarray) -> PhaseSpeedModel:
+        """Condition on rows of features ``x``, the estimator's phase seconds ``prior`` and the
+        measured ones ``observed`` (both ``n × 4`` in :data:`PHASE_NAMES` order); returns self."""
+        eps = self._eps(prior) if len(prior) else np.zeros((0, 1))
+        for j, name in enumerate(PHASE_NAMES):
+            y = np.log(np.maximum(observed[:, j], 0.0) + eps[:, 0]) - np.log(prior[:, j] + eps[:, 0])
+            self.models[name].fit(x, y)
+        return self
+
+    def predict(self, x: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, sd) of ``log(step time ÷ prior step time)`` for each row."""
+        eps = self._eps(prior)[:, 0]
+        total_mean = np.zeros(len(x))
+        total_var = np.zeros(len(x))
+        for j, name in enumerate(PHASE_NAMES):
+            mean, sd = self.models[name].predict(x)
+            base = prior[:, j] + eps
+            mu = np.log(base) + mean
+            expect = np.exp(mu + 0.5 * sd**2)
+            total_mean += expect - eps
+            total_var += (np.exp(sd**2) - 1.0) * np.exp(2 * mu + sd**2)
+        total_mean = np.maximum(total_mean, 1e-12)
+        sigma2 = np.log1p(total_var / total_mean**2)
+        mu_step = np.log(total_mean) - 0.5 * sigma2
+        return mu_step - np.log(np.maximum(prior.sum(axis=1), 1e-12)), np.sqrt(np.maximum(sigma2, 1e-12))
+
+
 class FailureModel:
     """Probability that a configuration fails, from the failures and successes seen so far.
 
@@ -249,6 +307,9 @@ class FailureModel:
         flaky: probability that a failure had no cause in the configuration.
         single_share: share of the remaining mass on single values (the rest on pairs).
         shared_cause: how much likelier a culprit is per additional failure it explains.
+        off_phase: prior weight of a culprit that involves no knob of the failure's phase, relative to
+            one that does (see :mod:`autotune.strategy._blame`): small, not zero, since evidence can
+            mislead; when every explanation inside the phase is refuted, those outside keep the mass.
         memory_sd: log-scale uncertainty of the calibrated memory estimate (:meth:`memory_risk`).
     """
 
@@ -259,23 +320,36 @@ class FailureModel:
         flaky: float = 0.1,
         single_share: float = 0.6,
         shared_cause: float = 4.0,
+        off_phase: float = 0.05,
         memory_sd: float = 0.08,
     ) -> None:
         self.base_rate = base_rate
         self.shared_cause = shared_cause
+        self.off_phase = off_phase
         self.flaky = flaky
         self.single_share = single_share
         self.memory_sd = memory_sd
         self._causes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (values, single w, pair W)
 
     def fit(
-        self, codes: np.ndarray, failed: np.ndarray, *, space_codes: np.ndarray | None = None
+        self,
+        codes: np.ndarray,
+        failed: np.ndarray,
+        *,
+        space_codes: np.ndarray | None = None,
+        blame: Sequence[np.ndarray | None] | None = None,
+        kinds: Sequence[str] | None = None,
     ) -> FailureModel:
         """Condition on observed configurations (rows of integer ``codes``) and whether each failed.
 
         Args:
             codes: observed configurations, one row each (:meth:`ConfigEncoder.codes`).
             failed: whether each failed.
+            blame: per row, the knobs (a boolean mask over the columns) its failure's evidence points
+                at, or None when the evidence does not narrow them.
+            kinds: per row, what kind of failure it is (status and phase): a culprit is likelier for
+                sharing it with more failures of the *same* kind only (a hang in the weight sync and
+                a run that does not learn have different causes).
             space_codes: a random sample of the space; when given, a culprit's prior weight is the
                 inverse of the share of the space it covers (a bug that broke half of all
                 configurations would have been noticed: narrow causes are likelier).
@@ -284,7 +358,13 @@ class FailureModel:
         ok, bad = codes[~failed], codes[failed]
         n_knobs = codes.shape[1] if codes.ndim == 2 else 0
         upper = np.triu(np.ones((n_knobs, n_knobs), dtype=bool), 1)
-        for f in bad:
+        masks = [m for m, is_bad in zip(blame, failed, strict=True) if is_bad] if blame is not None else []
+        bad_kinds = np.array(
+            [k for k, is_bad in zip(kinds, failed, strict=True) if is_bad]
+            if kinds is not None
+            else [""] * len(bad)
+        )
+        for i, f in enumerate(bad):
             shared = ok == f  # successes × knobs: where each success has this failure's value
             single = ~shared.any(axis=0)  # values no success has
             together = np.einsum("sk,sl->kl", shared.astype(np.int32), shared.astype(np.int32)) > 0
@@ -294,9 +374,13 @@ class FailureModel:
             if not single.any() and not pair.any():
                 continue  # every explanation refuted: a flaky failure teaches nothing
             w_single, w_pair = single.astype(float), pair.astype(float)
+            mask = masks[i] if i < len(masks) else None
+            if mask is not None:  # the evidence names the phase: culprits outside it are unlikely
+                w_single *= np.where(mask, 1.0, self.off_phase)
+                w_pair *= np.where(mask[:, None] | mask[None, :], 1.0, self.off_phase)
             # a value (pair) that every one of n failures shares explains them all at once; by chance
             # that is ~``shared_cause``^(n-1) times less likely
-            in_failures = (bad == f).astype(float)
+            in_failures = (bad[bad_kinds == bad_kinds[i]] == f).astype(float)
             w_single *= self.shared_cause ** (in_failures.sum(axis=0) - 1.0)
             w_pair *= self.shared_cause ** (in_failures.T @ in_failures - 1.0)
             if space_codes is not None and len(space_codes):
@@ -310,6 +394,11 @@ class FailureModel:
             w_pair = (1.0 - self.flaky) * (1.0 - share) * w_pair / max(w_pair.sum(), 1e-12)
             self._causes.append((f, w_single, w_pair))
         return self
+
+    @property
+    def causes(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per explained failure: its codes, the blame on each single value, the blame on each pair."""
+        return list(self._causes)
 
     def predict(self, codes: np.ndarray) -> np.ndarray:
         """P(failure) of each row of ``codes``."""

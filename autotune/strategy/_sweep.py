@@ -80,7 +80,9 @@ class DeepSpeedSweep(SearchStrategy):
                 previous_best = max(previous_best or 0.0, stage_best)
         return None
 
-    def propose(self, history: Sequence[TrialResult], visited: set[str]) -> dict[str, Any] | None:
+    def propose(
+        self, history: Sequence[TrialResult], visited: set[str], budget_left: int | None = None
+    ) -> dict[str, Any] | None:
         """The next configuration of the sweep (None once it is complete)."""
         return self._plan(history)
 

@@ -220,6 +220,7 @@ class _Loop:
         start_s: the study clock when this run began (the time budget counts from it).
         run_now: trials launched by this run.
         duplicates: asks in a row that returned a configuration already tried.
+        choices: why the strategy proposed each pending configuration (canonical key → choice).
     """
 
     study: optuna.Study
@@ -230,6 +231,7 @@ class _Loop:
     start_s: float
     run_now: int = 0
     duplicates: int = 0
+    choices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Study:
@@ -266,6 +268,8 @@ class Study:
             cfg.search,
             seed=cfg.seed,
             rank=memory_gate.rank if memory_gate else None,
+            # a gate that can split its prediction by phase (the estimator's) enables the phase model
+            phase_prior=getattr(memory_gate, "phase_times", None),
             valid=self._valid,
             feasible=self._cheap_feasible,
             memory_load=self._memory_load if memory_gate else None,
@@ -587,9 +591,13 @@ class Study:
         if reason:
             used = f"used {loop.launched_total} of {self.cfg.n_trials} trials"
             return _Stop("converged", f"{reason}; {used}")
-        nxt = self.strategy.propose(history, loop.visited)
+        left = self.cfg.n_trials - loop.launched_total
+        nxt = self.strategy.propose(history, loop.visited, left)
         if nxt is not None:
             loop.pending.append((nxt, False))
+            proposal = self.strategy.explain(history, loop.visited, left)
+            if proposal is not None and canonical_key(proposal.params) == canonical_key(nxt):
+                loop.choices[canonical_key(nxt)] = proposal.choice()
         elif self.strategy.kind == "grid":
             return _Stop("exhausted", _EXHAUSTED)
         return None
@@ -607,15 +615,26 @@ class Study:
         loop.duplicates = 0
         trial.set_user_attr("is_baseline", is_baseline)
         loop.visited.add(key)
+        choice = loop.choices.pop(key, None) or self._default_choice(is_baseline, fixed_params is not None)
         result = self._prescreen(trial.number, params, is_baseline)
         if result is None:
             result = self._launch(loop.study, trial, params, is_baseline, self._time_left_s(loop))
             loop.launched_total += 1
             loop.run_now += 1
-        self._record(loop, trial, key, result)
+        self._record(loop, trial, key, result.model_copy(update={"choice": choice}))
         if result.status is TrialStatus.INTERRUPTED and self.interrupted():
             return _Stop("interrupted", f"stopped by the user during trial {result.number}")
         return None
+
+    def _default_choice(self, is_baseline: bool, queued: bool) -> dict[str, Any]:
+        """Why a configuration the strategy did not explain was run."""
+        if is_baseline:
+            return {"mode": "baseline"}
+        if self.strategy.kind == "grid":
+            return {"mode": "grid"}
+        # queued without a strategy's reason: a trial re-run after an interruption, or the next
+        # unvisited configuration after duplicates; otherwise the Optuna sampler chose it
+        return {"mode": "requeued" if queued else "sampler"}
 
     def _duplicate(self, loop: _Loop, trial: optuna.Trial, key: str) -> _Stop | None:
         """Tell a configuration already tried with its twin's result instead of running it again.

@@ -101,6 +101,15 @@ class EstimatorGate:
         shape, _ = self._estimate(params)
         return float(estimate_step_time(shape, self.gpu).throughput)
 
+    def phase_times(self, params: Mapping[str, Any]) -> dict[str, float]:
+        """The estimator's seconds per step of each phase, named as the timeline names them (host
+        transfers and CPU optimizer work are the timeline's ``other``)."""
+        from autotune.estimate import estimate_step_time
+
+        shape, _ = self._estimate(params)
+        t = estimate_step_time(shape, self.gpu)
+        return {"rollout": t.rollout_s, "train": t.train_s, "weight_sync": t.sync_s, "other": t.offload_s}
+
     def observe(self, result: TrialResult) -> None:
         if result.number in self._seen or result.status not in (
             TrialStatus.COMPLETE,

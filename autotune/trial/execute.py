@@ -16,6 +16,7 @@ from typing import Any
 from autotune.backends import Backend, TrialContext
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.studydir import TrialDir
+from autotune.trial.failure_phase import trial_failure_phase
 from autotune.trial.outcome import classify, health_check, live_health
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
 from autotune.trial.steady import steady_estimate
@@ -146,6 +147,7 @@ class Executor:
                 return on_step(step.step, estimate.throughput, estimate.throughput * (1 + estimate.rel_ci95))
 
         t0 = time.time()
+        patterns = self.backend.failure_patterns()
         record = self._run(
             plan,
             parser,
@@ -156,6 +158,7 @@ class Executor:
             observer=(observer := _Observer()),
             samplers=self.samplers,
             stop_event=self.stop_event,
+            patterns=patterns,
         )
         steps = list(record.steps)
         steady = steady_estimate(steps, ctx.global_batch)
@@ -172,8 +175,9 @@ class Executor:
             )
             if record.stopped_by == "pruned":  # stopped for its health: what the live check saw counts
                 health += [p for p in observer.problems if p not in health]
-        verdict = classify(record, patterns=self.backend.failure_patterns(), health=health)
+        verdict = classify(record, patterns=patterns, health=health)
         status = verdict.status
+        failed_phase = trial_failure_phase(record, status, self.backend.phase_frames())
         if (
             status is TrialStatus.TIMEOUT
             and record.stopped_by == "timeout"
@@ -220,6 +224,7 @@ class Executor:
             duration_s=record.duration_s,
             startup_s=record.startup_s,
             gpu_seconds=record.duration_s * n_gpus,
+            failed_phase=failed_phase,
         )
 
     @staticmethod

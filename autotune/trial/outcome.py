@@ -143,9 +143,11 @@ def classify(
        (``patterns`` first, then :data:`COMMON_PATTERNS`, searched in the lines the runner kept as
        evidence and in both tails): OOM, then VLLM_INIT — a rank that OOMs leaves the others waiting,
        so this beats the watchdog's HANG and the generic exit code.
-    4. Our watchdog: ``hang`` / ``startup_timeout`` → HANG, ``timeout`` → TIMEOUT.
-    5. SIGKILL that we did not send (exit -9, a shell's 137, or torchrun's ``exitcode: -9`` /
-       ``Signal 9 (SIGKILL) received by PID``), or the CPU allocator's failure text → HOST_OOM.
+    4. Our watchdog: ``hang`` / ``startup_timeout`` → HANG (its evidence says which signal called it,
+       when an early call from evidence did), ``timeout`` → TIMEOUT.
+    5. SIGKILL that we did not send (exit -9 or a shell's 137 while we stopped nothing, or torchrun's
+       ``exitcode: -9`` / ``Signal 9 (SIGKILL) received by PID``), or the CPU allocator's failure text →
+       HOST_OOM.
     6. The NCCL watchdog's text (``watchdog got stuck``, ``collective operation timeout``) → HANG; then a
        backend pattern naming any other status → that status.
     7. INVALID: the process ended non-zero before its first step *and* the evidence is an argument
@@ -261,7 +263,7 @@ def _watchdog_stop(facts: _Facts) -> Verdict | None:
     """Rule 4: our watchdog stopped a trial that made no progress or ran out of time."""
     record = facts.record
     if record.stopped_by in ("hang", "startup_timeout"):
-        return Verdict(TrialStatus.HANG, _one_line(record.stop_reason or "no progress"), None)
+        return Verdict(TrialStatus.HANG, _one_line(record.stop_reason or "no progress"), record.stop_evidence)
     if record.stopped_by == "timeout":
         return Verdict(
             TrialStatus.TIMEOUT, _one_line(record.stop_reason or "trial wall budget ran out"), None
@@ -272,7 +274,8 @@ def _watchdog_stop(facts: _Facts) -> Verdict | None:
 def _killed_or_stuck(facts: _Facts) -> Verdict | None:
     """Rules 5-6: a SIGKILL we did not send, the host allocator's text, the NCCL watchdog's text."""
     sig, exit_code = facts.record.signal, facts.record.exit_code
-    if sig == signal_mod.SIGKILL or facts.shell_signal == signal_mod.SIGKILL:
+    ours = facts.record.stopped_by is not None  # e.g. a fatal line's group ended by us: our SIGKILL
+    if not ours and (sig == signal_mod.SIGKILL or facts.shell_signal == signal_mod.SIGKILL):
         how = (
             "exit -9" if sig == signal_mod.SIGKILL else f"exit code {exit_code}, a shell's report of SIGKILL"
         )

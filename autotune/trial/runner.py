@@ -41,10 +41,21 @@ from autotune.backends._base import FailurePattern, StepParser
 from autotune.errors import BackendError, UsageError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
 from autotune.studydir import TrialDir
+from autotune.trial.early import (
+    EarlyCall,
+    EarlyCallConfig,
+    FatalLine,
+    FatalLines,
+    GpuSpinWatch,
+    LiveGpuSamples,
+    spin_call,
+    sync_call,
+)
 from autotune.trial.evidence import COMMON_PATTERNS, strip_rank_prefix
 from autotune.trial.steady import EarlyStopConfig, is_stable, steady_estimate, step_durations
 
 __all__ = [
+    "EarlyCallConfig",
     "EarlyStopConfig",
     "OutputLine",
     "RunObserver",
@@ -65,6 +76,7 @@ MAX_LINE_CHARS = 4000  # longer lines are cut in memory (not in the logs)
 _MAX_SEGMENT_BYTES = 1 << 20  # a segment without any newline is cut at 1 MiB
 _DESCENDANT_SCAN_S = 1.0  # how often the process tree is walked (psutil, a few ms each)
 _READER_JOIN_S = 5.0
+_LIVE_GPU_READ_S = 0.5  # how often the early calls read the samplers' new GPU rows
 _SPLIT = re.compile(rb"[\r\n]")
 _STOP_FLAGS = {
     "startup_timeout_s": "--startup-timeout",
@@ -102,6 +114,10 @@ class WatchdogConfig:
         trial_timeout_s: the trial's whole wall-clock budget (None: no limit).
         grace_s: SIGTERM → SIGKILL grace period.
         poll_interval_s: how often the parser's files are polled and the watchdog checks.
+        early_calls: also end a trial as soon as its evidence is unambiguous
+            (:mod:`autotune.trial.early`): a fatal line after a short grace, a hang from GPUs that spin
+            at low power or from a weight sync the log shows never ending. Off: only the limits above.
+        early: the thresholds and windows of those calls.
 
     Raises:
         UsageError: a negative (or NaN) value, or a poll interval of 0.
@@ -113,6 +129,8 @@ class WatchdogConfig:
     trial_timeout_s: float | None = None
     grace_s: float = 5.0
     poll_interval_s: float = 0.1
+    early_calls: bool = True
+    early: EarlyCallConfig = field(default_factory=EarlyCallConfig)
 
     def __post_init__(self) -> None:
         for name, flag in _STOP_FLAGS.items():
@@ -173,7 +191,8 @@ class RunRecord:
         exit_code: the process's return code (negative: killed by that signal); None if never started.
         signal: the signal that ended the process, when one did.
         stopped_by: None when the process ended on its own, else who stopped it: "hang",
-            "startup_timeout", "timeout", "early_stop", "pruned" or "interrupt".
+            "startup_timeout", "timeout", "fatal_output" (it printed a fatal line and kept running),
+            "early_stop", "pruned" or "interrupt".
         stop_reason: one line saying why we stopped it.
         steps: every step record, in arrival order.
         stdout_tail, stderr_tail: the last :data:`TAIL_LINES` segments of each stream.
@@ -190,6 +209,11 @@ class RunRecord:
         first_output_s: launch → first output segment.
         cleanup_s: process end → run_trial returning (tuner overhead).
         notes: things the lead may want to report (a sampler that failed, a metrics-file clash).
+        hang_signal: which rule called a hang: "gpu_spin" or "weight_sync_log"
+            (:mod:`autotune.trial.early`), "no_step" (the watchdog's limits); None when none did.
+        stop_evidence: what an early call rests on, prefixed by its signal's name (None otherwise).
+        open_phase: the phase the framework's log showed the trial inside when it ended
+            (:meth:`~autotune.backends.StepParser.open_phase`), when it shows one.
     """
 
     exit_code: int | None
@@ -212,6 +236,9 @@ class RunRecord:
     first_output_s: float | None = None
     cleanup_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    hang_signal: str | None = None
+    stop_evidence: str | None = None
+    open_phase: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -466,6 +493,9 @@ class _Live:
         self.median_step_s: float | None = None
         self.stopped_by: str | None = None
         self.stop_reason: str | None = None
+        self.hang_signal: str | None = None
+        self.stop_evidence: str | None = None
+        self.fatal: FatalLine | None = None  # the first fatal line while no step followed it
 
 
 def _effective_plan(plan: LaunchPlan) -> LaunchPlan:
@@ -563,6 +593,9 @@ class TrialRun:
         self.metrics_file: TextIO | None = None
         self.exited_mono: float | None = None  # when the process was seen ending by itself
         self._next_scan_mono = 0.0
+        self.fatal_lines = FatalLines((*self.patterns, *COMMON_PATTERNS))
+        self.spin_watch: GpuSpinWatch | None = None  # set once samplers with live GPU rows started
+        self._next_gpu_read_mono = 0.0
 
     def run(self) -> RunRecord:
         """Run the stages in order (see the class docstring) and return what was observed.
@@ -702,6 +735,9 @@ class TrialRun:
                 self.active_samplers.append(sampler)
             except Exception as exc:  # a probe must never take a trial down
                 self.notes.append(f"sampler {type(sampler).__name__} did not start: {exc}")
+        live_gpu = [s for s in self.active_samplers if isinstance(s, LiveGpuSamples)]
+        if live_gpu and self.watchdog.early_calls:
+            self.spin_watch = GpuSpinWatch(live_gpu, self.watchdog.early)
 
     # -- 4: the watch -------------------------------------------------------------------------------
 
@@ -767,6 +803,8 @@ class TrialRun:
         (live.stdout_tail if stream == "stdout" else live.stderr_tail).append(short)
         if self.evidence_rx.search(text) or self.evidence_rx.search(strip_rank_prefix(text)):
             live.evidence.append(OutputLine(stream, short))
+            if live.fatal is None and self.watchdog.early_calls:
+                live.fatal = self.fatal_lines.match(text, t_mono, before_first_step=not live.steps)
         if self.on_output is not None:
             self.on_output(stream, text)
         self._handle_steps(self.parser.feed(stream, text, t_mono, t_wall), deciding=deciding)
@@ -819,7 +857,8 @@ class TrialRun:
             self._write_proc()
 
     def _check_watchdog(self, now: float) -> None:
-        """Set a stop reason for the user's interrupt, the wall budget, the start-up budget or a hang."""
+        """Set a stop reason for the user's interrupt, the wall budget, an early call from evidence
+        (:mod:`autotune.trial.early`), the start-up budget or a hang."""
         live, watchdog = self.live, self.watchdog
         if self.stop_event is not None and self.stop_event.is_set():
             live.stopped_by, live.stop_reason = "interrupt", "stopped by the user"
@@ -831,9 +870,11 @@ class TrialRun:
                 f"trial wall budget of {watchdog.trial_timeout_s:g} s ran out after {len(live.steps)} steps"
             )
             return
+        if watchdog.early_calls and (self._fatal_output(now) or self._hang_from_evidence(now)):
+            return
         if live.last_step_mono is None:
             if elapsed >= watchdog.startup_timeout_s:
-                live.stopped_by = "startup_timeout"
+                live.stopped_by, live.hang_signal = "startup_timeout", "no_step"
                 live.stop_reason = f"no step within the start-up budget of {watchdog.startup_timeout_s:g} s"
             return
         gap = now - live.last_step_mono
@@ -847,10 +888,73 @@ class TrialRun:
             allowed = watchdog.startup_timeout_s
             rule = "the start-up budget, no step duration known yet"
         if gap >= allowed:
-            live.stopped_by = "hang"
+            live.stopped_by, live.hang_signal = "hang", "no_step"
             live.stop_reason = (
                 f"no step for {gap:.1f} s after step {live.steps[-1].step} (limit {allowed:.3g} s = {rule})"
             )
+
+    def _fatal_output(self, now: float) -> bool:
+        """Stop a trial that printed a fatal line ``fatal_grace_s`` ago and still runs; True if stopped.
+
+        A step made after the line was read cancels it: the framework recovered. (A step's own time,
+        not when the runner handled it: a step printed before the line may be handled after it.)
+        """
+        live = self.live
+        fatal = live.fatal
+        if fatal is None:
+            return False
+        if live.steps and live.steps[-1].t_mono_s > fatal.t_mono_s:
+            live.fatal = None
+            return False
+        waited = now - fatal.t_mono_s
+        if waited < self.watchdog.early.fatal_grace_s:
+            return False
+        live.stopped_by = "fatal_output"
+        live.stop_reason = (
+            f"still running {waited:.1f} s after a fatal line ({fatal.pattern.status}: "
+            f"{fatal.pattern.reason}): {strip_rank_prefix(fatal.line)}"
+        )
+        return True
+
+    def _hang_from_evidence(self, now: float) -> bool:
+        """Call a hang when the GPUs spin at low power, or the log shows a weight sync never ending,
+        for longer than the windows of :class:`EarlyCallConfig`; True if called."""
+        live, watchdog = self.live, self.watchdog
+        last_progress = live.last_step_mono if live.last_step_mono is not None else self.launched_mono
+        after = f" after step {live.steps[-1].step}" if live.steps else " before the first step"
+        call: EarlyCall | None = None
+        if self.spin_watch is not None and now >= self._next_gpu_read_mono:
+            self._next_gpu_read_mono = now + _LIVE_GPU_READ_S
+            self.spin_watch.update()
+            spin = self.spin_watch.spin(now)
+            if spin is not None:
+                window, rule = watchdog.early.spin_window_s(live.median_step_s, watchdog.startup_timeout_s)
+                call = spin_call(
+                    spin,
+                    now_mono_s=now,
+                    last_progress_mono_s=last_progress,
+                    after=after,
+                    window_s=window,
+                    rule=rule,
+                    config=watchdog.early,
+                )
+        if call is None:
+            phase = self.parser.open_phase()
+            if phase is not None:
+                window, rule = watchdog.early.sync_window_s(live.median_step_s, watchdog.startup_timeout_s)
+                call = sync_call(
+                    phase,
+                    now_mono_s=now,
+                    last_progress_mono_s=last_progress,
+                    after=after,
+                    window_s=window,
+                    rule=rule,
+                )
+        if call is None:
+            return False
+        live.stopped_by, live.hang_signal = "hang", call.signal
+        live.stop_reason, live.stop_evidence = call.reason, call.evidence
+        return True
 
     # -- 5-9: after the watch -----------------------------------------------------------------------
 
@@ -929,6 +1033,7 @@ class TrialRun:
         returncode = self.proc.returncode
         launched = self.launched_mono
         startup = None if live.first_step_mono is None else max(0.0, live.first_step_mono - launched)
+        open_phase = self.parser.open_phase()
         return RunRecord(
             exit_code=returncode,
             signal=-returncode if returncode is not None and returncode < 0 else None,
@@ -952,6 +1057,9 @@ class TrialRun:
             first_output_s=None if live.first_output_mono is None else live.first_output_mono - launched,
             cleanup_s=time.monotonic() - exited_mono,
             notes=self.notes,
+            hang_signal=live.hang_signal,
+            stop_evidence=live.stop_evidence,
+            open_phase=open_phase.phase if open_phase is not None else None,
         )
 
     def abort(self) -> None:
@@ -1000,7 +1108,10 @@ def run_trial(
     when: ``stop_event`` is set ("interrupt"); the wall budget runs out ("timeout"); no step arrives
     within the start-up budget ("startup_timeout") or for too long after the last one ("hang"); the
     observer returns a reason ("pruned"); or, with ``early_stop.enabled``, the steady-state estimate
-    is stable ("early_stop"). If the calling thread is interrupted (KeyboardInterrupt) or a parser or
+    is stable ("early_stop"). With ``watchdog.early_calls`` (:mod:`autotune.trial.early`) it is also
+    stopped a few seconds after a fatal line if it still runs ("fatal_output"), and called hung as soon
+    as its GPUs spin at low power or its log shows a weight sync that never ends ("hang", with
+    ``hang_signal`` and ``stop_evidence`` saying which). If the calling thread is interrupted (KeyboardInterrupt) or a parser or
     observer raises, the trial is stopped and cleaned up before the exception propagates.
 
     Args:
@@ -1013,7 +1124,8 @@ def run_trial(
         observer: the study's hooks (pruning, live table).
         samplers: called with the trial's pid after launch; started, stopped at the end, rows written.
         stop_event: set by another thread to end the trial cleanly as interrupted.
-        patterns: extra failure patterns to keep as evidence (the backend's), on top of the common ones.
+        patterns: extra failure patterns to keep as evidence (the backend's), on top of the common ones;
+            with ``watchdog.early_calls`` a line matching any of them is fatal.
 
     Raises:
         BackendError: argv[0] cannot be started (not found, not executable).

@@ -37,6 +37,7 @@ import pytest
 from autotune.backends._base import Backend, TrialContext
 from autotune.records import StepMetrics, TrialSpec, TrialStatus
 from autotune.space import load_space
+from autotune.trial.failure_phase import failure_phase
 from autotune.trial.outcome import Verdict, classify, health_check
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, alive_pids, run_trial
 
@@ -123,12 +124,15 @@ class Recording:
         path: the ``.events.jsonl`` file.
         expected: the status it must be classified as.
         steps: the step numbers the parser must produce, in order.
+        failed_phase: the phase the failure must be placed in, from the evidence
+            (:func:`autotune.trial.failure_phase.failure_phase`); None for a run that did not fail.
     """
 
     name: str
     path: Path
     expected: TrialStatus
     steps: tuple[int, ...]
+    failed_phase: str | None = None
 
 
 def _run_n(
@@ -400,6 +404,7 @@ class BackendConformance:
         assert [s.step for s in got] == [1]
         assert math.isclose(got[0].values["grad_norm"], healthy_values(1)["grad_norm"], rel_tol=1e-3)
         assert b.feed("stdout", "an unrelated line", 3.0, 3.0) == []  # b has its own state
+        assert b.open_phase() is None  # a fresh parser shows no phase
 
     @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
     def test_status(self, scenario: Scenario, tmp_path: Path) -> None:
@@ -432,6 +437,14 @@ class BackendConformance:
             assert verdict.status is rec.expected, f"{rec.name}: {verdict.reason}"
             assert tuple(s.step for s in record.steps) == rec.steps, rec.name
             assert alive_pids(record.pids_seen) == []
+            lines = [x.text for x in record.evidence] + record.stderr_tail + record.stdout_tail
+            frames = self.make_backend().phase_frames()
+            assert failure_phase(verdict.status, lines, frames) == rec.failed_phase, rec.name
+            if rec.failed_phase is not None:
+                # the trainer's own frames place it too, without the common ones (backward, generate)
+                assert failure_phase(verdict.status, lines, frames, common=False) == rec.failed_phase, (
+                    rec.name
+                )
 
 
 def ctx_number(ctx: TrialContext) -> int:

@@ -956,6 +956,16 @@ def write_trial(
         duration_s=round(duration, 2),
         startup_s=40.0 if steps else None,
         gpu_seconds=round(duration * n_gpus, 2),
+        choice={"mode": "baseline"}
+        if spec.is_baseline
+        else {
+            "mode": "refine" if spec.number % 2 == 0 else "explore",
+            "predicted_throughput": 1.2 + 0.05 * spec.number,
+            "expected_gain_frac": 0.04,
+            "failure_risk": 0.08,
+            "incumbent": 0,
+            "move": {k: [None, v] for k, v in list(spec.knobs.items())[:2]},
+        },
     )
     (d / "result.json").write_text(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
     return result

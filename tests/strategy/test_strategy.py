@@ -244,3 +244,33 @@ def test_failed_gpu_time_makes_the_choice_more_risk_averse(space: SearchSpace) -
     assert averse.expected_gain_frac < plain.expected_gain_frac
     # no GPU time on failures (e.g. unmeasured): the budget changes nothing
     assert proposal(0.0, 1.0).params == plain.params
+
+
+def test_a_suspect_next_to_a_large_predicted_gain_is_tested_on_the_best_trial(space: SearchSpace) -> None:
+    """Two hangs share two values no success has: ``workers 2`` (30 % faster, the estimator says) and
+    ``no checkpointing`` (the real cause). Plain constrained expected improvement stays away from both;
+    the look-ahead tests ``workers 2`` on the best trial, since clearing it opens the fastest part of
+    the space."""
+    rank = lambda p: predicted(p) * (1.3 if p["workers"] == 2 else 1.0)  # noqa: E731
+    history = [
+        result(0, {"batch": 4, "checkpointing": True, "zero": 0, "workers": 0}, TrialStatus.COMPLETE, 1.0),
+        result(1, {"batch": 8, "checkpointing": False, "zero": 0, "workers": 2}, TrialStatus.HANG),
+        result(
+            2,
+            {"batch": 16, "checkpointing": False, "zero": 2, "offload": False, "workers": 2},
+            TrialStatus.HANG,
+        ),
+        result(3, {"batch": 8, "checkpointing": True, "zero": 0, "workers": 0}, TrialStatus.COMPLETE, 1.41),
+        result(4, {"batch": 16, "checkpointing": True, "zero": 0, "workers": 0}, TrialStatus.COMPLETE, 2.0),
+    ]
+    visited = {canonical_key(r.params) for r in history}
+    plain = SearchStrategy(space, seed=0, rank=rank, max_probes=0).explain(history, visited, 20)
+    looked = SearchStrategy(space, seed=0, rank=rank).explain(history, visited, 20)
+    assert plain is not None and looked is not None
+    assert plain.mode != "probe" and plain.params.get("workers") != 2
+    assert looked.mode == "probe" and looked.incumbent == 4
+    assert looked.params == {"batch": 16, "checkpointing": True, "zero": 0, "workers": 2}
+    assert looked.suspect == "workers=2"
+    # with no trial left after it, knowing more is worth nothing
+    last = SearchStrategy(space, seed=0, rank=rank).explain(history, visited, 1)
+    assert last is not None and last.mode != "probe"

@@ -203,3 +203,33 @@ def test_comparison_kinds_run_through_the_same_loop(tmp_path: Path, search: str)
     outcome = study.run()
     keys = [canonical_key(p) for p in ex.ran]
     assert len(keys) == len(set(keys)) == outcome.trials_run == 6
+
+
+def test_refinement_moves_change_one_or_two_knobs_of_the_best_trial_and_never_a_known_failure(
+    tmp_path: Path,
+) -> None:
+    from autotune.strategy import infer_infeasible
+
+    study, _ = make(tmp_path, "refine", 16)
+    study.strategy.min_trials = 100  # run the whole budget
+    outcome = study.run()
+    results = sorted(outcome.results, key=lambda r: r.number)
+    assert results[0].choice == {"mode": "baseline"}
+    refines = [r for r in results if (r.choice or {}).get("mode") == "refine"]
+    assert len(refines) >= 5  # the schedule refines more and more as the budget is used
+    for r in refines:
+        before = [x for x in results if x.number < r.number]
+        usable = [x for x in before if x.status is TrialStatus.COMPLETE and x.throughput]
+        incumbent = max(usable, key=lambda x: (x.throughput or 0.0, -x.number))
+        assert r.choice is not None and r.choice["incumbent"] == incumbent.number
+        move = r.choice["move"]
+        # knobs set on both sides count as moved; a conditional knob that (dis)appears with its
+        # parent is shown in the move but is not a move of its own
+        assert 1 <= len([k for k in move if k in r.params and k in incumbent.params]) <= 2
+        assert {
+            k for k in set(r.params) | set(incumbent.params) if r.params.get(k) != incumbent.params.get(k)
+        } == set(move)
+        assert infer_infeasible(study.space, r.params, before) is None
+        assert r.choice["predicted_throughput"] > 0 and 0.0 <= r.choice["failure_risk"] <= 1.0
+    keys = [canonical_key(r.params) for r in results]
+    assert len(keys) == len(set(keys))

@@ -18,6 +18,7 @@ TRIAL_FILES = [
     "trial/evidence.py",
     "trial/hygiene.py",
     "trial/steady.py",
+    "trial/early.py",
     "app/profile.py",
 ]
 FILE_NAMES = {

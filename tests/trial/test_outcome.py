@@ -3,6 +3,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -472,3 +473,37 @@ def test_live_health_sees_degenerate_rollouts_against_the_baseline() -> None:
     assert live_health(run_of(n + 1, **clipped), beta=0.0, baseline=None) == []  # nothing to compare
     fixed_length = run_of(6, **{**HEALTHY, "completions/clipped_ratio": 1.0})  # clipped by design
     assert live_health(run_of(n + 1, **clipped), beta=0.0, baseline=fixed_length) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Early calls: what the outcome reads from them
+
+
+def test_a_sigkill_we_sent_after_a_fatal_line_is_not_a_host_oom() -> None:
+    # the group ignored SIGTERM after NCCL's watchdog text and needed our SIGKILL
+    rec = record(
+        exit_code=-9,
+        signal=9,
+        stopped_by="fatal_output",
+        stop_reason="still running 5.0 s after a fatal line",
+        steps=2,
+        stderr=fault.NCCL_TEXT,
+    )
+    verdict = classify(rec)
+    assert verdict.status is TrialStatus.HANG
+    assert "watchdog" in verdict.reason
+    # the same SIGKILL not sent by us stays what it was
+    assert classify(record(exit_code=-9, signal=9, steps=2)).status is TrialStatus.HOST_OOM
+
+
+def test_a_hang_called_from_evidence_keeps_its_evidence() -> None:
+    rec = replace(
+        record(exit_code=-15, signal=15, stopped_by="hang", stop_reason="in weight sync for 61 s", steps=3),
+        hang_signal="weight_sync_log",
+        stop_evidence="weight_sync_log: weight_sync entered and not left for 61.0 s (phase marker)",
+    )
+    verdict = classify(rec)
+    assert verdict.status is TrialStatus.HANG
+    assert verdict.evidence is not None and verdict.evidence.startswith("weight_sync_log: ")
+    plain = record(exit_code=-15, signal=15, stopped_by="hang", stop_reason="no step for 61 s", steps=3)
+    assert classify(plain).evidence is None  # the plain watchdog's call stays as it was

@@ -22,6 +22,10 @@ both speed keys → ``train_speed_s_per_it``, plus ``elapsed_s`` rebuilt from th
 training began, ms-swift's own clock). ``duration_s`` of a step is the difference of ``elapsed_s`` between
 consecutive records, so it covers the whole step (data loading, generation, optimizer), unlike the
 trainer's ``step_time`` (the ``training_step`` call only).
+
+ms-swift prints nothing of its own around the weight sync to vLLM; with colocated vLLM in sleep mode
+(``--sleep_level`` 1 or 2) vLLM's wake-up lines bracket it (:data:`PHASE_MARKS`), and the parser says
+a weight sync is open between them (:meth:`SwiftLogParser.open_phase`).
 """
 
 from __future__ import annotations
@@ -34,11 +38,46 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._base import StepParser
+from autotune.backends._base import OpenPhase, PhaseMark, StepParser
+from autotune.backends._phases import LinePhases
 from autotune.backends._values import as_number
 from autotune.records import StepMetrics
 
-__all__ = ["SwiftLogParser", "is_step_record", "parse_dict_literal", "record_values"]
+__all__ = ["PHASE_MARKS", "SwiftLogParser", "is_step_record", "parse_dict_literal", "record_values"]
+
+_FAST_INFER = (
+    "modelscope/ms-swift swift/rlhf_trainers/rollout_mixin.py::RolloutTrainerMixin._fast_infer "
+    "(main, 2026-08, commit 3602360a): colocate with sleep_level > 0 calls "
+    "engine.wake_up(tags=['weights']), then _move_model_to_vllm(), then wake_up(tags=['kv_cache'])"
+)
+_VLLM_WAKE = (
+    "vllm-project/vllm vllm/v1/executor/abstract.py::Executor.wake_up (ExecutorBase.wake_up in "
+    "vllm/executor/executor_base.py in older releases) logs 'It took %.6f seconds to wake up tags %s.' "
+    "once the wake-up is done, with the tags as passed (ms-swift passes a list)"
+)
+#: The weight sync of ms-swift with colocated vLLM in sleep mode, as vLLM's own log lines show it.
+PHASE_MARKS: tuple[PhaseMark, ...] = (
+    PhaseMark(
+        "weight_sync",
+        "begin",
+        r"seconds to wake up tags [\[{]'weights'[\]}]",
+        f"{_FAST_INFER}; {_VLLM_WAKE}",
+    ),
+    PhaseMark(
+        "weight_sync",
+        "end",
+        r"seconds to wake up tags [\[{]'kv_cache'[\]}]",
+        f"{_FAST_INFER}; {_VLLM_WAKE}",
+    ),
+    PhaseMark(
+        "weight_sync",
+        "end",
+        r"It took [\d.]+ seconds to fall asleep",
+        "vllm-project/vllm vllm/v1/executor/abstract.py::Executor.sleep (ExecutorBase.sleep in older "
+        "releases) logs 'It took %.6f seconds to fall asleep.'; ms-swift puts vLLM to sleep after the "
+        "rollout, so the sync before it has ended",
+    ),
+)
 
 STEP_KEY = "global_step/max_steps"
 _ANNOUNCE_RE = re.compile(r"The logging file will be saved in: (.+?logging\.jsonl)\s*$")
@@ -160,6 +199,7 @@ class SwiftLogParser(StepParser):
         # step -> (stdout record, t_mono_s, t_wall_s): seen on stdout, waiting for the file's line
         self._pending: dict[int, tuple[dict[str, Any], float, float]] = {}
         self._last: tuple[int, float] | None = None  # (step, elapsed_s) of the last returned step
+        self._phases = LinePhases(PHASE_MARKS)
 
     @property
     def jsonl_path(self) -> Path | None:
@@ -167,6 +207,7 @@ class SwiftLogParser(StepParser):
 
     def feed(self, stream: str, line: str, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         out: list[StepMetrics] = []
+        self._phases.feed(line, t_mono_s)
         for segment in line.split("\r"):
             m = _ANNOUNCE_RE.search(segment)
             if m:
@@ -238,11 +279,16 @@ class SwiftLogParser(StepParser):
                     out.append(step)
         return out
 
+    def open_phase(self) -> OpenPhase | None:
+        """The weight sync, between vLLM waking its weights and its KV cache (:data:`PHASE_MARKS`)."""
+        return self._phases.open()
+
     def _make_step(self, record: Mapping[str, Any], t_mono_s: float, t_wall_s: float) -> StepMetrics | None:
         step = _step_of(record)
         if step is None or step in self._seen:
             return None
         self._seen.add(step)
+        self._phases.step()
         values = record_values(record, start_step=self._start_step)
         duration_s: float | None = None
         elapsed = values.get("elapsed_s")

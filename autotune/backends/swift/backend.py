@@ -37,6 +37,7 @@ from autotune.backends._base import (
     Backend,
     BackendInfo,
     FailurePattern,
+    PhaseFrame,
     RuleViolation,
     StepParser,
     TrialContext,
@@ -733,6 +734,20 @@ class SwiftBackend(Backend):
     # ------------------------------------------------------------------ parsing
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
         return SwiftLogParser(jsonl_path=self._output_dir(ctx) / "logging.jsonl", samples=ctx.global_batch)
+
+    def phase_frames(self) -> tuple[PhaseFrame, ...]:
+        """ms-swift's GRPO phase methods (swift/rlhf_trainers/rollout_mixin.py and grpo_trainer.py,
+        ms-swift 3.x/4.x): weights reach vLLM in ``_move_model_to_vllm`` (and the helpers it calls to
+        load state dicts), completions come from ``_generate_completions`` / ``_fast_infer`` /
+        ``_engine_infer``, the loss from ``compute_loss`` inside ``training_step``."""
+        return (
+            PhaseFrame(
+                "weight_sync",
+                r"swift/[^:]*:(_move_model_to_vllm|_load_state_dict_to_vllm)$",
+            ),
+            PhaseFrame("rollout", r"swift/[^:]*:(_generate_completions|_fast_infer|_engine_infer)$"),
+            PhaseFrame("train", r"swift/[^:]*:(compute_loss|training_step)$"),
+        )
 
     def failure_patterns(self) -> tuple[FailurePattern, ...]:
         """ms-swift's own start-up refusals (argument checks that raise before training)."""

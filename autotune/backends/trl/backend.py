@@ -23,11 +23,14 @@ from autotune.backends._base import (
     Backend,
     BackendInfo,
     FailurePattern,
+    OpenPhase,
+    PhaseFrame,
     RuleViolation,
     StepParser,
     TrialContext,
     trial_path,
 )
+from autotune.backends._phases import MarkerPhases
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError
 from autotune.jobconfig import JobConfig
@@ -132,18 +135,34 @@ class TrlMetricsParser(StepParser):
 
     A partial last line (the worker is mid-write) is kept until its newline arrives. Lines that are not
     JSON objects with an integer ``step`` are skipped; a step already returned is not returned again.
+
+    TRL prints nothing of its own around its phases; the worker marks them (``PhaseTracker`` in
+    ``autotune/backends/trl_worker.py``: rollout, ``weight_sync`` around the installed TRL's
+    ``_move_model_to_vllm`` or ``vllm_generation.sync_weights``, train) in ``phases_path``, which
+    :meth:`open_phase` reads.
+
+    Args:
+        path: the worker's metrics file.
+        phases_path: the worker's phase-marker file (``$AUTOTUNE_PHASES_FILE``), when there is one.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, phases_path: Path | None = None) -> None:
         self.path = Path(path)
         self._offset = 0
         self._partial = b""
         self._seen: set[int] = set()
+        self._phases = MarkerPhases(phases_path) if phases_path is not None else None
+
+    def open_phase(self) -> OpenPhase | None:
+        """The phase the worker's last marker opened and no marker closed."""
+        return self._phases.open() if self._phases is not None else None
 
     def feed(self, stream: str, line: str, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         return []  # the worker's metrics go to the file, not to stdout
 
     def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        if self._phases is not None:
+            self._phases.poll()
         try:
             with self.path.open("rb") as fh:
                 fh.seek(self._offset)
@@ -512,7 +531,22 @@ class TrlBackend(Backend):
         return env
 
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
-        return TrlMetricsParser(trial_path(ctx, METRICS_FILE))
+        return TrlMetricsParser(trial_path(ctx, METRICS_FILE), trial_path(ctx, PHASES_FILE))
+
+    def phase_frames(self) -> tuple[PhaseFrame, ...]:
+        """GRPOTrainer's phase methods (trl/trainer/grpo_trainer.py, trl/generation/vllm_generation.py,
+        TRL 1.x): weights reach vLLM in ``VLLMGeneration.sync_weights`` (older releases:
+        ``_move_model_to_vllm``), completions come from ``_generate_single_turn`` / ``_generate``, the
+        loss from ``compute_loss`` / ``_compute_loss`` inside ``training_step``. The reference and old
+        log-probs (``_get_per_token_logps_and_entropies``) run in both rollout and training, so they name
+        no phase; ``training_step`` is the outermost fallback."""
+        return (
+            PhaseFrame(
+                "weight_sync", r"trl/[^:]*:(sync_weights|_move_model_to_vllm|_sync_fsdp\w*_params_to_vllm)$"
+            ),
+            PhaseFrame("rollout", r"trl/[^:]*:(_generate_single_turn|_generate|_tool_call_loop)$"),
+            PhaseFrame("train", r"trl/[^:]*:(_compute_loss|compute_loss|training_step)$"),
+        )
 
     def failure_patterns(self) -> tuple[FailurePattern, ...]:
         """GRPOConfig's and TRL's own start-up errors (all mean: these arguments cannot work)."""

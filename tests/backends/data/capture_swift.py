@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from inject import PHASES, injection_env
+
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.swift._log import STEP_KEY, parse_dict_literal
 from autotune.backends.swift.backend import SwiftBackend
@@ -45,6 +47,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--pdbs", type=int, default=4)
     ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--inject", choices=PHASES, help="fail inside this phase (see inject.py)")
     args = ap.parse_args()
 
     model_dir = ensure_model("tiny-qwen2")
@@ -76,6 +79,8 @@ def main() -> int:
         for key in plan.unset_env:
             env.pop(key, None)
         env.update(plan.env)
+        if args.inject:
+            env = injection_env(args.inject, study / "inject", env)
         lines: list[tuple[float, str, str]] = []
         lock = threading.Lock()
         t0 = time.monotonic()
@@ -124,6 +129,7 @@ def main() -> int:
         events.append({"t": round(wall_s, 4), "exit": rc})
         meta = {
             "source": "real run captured by tests/backends/data/capture_swift.py",
+            "injected": args.inject,
             "ms_swift": info.version,
             "versions": {k: v for k, v in info.extra.items() if k != "python"},
             "torch": importlib.metadata.version("torch"),

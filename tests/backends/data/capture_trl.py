@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from inject import PHASES, injection_env
+
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.trl.backend import TrlBackend
 from autotune.records import TrialSpec
@@ -65,6 +67,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--pdbs", type=int, default=4)
     ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--inject", choices=PHASES, help="fail inside this phase (see inject.py)")
     args = ap.parse_args()
 
     model_dir = ensure_model("tiny-qwen2")
@@ -89,6 +92,8 @@ def main() -> int:
         derived = backend.derive(params, ctx)
         plan = backend.render(TrialSpec(number=0, params=params, derived=derived), ctx)
         env = {**os.environ, **plan.env, "OMP_NUM_THREADS": "1"}
+        if args.inject:
+            env = injection_env(args.inject, study / "inject", env)
         lines: list[Line] = []
         lock = threading.Lock()
         done = threading.Event()
@@ -129,6 +134,7 @@ def main() -> int:
         events.append({"t": round(wall_s, 4), "exit": rc})
         meta = {
             "source": "real run captured by tests/backends/data/capture_trl.py",
+            "injected": args.inject,
             "trl": info.version,
             "versions": dict(info.extra),
             "argv": [sub(a) for a in plan.argv],

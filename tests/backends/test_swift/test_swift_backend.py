@@ -647,4 +647,19 @@ class TestSwiftConformance(BackendConformance):
                 TrialStatus.COMPLETE,
                 tuple(range(1, 9)),
             ),
+            # real ms-swift runs made to fail inside one phase (data/inject.py): the traceback places it
+            Recording(
+                "v4.6-oom-in-train",
+                DATA / "swift_v4.6_cpu_1proc_oom_train.events.jsonl",
+                TrialStatus.OOM,
+                (),
+                failed_phase="train",
+            ),
+            Recording(
+                "v4.6-oom-in-rollout",
+                DATA / "swift_v4.6_cpu_1proc_oom_rollout.events.jsonl",
+                TrialStatus.OOM,
+                (),
+                failed_phase="rollout",
+            ),
         ]

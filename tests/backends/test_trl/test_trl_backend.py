@@ -750,6 +750,21 @@ class TestTrlConformance(BackendConformance):
                 TrialStatus.COMPLETE,
                 (1, 2, 3, 4, 5, 6),
             ),
+            # real TRL runs made to fail inside one phase (data/inject.py): the traceback places it
+            Recording(
+                "trl-1.16-oom-in-train",
+                DATA / "trl_1.16_cpu_1proc_oom_train.events.jsonl",
+                TrialStatus.OOM,
+                (),
+                failed_phase="train",
+            ),
+            Recording(
+                "trl-1.16-oom-in-rollout",
+                DATA / "trl_1.16_cpu_1proc_oom_rollout.events.jsonl",
+                TrialStatus.OOM,
+                (),
+                failed_phase="rollout",
+            ),
         ]
 
 
