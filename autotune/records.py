@@ -25,6 +25,9 @@ __all__ = [
     "LaunchPlan",
     "SteadyEstimate",
     "TrialResult",
+    "SpeedupInterval",
+    "ConfirmRun",
+    "Confirmation",
     "Recommendation",
     "INFEASIBLE_STATUSES",
 ]
@@ -259,6 +262,92 @@ class TrialResult(BaseModel):
         return self.steady.throughput if self.steady else None
 
 
+class SpeedupInterval(_Frozen):
+    """How much faster one configuration is than another, with a 95 % interval.
+
+    Attributes:
+        estimate: the ratio of throughputs (numerator ÷ denominator), from the geometric means of
+            the runs' steady step times.
+        low: lower end of the 95 % interval.
+        high: upper end of the 95 % interval.
+        runs: runs of the numerator and of the denominator the interval was computed from.
+        df: degrees of freedom of the Student t quantile used (runs − configurations re-measured).
+    """
+
+    estimate: float
+    low: float
+    high: float
+    runs: tuple[int, int]
+    df: float
+
+    @property
+    def includes_one(self) -> bool:
+        """True when the interval cannot tell the two apart (no measurable difference)."""
+        return self.low <= 1.0 <= self.high
+
+    def text(self) -> str:
+        """``1.08× [0.91, 1.27]``."""
+        return f"{self.estimate:.2f}× [{self.low:.2f}, {self.high:.2f}]"
+
+
+class ConfirmRun(_Frozen):
+    """One re-measurement run of a configuration after the search (``trials/confirm-<trial>-<round>/``).
+
+    Attributes:
+        trial: the search trial whose configuration this run repeats.
+        round: the round of the interleaved schedule (1-based).
+        order: the run's position in the whole schedule (1-based).
+        role: ``winner``, ``baseline`` or ``runner_up``.
+        status: how the run ended.
+        step_time_s: mean steady step time, when the run reached steady state.
+        rel_ci95: the within-run relative 95 % half-width of that mean.
+        steady_steps: steps the mean is taken over.
+        throughput: completions per second at steady state.
+        duration_s: wall time of the run.
+        gpu_seconds: duration × GPUs held (× 1 on CPU-only runs).
+        other_busy_cores: mean CPU cores busy outside the run (other processes) in its steady window.
+        host_loaded: True when that load was high enough to distort the measurement.
+    """
+
+    trial: int
+    round: int
+    order: int
+    role: str
+    status: TrialStatus
+    step_time_s: float | None = None
+    rel_ci95: float | None = None
+    steady_steps: int = 0
+    throughput: float | None = None
+    duration_s: float = 0.0
+    gpu_seconds: float = 0.0
+    other_busy_cores: float | None = None
+    host_loaded: bool = False
+
+
+class Confirmation(_Frozen):
+    """The interleaved re-measurement of the winner, the baseline and close runners-up.
+
+    Attributes:
+        rounds: rounds asked for (each runs every compared configuration once).
+        runs: every run, in the order they ran.
+        speedup: the winner ÷ the baseline from these runs (None when too few runs completed).
+        versus_winner: each other compared trial ÷ the winner, by trial number.
+        duration_s: wall time of all the runs.
+        gpu_seconds: GPU time of all the runs.
+        method: how the interval was computed, in one sentence.
+        note: why the re-measurement is incomplete, when it is.
+    """
+
+    rounds: int
+    runs: list[ConfirmRun] = Field(default_factory=list)
+    speedup: SpeedupInterval | None = None
+    versus_winner: dict[int, SpeedupInterval] = Field(default_factory=dict)
+    duration_s: float = 0.0
+    gpu_seconds: float = 0.0
+    method: str = ""
+    note: str | None = None
+
+
 class Recommendation(_Frozen):
     """The recommended trial and how it compares with the baseline. Decided once, when the study ends,
     and stored in ``study.json``; reports and exports read it from there.
@@ -272,6 +361,18 @@ class Recommendation(_Frozen):
         headroom_bytes: memory left at the measured peak, per selected GPU (None where unmeasured).
         why: one sentence.
         skipped: trials faster than the winner that were passed over, with why.
+        speedup_low: lower end of the speedup's 95 % interval, when the study re-measured it.
+        speedup_high: upper end of that interval.
+        measurable: True when the interval lies above 1, False when it includes 1 (or lies below),
+            None when the speedup was not re-measured.
+        search_speedup: the ratio the search's single runs gave (before the re-measurement).
+        verdict: one plain sentence on the speedup, as the report and the CLI headline show it.
+        equivalent: trials indistinguishable from the winner on re-measurement.
+        host_load: a note when another process loaded the host during a compared run, else None.
+        confirmation: the re-measurement itself (runs, intervals, cost), when the study made one.
+
+    Studies written before the re-measurement existed lack the fields after ``skipped``; they read
+    as not re-measured.
     """
 
     trial: int
@@ -282,3 +383,11 @@ class Recommendation(_Frozen):
     headroom_bytes: list[int | None]
     why: str
     skipped: list[tuple[int, str]] = Field(default_factory=list)
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    measurable: bool | None = None
+    search_speedup: float | None = None
+    verdict: str | None = None
+    equivalent: list[int] = Field(default_factory=list)
+    host_load: str | None = None
+    confirmation: Confirmation | None = None

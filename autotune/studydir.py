@@ -7,6 +7,8 @@
       study.json          resolved settings, the outcome and the recommendation
       trials/<n>/         launch.json, command.sh, stdout.log, stderr.log, metrics.jsonl,
                           timeline.parquet, phases.jsonl, proc.json, result.json (+ the backend's own)
+      trials/confirm-<n>-<k>/   the same files for round k of the re-measurement of trial n's
+                          configuration after the search (not a trial: no Optuna trial, no trial slot)
       report.html  report.md  charts/
       best/               the winner's exported configs
 
@@ -136,6 +138,8 @@ class StudyDir:
     # in best/, written by autotune.export: the winner's knobs (the json export) and the script that runs it
     BEST_KNOBS = "knobs.json"
     BEST_COMMAND = "command.sh"
+    # in trials/: the re-measurement runs, confirm-<trial>-<round>
+    CONFIRM_PREFIX = "confirm-"
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -177,6 +181,25 @@ class StudyDir:
 
     def trial(self, number: int) -> TrialDir:
         return TrialDir(self.trial_dir(number))
+
+    def confirm_dir(self, number: int, round_: int) -> Path:
+        """The directory of round ``round_`` of the re-measurement of trial ``number``'s configuration."""
+        return self.trials_dir / f"{self.CONFIRM_PREFIX}{number}-{round_}"
+
+    def write_confirm_result(self, result: TrialResult, round_: int) -> None:
+        """Store a re-measurement run's result (``result.number`` is the trial it repeats)."""
+        path = TrialDir(self.confirm_dir(result.number, round_)).result_json
+        write_json_atomic(path, result.model_dump(mode="json"))
+
+    def read_confirm_result(self, number: int, round_: int) -> TrialResult | None:
+        """A re-measurement run's result, or None when it never ran (or its record cannot be read)."""
+        path = TrialDir(self.confirm_dir(number, round_)).result_json
+        if not path.exists():
+            return None
+        try:
+            return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValueError:  # half a record from an older, killed run: it runs again
+            return None
 
     def exists(self) -> bool:
         return self.study_json.exists()

@@ -11,9 +11,13 @@ states in host RAM, and a host OOM kill looks like a crash without this column.
 
 Columns (one ``source="host"``, ``device=-1`` row per sample, see :data:`probes.timeline.HOST_METRICS`):
 ``cpu_pct`` is the tree's CPU time over the interval, percent of one core summed over its processes
-(200 = two cores busy); ``host_cpu_pct`` is the whole machine, percent of all its cores. Rates need two
-samples, so the first row has no ``cpu_pct``, ``host_cpu_pct`` or IO rates. CPU time of processes that
-ended between two samples is lost (psutil cannot read a reaped process).
+(200 = two cores busy); ``host_cpu_pct`` is the whole machine, percent of all its ``host_cpu_count``
+cores. ``other_cpu_cores`` is what *other* processes use: the machine's busy cores minus the trial's tree
+and autotune's own process (the one sampling), in cores - on a shared host it says whether a neighbour
+slowed the trial down; ``load_avg_1m`` is the machine's load average beside it. Rates need two samples,
+so the first row has no ``cpu_pct``, ``host_cpu_pct``, ``other_cpu_cores`` or IO rates. CPU time of
+processes that ended between two samples is lost (psutil cannot read a reaped process), so a trial that
+starts and reaps many short processes reads as a little load from others.
 
 Cost: each sample reads the known tree and lists the root's process group (one ``getpgid`` per pid);
 the full descendant scan, which reads every process's ``/proc/<pid>/stat``, and the disk and network
@@ -35,7 +39,7 @@ import psutil
 from autotune.probes._threads import join_or_abandon
 from autotune.probes.timeline import HOST_METRICS, RowBuffer
 
-__all__ = ["HostSampler", "process_tree_pids", "cpu_cores"]
+__all__ = ["HostSampler", "process_tree_pids", "cpu_cores", "other_busy_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,27 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def other_busy_cores(
+    host_busy_s: float, host_total_s: float, host_cpus: int, ours_cpu_s: float, interval_s: float
+) -> float:
+    """CPU cores other processes kept busy over one interval.
+
+    Args:
+        host_busy_s: busy CPU time of the whole machine over the interval, summed over its CPUs.
+        host_total_s: all CPU time of the machine over the interval (busy + idle), summed over its CPUs.
+        host_cpus: the machine's logical CPUs.
+        ours_cpu_s: CPU time of the trial's tree and of autotune itself over the interval.
+        interval_s: the interval's wall time.
+
+    Returns:
+        The machine's busy cores (busy share × CPUs) minus ours (CPU time ÷ wall time), at least 0.
+    """
+    if host_total_s <= 0 or interval_s <= 0:
+        return 0.0
+    busy_cores = host_busy_s / host_total_s * host_cpus
+    return max(0.0, busy_cores - ours_cpu_s / interval_s)
 
 
 def process_tree_pids(root_pid: int, *, include_group: bool = True) -> set[int]:
@@ -119,6 +144,9 @@ class HostSampler:
         self._prev_t: float | None = None
         self._prev_wall: float | None = None
         self._prev_host: tuple[float, float] | None = None  # (busy_s, total_s)
+        self._host_cpus = psutil.cpu_count() or 1
+        self._self = psutil.Process()  # autotune itself: not "another process"
+        self._prev_self_cpu_s: float | None = None
         self._prev_io: dict[str, tuple[float, tuple[float, float]] | None] = {}  # name -> (t, counters)
         self._io_off: set[str] = set()
         self._warned: set[str] = set()
@@ -247,14 +275,32 @@ class HostSampler:
         t_wall = time.time()
         row = self._buffer.blank(t_mono, t_wall, -1)
         dt = t_mono - self._prev_t if self._prev_t is not None else None
-        if self.root_pid is not None:
-            self._sample_tree(row, dt)
-        self._sample_host(row)
+        tree_cpu_s = self._sample_tree(row, dt) if self.root_pid is not None else 0.0
+        host = self._sample_host(row)
+        self_cpu_s = self._own_cpu_s()
+        if host is not None and dt is not None and dt > 0 and self_cpu_s is not None:
+            busy_s, total_s = host
+            row[_COL["other_cpu_cores"]] = other_busy_cores(
+                busy_s, total_s, self._host_cpus, tree_cpu_s + self_cpu_s, dt
+            )
         row[_COL["cpu_cores"]] = self._cores
+        row[_COL["host_cpu_count"]] = float(self._host_cpus)
+        try:
+            row[_COL["load_avg_1m"]] = os.getloadavg()[0]
+        except OSError:  # pragma: no cover - not available on this platform
+            pass
         self._prev_t, self._prev_wall = t_mono, t_wall
         self._buffer.append(row)
 
-    def _sample_tree(self, row: list[float], dt: float | None) -> None:
+    def _own_cpu_s(self) -> float | None:
+        """CPU time autotune's own process used since the previous sample (None at the first)."""
+        times = self._self.cpu_times()
+        now = float(times.user + times.system)
+        prev, self._prev_self_cpu_s = self._prev_self_cpu_s, now
+        return None if prev is None else max(0.0, now - prev)
+
+    def _sample_tree(self, row: list[float], dt: float | None) -> float:
+        """Fill the tree's columns; return the tree's CPU time since the previous sample."""
         found = self._scan()
         cpu_delta_s = 0.0
         rss = 0.0
@@ -288,8 +334,11 @@ class HostSampler:
         row[_COL["threads"]] = threads
         if dt is not None and dt > 0:
             row[_COL["cpu_pct"]] = 100.0 * cpu_delta_s / dt
+        return cpu_delta_s
 
-    def _sample_host(self, row: list[float]) -> None:
+    def _sample_host(self, row: list[float]) -> tuple[float, float] | None:
+        """Fill the host's columns; return the machine's (busy, total) CPU time since the previous
+        sample, or None at the first."""
         row[_COL["host_mem_available_bytes"]] = float(psutil.virtual_memory().available)
         times = psutil.cpu_times()
         total = float(sum(times))
@@ -297,13 +346,16 @@ class HostSampler:
         total -= float(getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0))
         idle = float(times.idle + getattr(times, "iowait", 0.0))
         busy = total - idle
+        delta = None
         if self._prev_host is not None and total > self._prev_host[1]:
-            row[_COL["host_cpu_pct"]] = 100.0 * (busy - self._prev_host[0]) / (total - self._prev_host[1])
+            delta = (max(0.0, busy - self._prev_host[0]), total - self._prev_host[1])
+            row[_COL["host_cpu_pct"]] = 100.0 * delta[0] / delta[1]
         self._prev_host = (busy, total)
         if self._ticks % self._full_scan_every == 1 or self._full_scan_every == 1:  # IO rates at ~1 Hz
             t = time.monotonic()
             self._rates(row, t, "disk", self._read_disk, ("disk_read_bytes_s", "disk_write_bytes_s"))
             self._rates(row, t, "net", self._read_net, ("net_rx_bytes_s", "net_tx_bytes_s"))
+        return delta
 
     @staticmethod
     def _read_disk() -> tuple[float, float] | None:

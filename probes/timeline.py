@@ -84,6 +84,10 @@ HOST_METRICS: tuple[str, ...] = (
     "net_rx_bytes_s",
     "net_tx_bytes_s",
     "cpu_cores",  # cores this process may run on (affinity), for reading cpu_pct
+    # added later: older timelines lack them (read as NaN)
+    "other_cpu_cores",  # whole host minus the trial's tree and autotune itself, in cores (1 = one core)
+    "load_avg_1m",  # the host's 1-minute load average (runnable + uninterruptible tasks)
+    "host_cpu_count",  # logical CPUs of the host (what host_cpu_pct is a percent of)
 )
 METRIC_COLUMNS: tuple[str, ...] = GPU_METRICS + HOST_METRICS
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + METRIC_COLUMNS
@@ -766,16 +770,23 @@ def _gpu_summary(
 
 def _host_summary(h: pd.DataFrame, win: _Window | None, cpu_cores: int | None) -> dict[str, Any]:
     cpu = _weighted(*_in_window(h, "cpu_pct", win))
+    other = _weighted(*_in_window(h, "other_cpu_cores", win))
+    load = _weighted(*_in_window(h, "load_avg_1m", win))
     min_avail = h["host_mem_available_bytes"].dropna()
     if cpu_cores is None:
         cores = h["cpu_cores"].dropna()
         cpu_cores = int(cores.iloc[-1]) if len(cores) else None
+    host_cpus = h["host_cpu_count"].dropna()
     return {
         "cpu_mean_pct": cpu["mean"],
         "cpu_p95_pct": cpu["p95"],
         "peak_rss_bytes": _max(h, "rss_bytes"),
         "min_available_bytes": float(min_avail.min()) if len(min_avail) else None,
         "cpu_cores": cpu_cores,
+        "other_busy_cores_mean": other["mean"],
+        "other_busy_cores_p95": other["p95"],
+        "load_avg_1m_mean": load["mean"],
+        "host_cpu_count": int(host_cpus.iloc[-1]) if len(host_cpus) else None,
     }
 
 
@@ -845,7 +856,8 @@ def summarize(
                        "energy_j", "energy_per_step_j", "pcie_bytes_per_step", "sm_util_mean_pct",
                        "mfu"}],
              "host": {"cpu_mean_pct", "cpu_p95_pct", "peak_rss_bytes", "min_available_bytes",
-                      "cpu_cores"},
+                      "cpu_cores", "other_busy_cores_mean", "other_busy_cores_p95",
+                      "load_avg_1m_mean", "host_cpu_count"},
              "phases": {"source": "framework"|"markers"|"inferred"|"none",
                         "seconds": {"rollout", "train", "weight_sync", "other"},
                         "share": {...}, "gpu_idle_share_by_phase": {...}}}

@@ -27,7 +27,9 @@ from autotune.reports.insight import best_so_far, param_importances, pareto_poin
 from pydantic import ValidationError
 
 from autotune.records import Recommendation, TrialResult, TrialStatus
+from autotune.study.verdict import headline, speedup_text
 from autotune.studydir import StudyDir, TrialDir
+from autotune.trial.hostload import host_load
 
 __all__ = ["ReportPaths", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
 
@@ -313,7 +315,12 @@ def _winner_summary(
         "throughput_text": f"{winner.throughput:.3g} completions/s"
         + (f" ± {ci:.1%}" if ci is not None else ""),
         "tokens_text": rate(steady.tokens_per_s, " tokens/s") if steady and steady.tokens_per_s else "",
-        "speedup_text": f"{winner.speedup:.2f}×" if winner.speedup else DASH,
+        "speedup_text": speedup_text(winner),
+        "measurable": winner.measurable,
+        "verdict": clean.clean(headline(winner)),
+        "host_load": clean.clean(_verdict_load(data, winner) or ""),
+        "equivalent": list(winner.equivalent),
+        "confirmation": _confirmation_view(data, winner),
         "baseline_trial": winner.baseline_trial,
         "baseline_text": f"{winner.baseline_throughput:.3g} completions/s"
         if winner.baseline_throughput
@@ -325,6 +332,75 @@ def _winner_summary(
         "command": command,
         "command_source": source,
         "masked": bool(command and MASK in command),
+    }
+
+
+def _verdict_load(data: StudyData, winner: Recommendation) -> str | None:
+    """The host-load note next to the verdict: the re-measurement's, else (not re-measured) whether the
+    search's runs of the winner or the baseline ran on a loaded host."""
+    if winner.confirmation is not None:
+        return winner.host_load
+    loaded = []
+    for n in (winner.baseline_trial, winner.trial):
+        t = data.trial(n)
+        load = host_load(t.result.timeline_summary) if t is not None else None
+        if load is not None and load.loaded:
+            loaded.append((n, load))
+    if not loaded:
+        return None
+    worst = max(load.other_busy_cores for _, load in loaded)
+    which = " and ".join(f"trial {n}" for n, _ in loaded)
+    return (
+        f"host loaded by other processes during {which} (up to {worst:.1f} cores busy outside the trial):"
+        " the speedup includes that noise"
+    )
+
+
+def _confirmation_view(data: StudyData, winner: Recommendation) -> dict[str, Any] | None:
+    """The re-measurement: every run in the order it ran, each compared trial against the winner, the cost."""
+    c = winner.confirmation
+    if c is None:
+        return None
+    runs = []
+    for run in c.runs:
+        runs.append(
+            {
+                "order": run.order,
+                "trial": run.trial,
+                "round": run.round,
+                "role": run.role.replace("_", "-"),
+                "status": run.status.value,
+                "status_class": _status_class(run.status.value),
+                "throughput_text": f"{run.throughput:.3g}" if run.throughput else DASH,
+                "step_text": (
+                    f"{run.step_time_s:.3g} s ± {run.rel_ci95:.0%}"
+                    if run.step_time_s and run.rel_ci95 is not None
+                    else DASH
+                ),
+                "steps": run.steady_steps,
+                "other_text": f"{run.other_busy_cores:.1f}" if run.other_busy_cores is not None else DASH,
+                "loaded": run.host_loaded,
+                "duration_text": seconds(run.duration_s) if run.duration_s else DASH,
+            }
+        )
+    versus = [
+        {
+            "trial": t,
+            "text": iv.text(),
+            "equivalent": t in winner.equivalent,
+            "baseline": t == winner.baseline_trial,
+        }
+        for t, iv in sorted(c.versus_winner.items())
+    ]
+    hours = "GPU-hours" if not _cpu_only(data) else "CPU-hours"
+    return {
+        "rounds": c.rounds,
+        "runs": runs,
+        "versus": versus,
+        "cost_text": f"{len(c.runs)} run(s), {seconds(c.duration_s)}, {c.gpu_seconds / 3600:.2f} {hours}",
+        "method": c.method,
+        "note": c.note or "",
+        "search_speedup_text": f"{winner.search_speedup:.2f}×" if winner.search_speedup else DASH,
     }
 
 
@@ -445,6 +521,7 @@ def _trial_row(
         "reason": clean.clean(r.reason),
         "evidence": clean.clean(_truncate(r.evidence)) if r.evidence else "",
         "health": [clean.clean(h) for h in r.health],
+        "host_load": _row_load(r),
         "knobs": _knob_cells(t, base, knob_names, clean),
         "throughput": tp,
         "ci_abs": ci_abs,
@@ -471,6 +548,12 @@ def _trial_row(
         "links": _file_links(t, out_dir),
         "choice_text": clean.clean(choice_text(r.choice)),
     }
+
+
+def _row_load(r: TrialResult) -> str:
+    """The trial's host-load flag ("host loaded by other processes during this trial (...)"), or ""."""
+    load = host_load(r.timeline_summary)
+    return load.text() if load is not None and load.loaded else ""
 
 
 def choice_text(choice: Mapping[str, Any] | None) -> str:

@@ -56,6 +56,7 @@ class SearchRequest:
     early_stop: bool = True
     metrics_file: str | None = None
     executable: str | None = None
+    confirm_runs: int = 2
 
 
 def collect_versions(backend: str) -> dict[str, str]:
@@ -137,6 +138,11 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
         (req.hang_k, "--hang-k", "5"),
     ):
         _positive(value, flag, example)
+    if req.confirm_runs < 0 or req.confirm_runs == 1:
+        raise UsageError(
+            f"--confirm-runs must be 0 or at least 2, got {req.confirm_runs}",
+            hint="An interval needs two runs of each configuration: use --confirm-runs 2, or 0 to skip",
+        )
     if req.num_generations < 2:
         raise UsageError(
             f"--num-generations must be at least 2 for GRPO, got {req.num_generations}",
@@ -297,6 +303,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         command_line=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv else "autotune search",
         versions=collect_versions(req.backend),
         backend_version=prep.info.version,
+        confirm_runs=req.confirm_runs,
     )
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
@@ -424,4 +431,11 @@ def _finish(console: Console, cfg: Any, outcome: Any, out: Path) -> None:
     except ImportError as exc:  # pragma: no cover - reports ship with autotune
         console.print(f"note: report not rendered ({exc})", markup=False, style="yellow")
     total = sum(r.duration_s for r in outcome.results)
-    console.print(f"time in trials: {format_duration(total)}", markup=False)
+    rec = outcome.recommendation
+    confirmation = rec.confirmation if rec is not None else None
+    line = f"time in trials: {format_duration(total)}"
+    if confirmation is not None:
+        line += (
+            f"; re-measurement: {format_duration(confirmation.duration_s)} ({len(confirmation.runs)} run(s))"
+        )
+    console.print(line, markup=False)

@@ -358,6 +358,15 @@ def _fmt_value(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+def speed_decimals(speeds: list[float]) -> int:
+    """The fewest decimals (2 to 6) that print distinct relative speeds as distinct numbers."""
+    distinct = sorted(set(speeds))
+    for digits in range(2, 7):
+        if len({f"{v:.{digits}f}" for v in distinct}) == len(distinct):
+            return digits
+    return 6
+
+
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
     """Plain aligned text (predictable when piped or pasted into a report)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
@@ -379,8 +388,17 @@ def _render(console: Any, result: Any, top: int) -> None:
         f"{result.n_fit} fit, {len(result.candidates) - result.n_fit} do not "
         f"({result.n_pruned} would be pruned at margin {result.margin:.0%}), {sum(result.invalid.values())} invalid"
     ]
-    fitting = [c for c in result.candidates if c.fits][:top]
+    # one row per predicted step time: candidates the time model ties share a row (the one with the
+    # most headroom shows, "ties" counts the others), so the rows shown are the top distinct predictions
+    groups: dict[int, list[Any]] = {}
+    for c in result.candidates:
+        if c.fits and c.speed_rank is not None:
+            groups.setdefault(c.speed_rank, []).append(c)
+    shown_groups = [groups[k] for k in sorted(groups)][:top]
+    fitting = [g[0] for g in shown_groups]
+    ties = {id(g[0]): len(g) - 1 for g in shown_groups}
     missing = [c for c in result.candidates if not c.fits][: max(5, top // 4)]
+    decimals = speed_decimals([c.relative_speed for c in fitting if c.relative_speed is not None])
     names: list[str] = []
     for c in result.candidates:
         names.extend(k for k in c.params if k not in names)
@@ -395,9 +413,10 @@ def _render(console: Any, result: Any, top: int) -> None:
         "KV tokens",
         "conc",
         "speed",
+        "ties",
     ]
     n_knobs = len(shown)
-    right = {0, *range(1, n_knobs + 2), n_knobs + 4, n_knobs + 5, n_knobs + 6}
+    right = {0, *range(1, n_knobs + 2), n_knobs + 4, n_knobs + 5, n_knobs + 6, n_knobs + 7}
     for title, cands in (("fit (fastest first):", fitting), ("do not fit (closest first):", missing)):
         if not cands:
             continue
@@ -414,11 +433,20 @@ def _render(console: Any, result: Any, top: int) -> None:
                     f"{over[0]} +{over[1] / gib:.1f} GiB" if over else "",
                     f"{mem.kv_tokens:,}" if mem.kv_tokens else "",
                     str(mem.rollout_concurrency) if mem.rollout_concurrency else "",
-                    f"{c.relative_speed:.2f}" if c.relative_speed is not None else "",
+                    f"{c.relative_speed:.{decimals}f}" if c.relative_speed is not None else "",
+                    f"+{ties[id(c)]}" if ties.get(id(c)) else "",
                 ]
             )
         out += ["", title, *_table(headers, rows, right)]
     out.append("")
+    tied = [g for g in shown_groups if len(g) > 1]
+    if tied:
+        neutral = [k for k in names if any(len({repr(c.params.get(k)) for c in g}) > 1 for g in tied)]
+        out.append(
+            f"ties: +N more candidates with the same predicted step time (the row shows the one with the"
+            f" most headroom); they differ only in knobs the time model holds neutral there:"
+            f" {', '.join(result.labels.get(k, k) for k in neutral)}"
+        )
     if constant:
         out.append(
             "same in every candidate: "
@@ -428,7 +456,8 @@ def _render(console: Any, result: Any, top: int) -> None:
     if legend:
         out.append(f"columns: {legend}")
     out.append(
-        "speed: predicted throughput relative to the fastest candidate that fits (for ordering only); "
+        "speed: predicted throughput relative to the fastest candidate that fits (for ordering only; "
+        "rows differ in their predicted step time, shown with as many decimals as it takes to tell them apart); "
         "tight: over capacity by less than the margin, so a search would still try it"
     )
     for line in out:

@@ -14,6 +14,9 @@ Examples:
   autotune search --gpus 4 --model Qwen2-7B --backend swift --fixed job.yaml --time-budget 2h
   autotune search --backend command --space my_space.yaml -- python train.py --bs {per_device_train_batch_size}
 
+After the search the winner and the baseline run again, interleaved (--confirm-runs), and the speedup
+is given with a 95 % interval; one whose interval includes 1 is reported as no measurable speedup.
+
 Running the same command again resumes the study in --out."""
 
 
@@ -127,6 +130,16 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--executable", help="swift backend: the swift executable (default: on PATH)."),
         ] = None,
+        confirm_runs: Annotated[
+            int,
+            typer.Option(
+                "--confirm-runs",
+                help="After the search, re-run the winner and the baseline (and runners-up within the"
+                " noise of the winner) this many times each, interleaved, and report the speedup with a"
+                " 95 % interval; a speedup whose interval includes 1 is reported as no measurable"
+                " speedup. Not counted in --trials; counted in the time budget. 0 skips it.",
+            ),
+        ] = 2,
     ) -> None:
         from autotune.app.search import SearchRequest, run_search
         from autotune.cli._console import console
@@ -161,5 +174,6 @@ def register(app: typer.Typer) -> None:
             early_stop=early_stop,
             metrics_file=metrics_file,
             executable=executable,
+            confirm_runs=confirm_runs,
         )
         raise typer.Exit(run_search(request, console, RichView(console)))

@@ -14,12 +14,30 @@ from autotune.estimate.timing import TimeEstimate, estimate_step_time
 from autotune.jobconfig import JobConfig
 from autotune.space import SearchSpace
 
-__all__ = ["Candidate", "PlanResult", "candidate_rules", "plan_space"]
+__all__ = ["Candidate", "PlanResult", "candidate_rules", "plan_space", "speed_key"]
+
+
+def speed_key(throughput: float) -> float:
+    """A predicted throughput as candidates are ranked and tied: to 9 significant digits.
+
+    Two candidates the time model cannot tell apart (knobs it holds neutral, such as more KV cache than
+    the rollout needs) get bit-identical predictions; rounding to 9 digits also ties sums whose terms
+    came in another order, and nothing coarser: predictions that differ in the 4th or 5th digit differ
+    in the model, so they rank apart.
+    """
+    return float(f"{throughput:.9g}")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One configuration and what the estimates say about it."""
+    """One configuration and what the estimates say about it.
+
+    Attributes:
+        relative_speed: predicted throughput ÷ that of the fastest candidate that fits (None when
+            nothing fits).
+        speed_rank: among the candidates that fit, 1 + the number of distinct predicted step times
+            faster than this one's (equal ranks are ties of the time model); None when it does not fit.
+    """
 
     params: dict[str, Any]
     derived: dict[str, Any]
@@ -28,6 +46,7 @@ class Candidate:
     time: TimeEstimate
     relative_speed: float | None
     pruned: bool
+    speed_rank: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -40,6 +59,7 @@ class Candidate:
             "fits": self.fits,
             "pruned": self.pruned,
             "relative_speed": self.relative_speed,
+            "speed_rank": self.speed_rank,
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict(),
         }
@@ -199,6 +219,8 @@ def plan_space(
         mem = estimate_memory(shape, gpu)
         rows.append((params, derived, shape, mem, estimate_step_time(shape, gpu, mem)))
     best = max((t.throughput for _, _, _, m, t in rows if m.fits()), default=None)
+    distinct = sorted({speed_key(t.throughput) for _, _, _, m, t in rows if m.fits()}, reverse=True)
+    rank = {k: i for i, k in enumerate(distinct, 1)}
     cands = [
         Candidate(
             params=p,
@@ -208,14 +230,15 @@ def plan_space(
             time=t,
             relative_speed=(t.throughput / best) if best else None,
             pruned=should_prune(m, margin),
+            speed_rank=rank[speed_key(t.throughput)] if m.fits() else None,
         )
         for p, d, s, m, t in rows
     ]
 
     def key(c: Candidate) -> tuple[int, float, int]:
         if c.fits:
-            # equal predicted speed (3 significant digits): more headroom first
-            return (0, -float(f"{c.time.throughput:.3g}"), c.memory.peak_bytes)
+            # faster first; a tie of the time model (equal predictions): more headroom first
+            return (0, -speed_key(c.time.throughput), c.memory.peak_bytes)
         over = c.memory.overflow()
         return (1, (over[1] if over else 0) / max(1, c.memory.capacity_bytes), c.memory.peak_bytes)
 

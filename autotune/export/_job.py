@@ -88,4 +88,8 @@ def header(w: Winner, fmt: str) -> list[str]:
         f"Measured {', '.join(measured) or 'no throughput'} at a global batch of {gb} completions "
         f"({g} per prompt) on {where}, with {ran}."
     )
+    if w.recommended and w.recommendation is not None:
+        from autotune.study.verdict import headline
+
+        lines.append(f"Verdict: {headline(w.recommendation)}.")
     return lines

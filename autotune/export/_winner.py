@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
 from autotune.jobconfig import JobConfig
-from autotune.records import Hardware, LaunchPlan, TrialResult, TrialStatus
+from autotune.records import Hardware, LaunchPlan, Recommendation, TrialResult, TrialStatus
 from autotune.studydir import StudyDir
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class Winner:
         launch: the trial's ``launch.json`` when it exists (None for trials never launched).
         hardware: the study's hardware (None when ``study.json`` lacks it).
         why: one sentence on why this trial (the recommendation's reason or "chosen with --trial N").
+        recommendation: the study's recommendation (its speedup, interval and verdict), when it has one.
     """
 
     study_dir: Path
@@ -43,6 +44,7 @@ class Winner:
     launch: LaunchPlan | None = None
     hardware: Hardware | None = None
     why: str = ""
+    recommendation: Recommendation | None = None
 
     @property
     def number(self) -> int:
@@ -195,4 +197,5 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
         launch=_launch(sd.trial(result.number).launch_json),
         hardware=hardware,
         why=why,
+        recommendation=rec,
     )

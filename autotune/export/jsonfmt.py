@@ -12,6 +12,9 @@ One file, ``knobs.json``, meant for tools and for the record. Secret arguments a
 ``hardware``                      GPU names and memory, or ``null`` on a CPU-only study.
 ``throughput_completions_per_s``, ``tokens_per_s``, ``step_time_s``, ``rel_ci95``
 ``speedup_over_baseline``, ``baseline_trial``
+``speedup_low``, ``speedup_high``  the 95 % interval of the speedup (re-measured), else ``null``
+``speedup_measurable``            ``true``/``false`` when re-measured (``false``: no measurable speedup)
+``verdict``                       the study's sentence on the speedup
 ``peak_mem_bytes``, ``headroom_bytes``, ``framework_peak_mem_bytes``, ``host_peak_rss_bytes``
 ``versions``                      packages of the study's environment.
 """
@@ -35,12 +38,19 @@ def summary(w: Winner) -> dict[str, Any]:
 
     r = w.result
     fixed, _ = drop_secrets(w.fixed)
+    from autotune.study.verdict import headline
+
     baseline = None
-    speedup = None
-    rec = StudyDir(w.study_dir).recommendation(w.settings)
+    speedup = low = high = measurable = verdict = None
+    rec = (
+        w.recommendation if w.recommendation is not None else StudyDir(w.study_dir).recommendation(w.settings)
+    )
     if rec is not None:
         baseline = rec.baseline_trial
-        if rec.baseline_throughput and r.throughput:
+        if rec.trial == r.number:  # the recommendation's own speedup: re-measured when the study did
+            speedup, low, high, measurable = rec.speedup, rec.speedup_low, rec.speedup_high, rec.measurable
+            verdict = headline(rec)
+        elif rec.baseline_throughput and r.throughput:
             speedup = r.throughput / rec.baseline_throughput
     model = w.settings.get("model") or {}
     hardware = None
@@ -74,6 +84,10 @@ def summary(w: Winner) -> dict[str, Any]:
         "step_time_s": r.steady.step_time_s if r.steady else None,
         "rel_ci95": r.steady.rel_ci95 if r.steady else None,
         "speedup_over_baseline": speedup,
+        "speedup_low": low,
+        "speedup_high": high,
+        "speedup_measurable": measurable,
+        "verdict": verdict,
         "baseline_trial": baseline,
         "peak_mem_bytes": list(r.peak_mem_bytes),
         "headroom_bytes": headroom_bytes(r, w.hardware),

@@ -19,10 +19,12 @@ import optuna
 
 from autotune.backends import Backend, ModelRef, TrialContext
 from autotune.errors import UsageError
-from autotune.records import Hardware, TrialResult, TrialSpec, TrialStatus
+from autotune.records import Confirmation, Hardware, TrialResult, TrialSpec, TrialStatus
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import SearchStrategy, infer_infeasible
+from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.recommend import Recommendation, headroom_bytes, recommend
+from autotune.study.verdict import METHOD, headline, judge, not_remeasured
 from autotune.studydir import StudyDir
 
 __all__ = ["StudyConfig", "StudyOutcome", "StudyView", "NullView", "MemoryGate", "TrialExecutor", "Study"]
@@ -58,6 +60,9 @@ class StudyConfig:
     versions: Mapping[str, str] = field(default_factory=dict)
     backend_version: str | None = None
     max_duplicate_asks: int = 50
+    # runs of each compared configuration in the re-measurement after the search (0: none); the
+    # application's default is 2 (``autotune search --confirm-runs``), callers of the core opt in
+    confirm_runs: int = 0
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -296,6 +301,7 @@ class Study:
             "fixed": dict(c.fixed),
             "dataset": c.dataset,
             "seed": c.seed,
+            "confirm_runs": c.confirm_runs,
             "space": self.space.describe(),
             "space_source": self.space.source,
             "dropped_knobs": dict(self.space.dropped),
@@ -544,9 +550,34 @@ class Study:
         if loop.launched_total >= self.cfg.n_trials:
             return _Stop("budget", f"trial budget of {self.cfg.n_trials} reached")
         elapsed = self.clock() - loop.start_s
-        if self.cfg.time_budget_s is not None and elapsed >= self.cfg.time_budget_s:
-            return _Stop("budget", f"time budget of {self.cfg.time_budget_s:.0f}s reached")
+        budget = self.cfg.time_budget_s
+        if budget is not None:
+            reserve = self._confirm_reserve_s()
+            if elapsed + reserve >= budget:
+                kept = f" ({reserve:.0f}s kept for the re-measurement)" if reserve else ""
+                return _Stop("budget", f"time budget of {budget:.0f}s reached{kept}")
         return None
+
+    def _confirm_reserve_s(self) -> float:
+        """Time to keep for the re-measurement the results so far would need: its runs at the durations
+        their search runs took (0 when it is off or there is nothing to re-measure yet)."""
+        if self.cfg.confirm_runs <= 0:
+            return 0.0
+        results = sorted(self._results.values(), key=lambda r: r.number)
+        rec = recommend(results, self.cfg.hardware, min_headroom_frac=self.cfg.min_headroom_frac)
+        tasks = self._confirm_tasks(rec, results) if rec is not None else "nothing recommended yet"
+        return 0.0 if isinstance(tasks, str) else sum(t.expected_s for t in tasks)
+
+    def _confirm_tasks(self, rec: Recommendation, results: list[TrialResult]) -> list[ConfirmTask] | str:
+        """The re-measurement's runs, or why there is none."""
+        by_number = {r.number: r for r in results}
+        base = by_number.get(rec.baseline_trial) if rec.baseline_trial is not None else None
+        if rec.trial == rec.baseline_trial:
+            return "the baseline is the winner"
+        if base is None or base.status is not TrialStatus.COMPLETE:
+            return "the baseline did not complete"
+        others = runners_up(results, rec, self.usable)
+        return schedule(base, by_number[rec.trial], others, self.cfg.confirm_runs)
 
     def _plan(self, loop: _Loop) -> _Stop | None:
         """Queue the strategy's next configuration once nothing is pending and the baseline has run.
@@ -627,10 +658,18 @@ class Study:
         return None
 
     def _time_left_s(self, loop: _Loop) -> float | None:
-        """What is left of the time budget for the next trial (at least a second), or None without one."""
+        """What is left of the time budget for the next trial, less what the re-measurement needs (at
+        least a second), or None without a budget."""
+        left = self._budget_left_s(loop)
+        if left is None:
+            return None
+        return max(1.0, left - self._confirm_reserve_s())
+
+    def _budget_left_s(self, loop: _Loop) -> float | None:
+        """What is left of the time budget (may be negative), or None without one."""
         if self.cfg.time_budget_s is None:
             return None
-        return max(1.0, self.cfg.time_budget_s - (self.clock() - loop.start_s))
+        return self.cfg.time_budget_s - (self.clock() - loop.start_s)
 
     def _record(self, loop: _Loop, trial: optuna.Trial, key: str, result: TrialResult) -> None:
         """Store a trial's result, let the memory gate learn from it and tell Optuna."""
@@ -644,9 +683,18 @@ class Study:
         self.view.trial_finished(result)
 
     def _finish(self, loop: _Loop, stop: _Stop) -> StudyOutcome:
-        """Decide the recommendation and store it in ``study.json`` with the outcome."""
+        """Decide the recommendation, re-measure it (unless the user stopped the study) and store it in
+        ``study.json`` with the outcome."""
         results = sorted(self._results.values(), key=lambda r: r.number)
         rec = recommend(results, self.cfg.hardware, min_headroom_frac=self.cfg.min_headroom_frac)
+        if rec is not None:
+            if stop.stopped == "interrupted":
+                rec = not_remeasured(rec, "the study was stopped before the re-measurement")
+            else:
+                rec, interrupted = self._confirm(loop, rec, results)
+                if interrupted:
+                    stop = _Stop("interrupted", "stopped by the user during the re-measurement")
+        confirmation = rec.confirmation if rec is not None else None
         settings = loop.settings
         settings["finished_wall_s"] = time.time()
         settings["outcome"] = {
@@ -654,7 +702,11 @@ class Study:
             "detail": stop.detail,
             "trials_run": loop.launched_total,
             "trials_run_now": loop.run_now,
-            "gpu_seconds": sum(r.gpu_seconds for r in results),
+            "gpu_seconds": sum(r.gpu_seconds for r in results)
+            + (confirmation.gpu_seconds if confirmation else 0.0),
+            "trial_seconds": sum(r.duration_s for r in results),
+            "confirm_seconds": confirmation.duration_s if confirmation else 0.0,
+            "confirm_gpu_seconds": confirmation.gpu_seconds if confirmation else 0.0,
             "recommended_trial": rec.trial if rec else None,
         }
         settings["recommendation"] = rec.model_dump(mode="json") if rec is not None else None
@@ -669,6 +721,50 @@ class Study:
             trials_run_now=loop.run_now,
             trials_run=loop.launched_total,
             budget_trials=self.cfg.n_trials,
+        )
+
+    def _confirm(
+        self, loop: _Loop, rec: Recommendation, results: list[TrialResult]
+    ) -> tuple[Recommendation, bool]:
+        """Re-measure the winner against the baseline (and close runners-up), interleaved, and judge.
+
+        Returns:
+            (the recommendation with its verdict, whether the user stopped the re-measurement).
+        """
+        n = self.cfg.confirm_runs
+        if n <= 0:
+            return not_remeasured(rec, "re-measurement off (--confirm-runs 0)"), False
+        tasks = self._confirm_tasks(rec, results)
+        if isinstance(tasks, str):
+            return not_remeasured(rec, tasks), False
+        runner = Confirmer(
+            self.dir,
+            self._launch_confirm,
+            time_left=lambda: self._budget_left_s(loop),
+            interrupted=self.interrupted,
+            reaper=self.reaper,
+            notice=self.view.notice,
+        )
+        compared = ", ".join(f"trial {t.trial}" for t in tasks if t.round == 1)
+        self.view.notice(f"re-measuring {compared}: {n} interleaved run(s) of each")
+        runs, note, interrupted = runner.run(tasks)
+        duration_s, gpu_s = runs_cost(runs)
+        confirmation = Confirmation(
+            rounds=n, runs=runs, duration_s=duration_s, gpu_seconds=gpu_s, method=METHOD, note=note
+        )
+        judged = judge(rec, confirmation, {r.number: r for r in results}, self.cfg.hardware)
+        self.view.notice(headline(judged))
+        return judged, interrupted
+
+    def _launch_confirm(self, task: ConfirmTask, directory: Path, time_left_s: float | None) -> TrialResult:
+        """One re-measurement run through the study's executor (never pruned: it is a measurement)."""
+        ctx = self._context(directory, master_port=free_port())
+        derived = self.backend.derive(dict(task.params), ctx)
+        spec = TrialSpec(number=task.trial, params=task.params, derived=derived, is_baseline=task.is_baseline)
+        if self.hygiene is not None:
+            self.hygiene()
+        return self.executor.execute(
+            spec, ctx, on_step=lambda step, throughput, optimistic: None, time_left_s=time_left_s
         )
 
     def _launch(
@@ -743,11 +839,9 @@ def summary_line(outcome: StudyOutcome) -> str:
     rec = outcome.recommendation
     if rec is None:
         return f"no healthy trial completed: nothing to recommend (see {StudyDir.REPORT_MD} for why each trial failed)"
-    line = f"best: trial {rec.trial} at {rec.throughput:.3g} completions/s"
-    if rec.speedup is not None:
-        line += f", speedup {rec.speedup:.2f}x over the baseline (trial {rec.baseline_trial})"
-    else:
-        line += "; the baseline did not complete, so no speedup can be given"
+    line = f"best: trial {rec.trial} at {rec.throughput:.3g} completions/s; {headline(rec)}"
+    if rec.host_load:
+        line += f"; {rec.host_load}"
     if outcome.stopped == "converged" and outcome.budget_trials:
         line += f"; stopped early after {outcome.trials_run} of {outcome.budget_trials} trials (further trials unlikely to gain more)"
     return line

@@ -29,7 +29,9 @@ def recommend(
     """The fastest COMPLETE trial with at least ``min_headroom_frac`` of memory left on every GPU.
 
     Unhealthy, failed, pruned and interrupted trials are never recommended. A trial whose measured
-    peak leaves less headroom than asked is passed over (it would OOM on a longer prompt).
+    peak leaves less headroom than asked is passed over (it would OOM on a longer prompt). The speedup
+    is the ratio of the two trials' single runs; the study re-measures it before it is reported
+    (:func:`autotune.study.verdict.judge`).
     """
     baseline = next((r for r in results if r.is_baseline), None)
     base_tp = baseline.throughput if baseline and baseline.status is TrialStatus.COMPLETE else None
@@ -54,9 +56,8 @@ def recommend(
             continue
         tp = r.throughput or 0.0
         speedup = tp / base_tp if base_tp else None
-        why = f"fastest healthy trial: {tp:.3g} completions/s"
-        if speedup is not None:
-            why += f", {speedup:.2f}x the baseline (trial {baseline.number})"  # type: ignore[union-attr]
+        # the speedup is not in the sentence: the verdict gives it, with its interval once re-measured
+        why = f"fastest healthy trial in the search: {tp:.3g} completions/s"
         return Recommendation(
             trial=r.number,
             throughput=tp,

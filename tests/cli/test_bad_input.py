@@ -37,6 +37,7 @@ CASES = {
     "time budget nonsense": (["--time-budget", "soon"], "--time-budget 'soon' is not a duration"),
     "negative hang floor": (["--hang-floor", "-5"], "--hang-floor must not be negative"),
     "unknown search": (["--search", "bayes"], "unknown search 'bayes'"),
+    "one confirmation run": (["--confirm-runs", "1"], "--confirm-runs must be 0 or at least 2"),
     "global batch not multiple": (
         ["--global-batch", "10", "--num-generations", "4"],
         "not a multiple of --num-generations",

@@ -270,3 +270,40 @@ def test_packaged_space_is_the_default(capsys: pytest.CaptureFixture[str]) -> No
         "use_vllm=false",
     )
     assert len(data["candidates"]) == 3 and data["counts"]["candidates"] >= 3
+
+
+def test_the_table_tells_every_row_apart_and_counts_ties(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ms-swift 7B plan on 4 x A10 used to print 1.00 for its top 20 rows: its best predictions tie
+    (knobs the time model holds neutral) or differ by less than 0.5 % (narrowed here to the batch size,
+    ZeRO stage and TP of its fastest candidates, to run in a second)."""
+    code, out, err = run(
+        capsys,
+        *("--backend", "swift", "--model", "Qwen2.5-7B", "--gpus", "4", "--gpu-type", "A10"),
+        *("--knob", "per_device_train_batch_size=8", "--knob", "deepspeed=zero3_offload"),
+        *("--knob", "vllm_tensor_parallel_size=4", "--top", "10"),
+    )
+    assert code == 0, err
+    table = out.split("fit (fastest first):\n")[1].split("\n\n")[0].splitlines()
+    rows = table[2:]
+    assert len(rows) == 10
+
+    def column(name: str) -> list[str]:  # right-aligned under its header, as wide as its dashes
+        end = table[0].index(name) + len(name)
+        start = table[1].rindex(" ", 0, end) + 1
+        return [row[start:end].strip() for row in rows]
+
+    speeds, ties = column("speed"), column("ties")
+    assert speeds[0].startswith("1.0") and len(speeds[0]) >= 6  # as many decimals as it takes
+    assert [float(s) for s in speeds] == sorted((float(s) for s in speeds), reverse=True)
+    assert len(set(speeds)) == 10  # every row a different predicted step time
+    assert ties[0].startswith("+")  # the fastest prediction is shared: its ties are counted
+    assert "ties: +N more candidates with the same predicted step time" in out
+    assert "vllm_util" in out.split("ties: ")[1].splitlines()[0]  # a knob the model holds neutral there
+    data = run_json(
+        capsys,
+        *("--backend", "swift", "--model", "Qwen2.5-7B", "--gpus", "4", "--gpu-type", "A10"),
+        *("--knob", "per_device_train_batch_size=8", "--knob", "deepspeed=zero3_offload"),
+        *("--knob", "vllm_tensor_parallel_size=4"),
+    )
+    ranks = [c["speed_rank"] for c in data["candidates"] if c["fits"]]
+    assert ranks[0] == 1 and ranks == sorted(ranks) and ranks.count(1) == int(ties[0][1:]) + 1

@@ -138,3 +138,43 @@ def test_swift_plan_on_h100() -> None:
         and not c.params.get("offload_model")
     ]
     assert default and all(not c.fits and not c.memory.vllm_startup_ok for c in default)
+
+
+def _swift_7b_on_4_a10() -> Any:
+    """The packaged ms-swift space for Qwen2.5-7B on 4 x A10, narrowed to the configurations that fit best
+    (batch 8, ZeRO-3 offload, vLLM TP 4): hundreds of candidates whose predictions tie or differ by
+    less than 0.1 %."""
+    from autotune.cli.plan import run_plan
+
+    result, _ = run_plan(
+        model="Qwen2.5-7B", model_config=None, gpus=4, gpu_type="A10", gpu_memory_gib=None, backend="swift",
+        space_path=None, global_batch=64, num_generations=8, max_completion_length=1024,
+        max_prompt_length=512, beta=None, lora_rank=0, vllm_max_model_len=None,
+        knobs=["per_device_train_batch_size=8", "deepspeed=zero3_offload", "vllm_tensor_parallel_size=4"],
+        margin=0.15,
+    )  # fmt: skip
+    return result
+
+
+def test_candidates_rank_by_their_exact_prediction_and_ties_are_true_ties() -> None:
+    from autotune.estimate.plan import speed_key
+
+    fit = [c for c in _swift_7b_on_4_a10().candidates if c.fits]
+    assert len(fit) > 100
+    keys = [speed_key(c.time.throughput) for c in fit]
+    # fastest first by the prediction itself (3 significant digits used to put a slower one first)
+    assert keys == sorted(keys, reverse=True)
+    # equal rank = the same predicted step time; a new rank = a slower one
+    for a, b in zip(fit, fit[1:], strict=False):
+        assert a.speed_rank is not None and b.speed_rank is not None
+        if a.speed_rank == b.speed_rank:
+            assert a.time.throughput == pytest.approx(b.time.throughput, rel=1e-9)
+            assert a.memory.peak_bytes <= b.memory.peak_bytes  # a tie: more headroom first
+        else:
+            assert b.speed_rank == a.speed_rank + 1 and b.time.throughput < a.time.throughput
+    assert fit[0].speed_rank == 1 and fit[-1].speed_rank == len(set(keys))
+    # the model really ties some (KV cache beyond what the rollout needs does not speed it up) ...
+    assert len(set(keys)) < len(fit)
+    # ... and really separates others by less than the two decimals the table used to print
+    top = sorted(set(keys), reverse=True)[:10]
+    assert len({f"{k / top[0]:.2f}" for k in top}) < len(top) == 10

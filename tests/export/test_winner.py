@@ -63,3 +63,36 @@ def test_no_recommendation_says_why(fixture_study: Path) -> None:
     assert "no recommendation: no healthy trial with memory headroom" in message
     assert "7 OOM" in message and "1 UNHEALTHY" in message
     assert "--trial N" in message
+
+
+def test_the_verdict_and_interval_travel_with_the_export(fixture_study: Path) -> None:
+    from autotune.records import Confirmation, ConfirmRun, TrialStatus
+    from autotune.study.recommend import recommend
+    from autotune.study.verdict import judge
+    from autotune.studydir import StudyDir
+
+    sd = StudyDir(fixture_study)
+    results = sd.results()
+    rec = recommend(results, sd.hardware())
+    assert rec is not None
+    runs = [
+        ConfirmRun(
+            trial=t, round=k, order=i, role="x", status=TrialStatus.COMPLETE, step_time_s=s, steady_steps=5
+        )
+        for i, (t, k, s) in enumerate([(0, 1, 28.0), (3, 1, 24.0), (3, 2, 33.0), (0, 2, 29.0)], 1)
+    ]
+    judged = judge(rec, Confirmation(rounds=2, runs=runs), {r.number: r for r in results}, sd.hardware())
+    assert judged.measurable is False
+    settings = sd.read_settings()
+    settings["recommendation"] = judged.model_dump(mode="json")
+    sd.write_settings(settings)
+    knobs = json.loads(export_study(fixture_study, "json").files["knobs.json"])
+    assert knobs["speedup_over_baseline"] == pytest.approx(judged.speedup)
+    assert (knobs["speedup_low"], knobs["speedup_high"]) == (judged.speedup_low, judged.speedup_high)
+    assert knobs["speedup_measurable"] is False
+    assert knobs["verdict"].startswith("no measurable speedup over the baseline (trial 0): ")
+    script = export_study(fixture_study, "swift").files["command.sh"]
+    assert "# Verdict: no measurable speedup over the baseline (trial 0): " in script
+    # another trial exported with --trial: its own single-run ratio, no interval, no verdict
+    other = json.loads(export_study(fixture_study, "json", trial=6).files["knobs.json"])
+    assert other["speedup_low"] is None and other["verdict"] is None

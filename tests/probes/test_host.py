@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections import namedtuple
 from pathlib import Path
 
 import psutil
 import pytest
-from autotune.probes.host import HostSampler, process_tree_pids
+from autotune.probes.host import HostSampler, other_busy_cores, process_tree_pids
 from autotune.probes.testing import wait_until
 from autotune.probes.timeline import HOST_METRICS
 
@@ -163,3 +165,69 @@ def test_lifecycle_and_default_rate() -> None:
     fresh.stop()
     with pytest.raises(RuntimeError, match="started once"):
         fresh.start()
+
+
+def test_other_busy_cores_is_the_machine_less_the_trial_and_autotune() -> None:
+    # 4 CPUs, 75 % busy over a 2 s interval (6 of 8 CPU-seconds): 3 cores; ours used 1.5 CPU-s = 0.75 core
+    assert other_busy_cores(6.0, 8.0, 4, 1.5, 2.0) == pytest.approx(2.25)
+    assert other_busy_cores(1.0, 8.0, 4, 3.0, 2.0) == 0.0  # never negative (counters read apart)
+    assert other_busy_cores(1.0, 0.0, 4, 0.0, 2.0) == 0.0  # no time passed on the counters
+
+
+_CpuTimes = namedtuple("_CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
+
+
+class _Machine:
+    """psutil.cpu_times() of a 4-CPU machine that other processes keep half busy: each read, 1 CPU-second
+    busy and 1 idle (guest time, already inside user, is left out as psutil does)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self, percpu: bool = False) -> _CpuTimes:
+        self.reads += 1
+        n = float(self.reads)
+        return _CpuTimes(n, 0.0, 0.0, n, 0.0, 0.0, 0.0, 0.0, 0.5 * n, 0.0)
+
+
+def test_the_load_of_other_processes_is_recorded_beside_the_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = _Machine()
+    monkeypatch.setattr(psutil, "cpu_times", machine)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 4)
+    sleeper = _spawn("import time; time.sleep(30)")
+    try:
+        with HostSampler(sleeper.pid, interval_s=0.05) as sampler:
+            assert wait_until(lambda: len(sampler.rows()) >= 8)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    rows = sampler.rows()
+    assert rows[0]["other_cpu_cores"] is None  # a rate needs two samples
+    other = [r["other_cpu_cores"] for r in rows[1:]]
+    # the machine: half of 4 CPUs busy = 2 cores; a sleeping trial uses none, autotune's sampling a little
+    # (more in the interval of its first full scan; CPU time comes in 10 ms ticks, so one interval of
+    # 50 ms may read a tick or none)
+    assert all(o is not None and 0.0 <= o <= 2.0 for o in other), other
+    assert statistics.median(other) > 1.5, other
+    assert all(r["host_cpu_count"] == 4 and r["load_avg_1m"] is not None for r in rows)
+    assert rows[-1]["host_cpu_pct"] == pytest.approx(50.0)
+
+
+def test_the_trial_s_own_cpu_is_not_counted_as_other_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(psutil, "cpu_times", _Machine())
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 4)
+    burner = _spawn(
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(5)"
+    )
+    try:
+        with HostSampler(burner.pid, interval_s=0.05) as sampler:
+            assert wait_until(lambda: sum(1 for r in sampler.rows() if (r["cpu_pct"] or 0) > 5) >= 3, 30)
+    finally:
+        burner.kill()
+        burner.wait()
+    rows = [r for r in sampler.rows()[1:] if r["cpu_pct"] is not None]
+    # whatever share of a core the burner got on this machine, it comes off the 2 busy cores
+    assert all(r["other_cpu_cores"] <= max(0.0, 2.0 - r["cpu_pct"] / 100) + 1e-9 for r in rows)
+    assert any(r["other_cpu_cores"] < 2.0 - 0.05 for r in rows if r["cpu_pct"] > 5)

@@ -312,3 +312,34 @@ def test_step_objects_are_accepted_like_dicts(gpu_trial) -> None:
     df, steps, markers = gpu_trial
     objects = [_StepRecord(s["step"], s["t_mono_s"]) for s in steps]
     assert summarize(df, objects, markers) == summarize(df, steps, markers)
+
+
+def test_host_load_columns_are_summarized_over_the_steady_window_and_absent_from_older_files(
+    tmp_path: Path,
+) -> None:
+    # the recorded CPU run predates the columns: they read as unknown, not as zero
+    df, steps, markers = _load("cpu_trial")
+    assert df["other_cpu_cores"].isna().all() and df["load_avg_1m"].isna().all()
+    old = summarize(df, steps, markers)["host"]
+    assert old["other_busy_cores_mean"] is None and old["load_avg_1m_mean"] is None
+    assert old["host_cpu_count"] is None
+    # a new one: 1.5 cores busy elsewhere before the first step ends (start-up, outside the window),
+    # then 0.5 during the steps; the window's time-weighted mean is 0.5
+    rows = [
+        {
+            "t_mono_s": t,
+            "t_wall_s": 1000 + t,
+            "source": "host",
+            "device": -1,
+            "other_cpu_cores": 1.5 if t < 2.0 else 0.5,
+            "load_avg_1m": 3.0,
+            "host_cpu_count": 2.0,
+        }
+        for t in [x / 10 for x in range(0, 61)]
+    ]
+    path = tmp_path / "timeline.parquet"
+    write_timeline(path, rows)
+    steps = [{"step": k, "t_mono_s": 2.0 + k} for k in range(0, 4)]
+    host = summarize(read_timeline(path), steps, [])["host"]
+    assert host["other_busy_cores_mean"] == pytest.approx(0.5)
+    assert host["load_avg_1m_mean"] == pytest.approx(3.0) and host["host_cpu_count"] == 2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Written by autotune export (--format verl) from study swift-a100, trial 1: fastest healthy trial: 6.4 completions/s, 2.00x the baseline (trial 0).
+# Written by autotune export (--format verl) from study swift-a100, trial 1: fastest healthy trial in the search: 6.4 completions/s.
 # Measured 6.4 completions/s, 3000 tokens/s, peak GPU memory 60.0 GiB at a global batch of 64 completions (8 per prompt) on 2x NVIDIA A100-SXM4-80GB, with ms-swift 4.6.0.
+# Verdict: 2.00× the baseline (trial 0) from one run of each (not re-measured).
 # Translated to verl 0.9.1's hydra overrides; settings not written here take verl's defaults. Arguments given to this script are passed on as more overrides.
 # verl reads rows with a 'prompt' chat list, 'data_source' and 'reward_model.ground_truth' (see verl's examples/data_preprocess); data.val_files repeats the training file: set your own.
 # autotune_verl_reward.py is autotune's demo reward (the study used it): replace it with your own.

@@ -1,0 +1,247 @@
+"""The speedup interval from re-measured runs and the rule that refuses to call noise a win, on
+deterministic inputs (every expected number worked out by hand below)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.records import (
+    Confirmation,
+    ConfirmRun,
+    Recommendation,
+    SteadyEstimate,
+    TrialResult,
+    TrialStatus,
+)
+from autotune.study.verdict import RunTime, headline, judge, not_remeasured, speedup_interval, speedup_text
+
+T975_DF2 = 4.303  # Student t, two-sided 95 %, 2 degrees of freedom (any printed table)
+T975_DF3 = 3.182
+
+
+def test_the_estimate_is_the_ratio_of_geometric_means_and_the_interval_is_a_t_interval_over_runs() -> None:
+    # winner runs 1.0 s and 1.1 s per step, baseline 2.0 s and 2.2 s: the same spread, half the time
+    winner = [RunTime(1.0), RunTime(1.1)]
+    baseline = [RunTime(2.0), RunTime(2.2)]
+    iv = speedup_interval(winner, baseline)
+    assert iv is not None
+    assert iv.estimate == pytest.approx(2.0)
+    # pooled variance of one run's log time: (2 * ln(1.1)^2 / 2) / (4 runs - 2 configurations) = ln(1.1)^2 / 2;
+    # se of the difference of the two means (2 runs each) = sqrt(var * (1/2 + 1/2)) = ln(1.1) / sqrt(2)
+    assert iv.df == 2
+    half = T975_DF2 * math.log(1.1) / math.sqrt(2)
+    assert iv.low == pytest.approx(2.0 * math.exp(-half), rel=1e-3)
+    assert iv.high == pytest.approx(2.0 * math.exp(half), rel=1e-3)
+    assert iv.low > 1.0 and not iv.includes_one
+    assert iv.runs == (2, 2)
+    # the other way round: the reciprocal
+    back = speedup_interval(baseline, winner)
+    assert back is not None
+    assert back.estimate == pytest.approx(0.5) and back.high == pytest.approx(1 / iv.low, rel=1e-9)
+
+
+def test_the_run_to_run_variance_is_pooled_over_every_configuration_re_measured() -> None:
+    # the winner's two runs agree, the baseline's differ twofold: one host, one noise
+    winner, baseline = [RunTime(0.5), RunTime(0.5)], [RunTime(1.0), RunTime(2.0)]
+    iv = speedup_interval(winner, baseline)
+    assert iv is not None and iv.df == 2
+    log_ratio = (math.log(1.0) + math.log(2.0)) / 2 - math.log(0.5)
+    var = (math.log(2.0) ** 2 / 2) / 2  # the baseline's sum of squares over 4 runs - 2 configurations
+    half = T975_DF2 * math.sqrt(var)
+    assert iv.estimate == pytest.approx(math.exp(log_ratio))
+    assert (iv.low, iv.high) == pytest.approx(
+        (math.exp(log_ratio - half), math.exp(log_ratio + half)), rel=1e-3
+    )
+    assert iv.includes_one  # a 2.8x point estimate that these runs cannot confirm
+    # a runner-up's two runs, as steady as the winner's, add two runs and one degree of freedom
+    pooled = speedup_interval(winner, baseline, others=[[RunTime(0.7), RunTime(0.7)]])
+    assert pooled is not None and pooled.df == 3 and pooled.estimate == pytest.approx(iv.estimate)
+    half3 = T975_DF3 * math.sqrt(math.log(2.0) ** 2 / 2 / 3)
+    assert pooled.low == pytest.approx(math.exp(log_ratio - half3), rel=1e-3)
+
+
+def test_runs_that_agree_by_chance_keep_the_spread_their_own_steps_show() -> None:
+    # two identical runs per side: no between-run spread, but each run's steps vary by ±10 % (95 %, 5 steps)
+    runs = [RunTime(1.0, rel_ci95=0.10, steady_steps=5)] * 2
+    iv = speedup_interval(runs, [RunTime(1.05, rel_ci95=0.10, steady_steps=5)] * 2)
+    assert iv is not None
+    within_sd = 0.10 / 2.776  # t(4) = 2.776: the run's own standard error of its log mean
+    se = math.sqrt(2 * within_sd**2 / 2)
+    assert iv.low == pytest.approx(1.05 * math.exp(-T975_DF2 * se), rel=1e-3)
+    assert iv.includes_one
+    # without the floor, identical runs would claim certainty: a zero-width interval
+    exact = speedup_interval([RunTime(1.0)] * 2, [RunTime(1.05)] * 2)
+    assert exact is not None and exact.low == pytest.approx(exact.high)
+
+
+def test_one_run_per_side_gives_no_interval_and_bad_times_are_refused() -> None:
+    assert speedup_interval([RunTime(1.0)], [RunTime(2.0), RunTime(2.1)]) is None
+    assert speedup_interval([], []) is None
+    with pytest.raises(ValueError, match="positive"):
+        speedup_interval([RunTime(1.0), RunTime(0.0)], [RunTime(2.0), RunTime(2.1)])
+
+
+# ------------------------------------------------------------------------------------ the refusal rule
+
+
+def _result(number: int, step_s: float, *, baseline: bool = False) -> TrialResult:
+    steady = SteadyEstimate(
+        step_time_s=step_s, rel_ci95=0.02, steady_steps=6, warmup_steps=1, throughput=16 / step_s
+    )
+    return TrialResult(
+        number=number,
+        params={"bs": number},
+        is_baseline=baseline,
+        status=TrialStatus.COMPLETE,
+        reason="completed",
+        steps=7,
+        steady=steady,
+    )
+
+
+def _rec(results: dict[int, TrialResult], winner: int) -> Recommendation:
+    w, b = results[winner], results[0]
+    return Recommendation(
+        trial=winner,
+        throughput=w.throughput or 0.0,
+        baseline_trial=0,
+        baseline_throughput=b.throughput,
+        speedup=(w.throughput or 0.0) / (b.throughput or 1.0),
+        headroom_bytes=[],
+        why="fastest healthy trial in the search",
+    )
+
+
+def _runs(
+    times: dict[int, list[float]], *, winner: int, loaded: set[tuple[int, int]] = frozenset()
+) -> list[ConfirmRun]:
+    out = []
+    for trial, steps in times.items():
+        role = "baseline" if trial == 0 else ("winner" if trial == winner else "runner_up")
+        for k, t in enumerate(steps, 1):
+            out.append(
+                ConfirmRun(
+                    trial=trial,
+                    round=k,
+                    order=len(out) + 1,
+                    role=role,
+                    status=TrialStatus.COMPLETE,
+                    step_time_s=t,
+                    rel_ci95=0.01,
+                    steady_steps=6,
+                    throughput=16 / t,
+                    duration_s=10.0,
+                    gpu_seconds=10.0,
+                    other_busy_cores=1.4 if (trial, k) in loaded else 0.1,
+                    host_loaded=(trial, k) in loaded,
+                )
+            )
+    return out
+
+
+def test_noise_is_not_called_a_win() -> None:
+    # the search saw 2x (a lucky winner run); re-measured, both take about a second per step
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    rec = _rec(results, 3)
+    conf = Confirmation(rounds=2, runs=_runs({0: [1.00, 1.20], 3: [1.05, 0.95]}, winner=3))
+    judged = judge(rec, conf, results, None)
+    assert judged.trial == 3
+    assert judged.measurable is False
+    assert judged.search_speedup == pytest.approx(2.0)
+    assert judged.speedup_low is not None and judged.speedup_high is not None
+    assert judged.speedup_low <= 1.0 <= judged.speedup_high
+    assert judged.verdict is not None
+    assert judged.verdict.startswith("no measurable speedup over the baseline (trial 0): ")
+    assert f"{judged.speedup:.2f}× [{judged.speedup_low:.2f}, {judged.speedup_high:.2f}]" in judged.verdict
+    assert speedup_text(judged).startswith("no measurable speedup: ")
+    assert judged.confirmation is not None and judged.confirmation.speedup is not None
+
+
+def test_a_real_speedup_is_given_with_its_interval() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    conf = Confirmation(rounds=2, runs=_runs({0: [2.0, 2.1], 3: [1.0, 1.02]}, winner=3))
+    judged = judge(_rec(results, 3), conf, results, None)
+    assert judged.measurable is True and judged.speedup_low is not None and judged.speedup_low > 1.0
+    text = speedup_text(judged)
+    assert text == f"{judged.speedup:.2f}× [{judged.speedup_low:.2f}, {judged.speedup_high:.2f}]"
+    assert headline(judged).startswith("speedup over the baseline (trial 0): ")
+    assert judged.host_load is None
+
+
+def test_an_indistinguishable_runner_up_is_named_equivalent() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0), 5: _result(5, 1.02)}
+    conf = Confirmation(rounds=2, runs=_runs({0: [2.0, 2.1], 3: [1.0, 1.05], 5: [1.04, 0.99]}, winner=3))
+    judged = judge(_rec(results, 3), conf, results, None)
+    assert judged.trial == 3 and judged.equivalent == [5]
+    assert judged.verdict is not None and "equivalent to the winner: trial 5 (" in judged.verdict
+    assert judged.confirmation is not None and set(judged.confirmation.versus_winner) == {0, 5}
+
+
+def test_a_runner_up_measurably_faster_on_re_measurement_becomes_the_winner() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0), 5: _result(5, 1.02)}
+    conf = Confirmation(rounds=2, runs=_runs({0: [2.0, 2.02], 3: [1.2, 1.21], 5: [0.9, 0.91]}, winner=3))
+    judged = judge(_rec(results, 3), conf, results, None)
+    assert judged.trial == 5
+    assert judged.throughput == pytest.approx(16 / 1.02)  # the search's measurement of trial 5
+    assert "re-measured faster than trial 3" in judged.why
+    assert judged.measurable is True and judged.equivalent == []
+
+
+def test_a_winner_measurably_slower_than_the_baseline_leaves_the_baseline() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    conf = Confirmation(rounds=2, runs=_runs({0: [1.0, 1.01], 3: [1.3, 1.31]}, winner=3))
+    judged = judge(_rec(results, 3), conf, results, None)
+    assert judged.trial == 0 and judged.measurable is False and judged.speedup == 1.0
+    assert judged.verdict is not None and judged.verdict.startswith("the baseline (trial 0) is the fastest")
+    assert speedup_text(judged) == "the baseline is fastest"
+
+
+def test_too_few_completed_runs_say_not_confirmed_and_a_loaded_host_is_named() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    runs = _runs({0: [2.0], 3: [1.0, 1.1]}, winner=3, loaded={(3, 2)})
+    conf = Confirmation(rounds=2, runs=runs, note="the time budget ran out")
+    judged = judge(_rec(results, 3), conf, results, None)
+    assert judged.measurable is None and judged.speedup_low is None
+    assert (
+        judged.verdict
+        == "2.00× the baseline (trial 0) from one run of each (not confirmed: the time budget ran out)"
+    )
+    assert speedup_text(judged) == "2.00× (single runs, not re-measured)"
+    assert judged.host_load is not None and "1 of 3 re-measurement runs" in judged.host_load
+    assert "1.4 cores busy outside the run" in judged.host_load
+
+
+def test_without_re_measurement_the_speedup_is_never_bare() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    rec = not_remeasured(_rec(results, 3), "re-measurement off (--confirm-runs 0)")
+    assert (
+        rec.verdict
+        == "2.00× the baseline (trial 0) from one run of each (not re-measured: re-measurement off (--confirm-runs 0))"
+    )
+    assert speedup_text(rec) == "2.00× (single runs, not re-measured)"
+    no_baseline = _rec(results, 3).model_copy(update={"speedup": None, "baseline_throughput": None})
+    assert not_remeasured(no_baseline, "the baseline did not complete").verdict == (
+        "no speedup can be given: the baseline did not complete"
+    )
+    assert speedup_text(no_baseline) == "—"
+
+
+def test_a_recommendation_stored_before_verdicts_existed_still_loads() -> None:
+    old = {
+        "trial": 3,
+        "throughput": 1.71,
+        "baseline_trial": 0,
+        "baseline_throughput": 1.12,
+        "speedup": 1.52,
+        "headroom_bytes": [2361393152],
+        "why": "fastest healthy trial: 1.71 completions/s, 1.52x the baseline (trial 0)",
+        "skipped": [],
+    }
+    rec = Recommendation.model_validate(old)
+    assert rec.confirmation is None and rec.verdict is None and rec.measurable is None
+    assert headline(rec) == "1.52× the baseline (trial 0) from one run of each (not re-measured)"
+    assert speedup_text(rec) == "1.52× (single runs, not re-measured)"
+    again = Recommendation.model_validate(rec.model_dump(mode="json"))
+    assert again == rec
