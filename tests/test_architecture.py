@@ -20,7 +20,7 @@ FOLDERS = {
     "autotune.search_spaces": ROOT / "search_spaces",
     "autotune": ROOT / "autotune",
 }
-APPLICATION = ("autotune.app", "autotune.cli")
+APPLICATION = ("autotune.app", "autotune.cli", "autotune.__main__")  # __main__: `python -m autotune`
 
 
 def _modules() -> dict[str, Path]:

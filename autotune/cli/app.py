@@ -27,7 +27,26 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from autotune import __version__
+
+        print(f"autotune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", help="Print the version and exit.", callback=_show_version, is_eager=True
+    ),
+) -> None:
+    """Profile and auto-tune GRPO fine-tuning jobs (ms-swift, TRL, verl) on the GPUs you have."""
+
 
 for module in (gpus_cmd, plan_cmd, search_cmd, report_cmd, export_cmd, profile_cmd):
     module.register(app)
