@@ -61,6 +61,8 @@ def test_search_cli_runs_three_real_swift_trials(tmp_path: Path) -> None:
             "--max-steps",
             "6",
             "--no-early-stop",  # the baseline's six steps are checked below: a steady run may stop at 5
+            "--confirm-runs",
+            "0",  # the re-measurement is the TRL end-to-end tests' subject; here it would double the time
             "--out",
             str(out),
             "--",
@@ -76,7 +78,12 @@ def test_search_cli_runs_three_real_swift_trials(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    results = [json.loads(p.read_text()) for p in sorted((out / "trials").glob("*/result.json"))]
+    # numbered directories are trials; confirm-* ones would be re-measurement runs (off here)
+    results = [
+        json.loads(p.read_text())
+        for p in sorted((out / "trials").glob("*/result.json"))
+        if p.parent.name.isdigit()
+    ]
     # candidates refused before launch (a broken rule, a predicted OOM) are recorded but cost no budget
     launched = [r for r in results if not r["reason"].startswith("not launched")]
     assert len(launched) == 3, [(r["status"], r["reason"]) for r in results]
