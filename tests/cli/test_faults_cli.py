@@ -45,6 +45,11 @@ EXPECTED = {
 }
 
 
+def trial_results(out: Path) -> list[Path]:
+    """The trials' result files (numbered directories; ``confirm-*`` ones hold re-measurement runs)."""
+    return sorted(p for p in (out / "trials").glob("*/result.json") if p.parent.name.isdigit())
+
+
 def write_space(tmp_path: Path) -> Path:
     space = tmp_path / "faults.yaml"
     choices = ", ".join(MODES)
@@ -63,7 +68,7 @@ def test_every_fault_is_classified_and_cleaned_up(cli, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = {}
-    for rfile in (out / "trials").glob("*/result.json"):
+    for rfile in trial_results(out):
         r = json.loads(rfile.read_text())
         results[r["params"]["mode"]] = r
     assert set(results) == set(MODES), sorted(results)
@@ -131,7 +136,7 @@ def test_a_study_killed_with_sigkill_resumes_intact_and_without_orphans(tmp_path
     assert again.returncode == 0, again.stdout + again.stderr
     assert (out / "trials" / "0" / "result.json").read_bytes() == first
     assert not any(_pgid(p.pid) == orphan_pgid for p in psutil.process_iter())
-    results = [json.loads(p.read_text()) for p in (out / "trials").glob("*/result.json")]
+    results = [json.loads(p.read_text()) for p in trial_results(out)]
     interrupted = [r for r in results if r["status"] == "INTERRUPTED"]
     assert [r["number"] for r in interrupted] == [1]
     completed_bs = sorted(r["params"]["bs"] for r in results if r["status"] == "COMPLETE")
