@@ -730,17 +730,11 @@ class SearchStrategy:
         chosen: tuple[Proposal, str] | None = None
         # refinement: the best one- or two-knob change of the incumbent, when the schedule says so
         if not explore_only and incumbent is not None and self._wants_refine(runs, budget_left):
-            local = _Block.of(self._around(incumbent.params, visited), k)
-            if local.cands:
-                first, _, _, _ = score(local, self._first_load(local.cands))
-                order = np.argsort(-first, kind="stable")
-                for start in range(0, len(order), self.shortlist_size):
-                    proposal = self._pick(
-                        local.take(order[start : start + self.shortlist_size]), score, history, best
-                    )
-                    if proposal is not None:
-                        chosen = (proposal, "refine")
-                        break
+            proposal = self._best_of(
+                _Block.of(self._around(incumbent.params, visited), k), score, history, best
+            )
+            if proposal is not None:
+                chosen = (proposal, "refine")
 
         base = self._base_pool()
         block = base.select([c.key not in visited for c in base.cands])
@@ -766,16 +760,10 @@ class SearchStrategy:
                 if not extra:
                     break
                 block = block.concat(_Block.of(extra, k))
-        if chosen is None and block.cands:
-            first, _, _, _ = score(block, self._first_load(block.cands))
-            order = np.argsort(-first, kind="stable")
-            for start in range(0, len(order), self.shortlist_size):
-                proposal = self._pick(
-                    block.take(order[start : start + self.shortlist_size]), score, history, best
-                )
-                if proposal is not None:
-                    chosen = (proposal, "explore")
-                    break
+        if chosen is None:
+            proposal = self._best_of(block, score, history, best)
+            if proposal is not None:
+                chosen = (proposal, "explore")
         if chosen is None:
             return _Analysis(None, best)
         later_trials = budget_left is None or budget_left > 1
@@ -854,6 +842,27 @@ class SearchStrategy:
             failure_risk=float(1.0 - p_ok[best_i]),
             suspect=", ".join(names),
         )
+
+    def _best_of(
+        self,
+        block: _Block,
+        score: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        history: Sequence[TrialResult],
+        best: float | None,
+    ) -> Proposal | None:
+        """The best-scoring candidate of ``block`` that passes the pre-check: ranked on the first
+        memory loads, then picked shortlist by shortlist with fresh ones (:meth:`_pick`)."""
+        if not block.cands:
+            return None
+        first, _, _, _ = score(block, self._first_load(block.cands))
+        order = np.argsort(-first, kind="stable")
+        for start in range(0, len(order), self.shortlist_size):
+            proposal = self._pick(
+                block.take(order[start : start + self.shortlist_size]), score, history, best
+            )
+            if proposal is not None:
+                return proposal
+        return None
 
     def _pick(
         self,
