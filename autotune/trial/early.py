@@ -75,6 +75,7 @@ __all__ = [
     "GpuSpinWatch",
     "LiveGpuSamples",
     "Spin",
+    "require_non_negative",
     "spin_call",
     "sync_call",
 ]
@@ -82,6 +83,15 @@ __all__ = [
 #: Phases in which every rank waits on the others: one that never ends is a hang.
 BLOCKING_PHASES = frozenset({"weight_sync"})
 _MAX_LINE_CHARS = 300
+
+
+def require_non_negative(value: object, what: str, name: str) -> None:
+    """Raise a usage error unless ``value`` is a real number of 0 or more (bools and NaN refused);
+    ``what`` names it in the message, ``name`` in the hint."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise UsageError(
+            f"{what} must be a number of 0 or more, got {value!r}", hint=f"Give {name} a non-negative value"
+        )
 
 
 @dataclass(frozen=True)
@@ -117,17 +127,7 @@ class EarlyCallConfig:
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or math.isnan(value)
-                or value < 0
-            ):
-                raise UsageError(
-                    f"early-call setting {name} must be a number of 0 or more, got {value!r}",
-                    hint=f"Give {name} a non-negative value",
-                )
+            require_non_negative(getattr(self, name), f"early-call setting {name}", name)
         if self.spin_power_frac > 1 or self.startup_frac > 1:
             raise UsageError(
                 "spin_power_frac and startup_frac are shares: give values from 0 to 1",

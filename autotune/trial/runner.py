@@ -20,7 +20,6 @@ The runner decides *when* to stop; :mod:`autotune.trial.outcome` decides what th
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import re
@@ -48,6 +47,7 @@ from autotune.trial.early import (
     FatalLines,
     GpuSpinWatch,
     LiveGpuSamples,
+    require_non_negative,
     spin_call,
     sync_call,
 )
@@ -137,16 +137,7 @@ class WatchdogConfig:
             value = getattr(self, name)
             if value is None and name == "trial_timeout_s":
                 continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or math.isnan(value)
-                or value < 0
-            ):
-                raise UsageError(
-                    f"{flag} must be a number of 0 or more, got {value!r}",
-                    hint=f"Give {flag} a non-negative value",
-                )
+            require_non_negative(value, flag, flag)
         if self.poll_interval_s <= 0:
             raise UsageError(
                 "--poll-interval must be above 0", hint="Give a poll interval such as 0.1 seconds"
