@@ -57,6 +57,7 @@ class SearchRequest:
     metrics_file: str | None = None
     executable: str | None = None
     confirm_runs: int = 2
+    secret_args: tuple[str, ...] = ()
 
 
 def collect_versions(backend: str) -> dict[str, str]:
@@ -275,6 +276,10 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     )
     for name, why in space.dropped.items():
         console.print(f"note: knob {name} dropped: {why}", markup=False, style="yellow")
+    from autotune.secrets import SecretRule
+
+    argv = sys.argv[1:] if sys.argv and sys.argv[1:] else ["search"]
+    secrets = SecretRule(req.secret_args).learning(argv)
     if hardware.gpus and not hardware.visible:
         console.print(
             "note: GPUs are declared, not visible here: no NVML timelines will be sampled",
@@ -300,10 +305,11 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         time_budget_s=prep.time_budget_s,
         storage_url=req.storage,
         user_baseline=prep.user_baseline,
-        command_line=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv else "autotune search",
+        command_line=secrets.mask(shlex.join(["autotune", *argv])),
         versions=collect_versions(req.backend),
         backend_version=prep.info.version,
         confirm_runs=req.confirm_runs,
+        secret_args=req.secret_args,
     )
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
@@ -316,6 +322,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         samplers=make_samplers(hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
         stop_event=stop_event,
         beta=beta,
+        secrets=secrets,
     )
     memory_gate = _memory_gate(hardware, prep.model, req, fixed_args, backend, out)
     view.use_labels({k.name: k.short for k in space.knobs})
@@ -357,9 +364,16 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
             signal.signal(signal.SIGINT, previous)
     _finish(console, cfg, outcome, out)
     if outcome.stopped == "interrupted":
-        console.print(f"resume with: {cfg.command_line}", markup=False)
+        console.print(f"resume with: {_resume_line(secrets, argv)}", markup=False)
         return 130
     return 0
+
+
+def _resume_line(secrets: Any, argv: list[str]) -> str:
+    """The command that resumes the study, its secrets read from environment variables."""
+    words, needed = secrets.script_words(["autotune", *argv])
+    line = " ".join(words)
+    return f"{line}   (export {' '.join(needed)} first)" if needed else line
 
 
 def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_args: dict[str, Any]) -> Any:

@@ -30,6 +30,12 @@ def register(app: typer.Typer) -> None:
             "-o",
             help="Write the files here (a directory for multi-file formats) instead of printing the main file.",
         ),
+        secret_arg: list[str] | None = typer.Option(
+            None,
+            "--secret-arg",
+            help="An argument name whose value is a secret (repeatable), on top of the study's own:"
+            " scripts read it from ${NAME}, other files show ***.",
+        ),
     ) -> None:
         """Write the recommended configuration as a runnable script or config file."""
         from autotune.app.export import default_format, export_winner
@@ -47,7 +53,7 @@ def register(app: typer.Typer) -> None:
                 f"{directory} is not a directory",
                 hint="Pass the runs/<study> directory autotune search wrote",
             )
-        winner = load_winner(directory, trial=trial)
+        winner = load_winner(directory, trial=trial, secret_names=tuple(secret_arg or ()))
         result = export_winner(winner, fmt or default_format(winner.backend))
         for note in result.notes:
             notice(note)

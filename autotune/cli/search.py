@@ -140,6 +140,15 @@ def register(app: typer.Typer) -> None:
                 " speedup. Not counted in --trials; counted in the time budget. 0 skips it.",
             ),
         ] = 2,
+        secret_arg: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--secret-arg",
+                help="An argument name whose value is a secret (repeatable), on top of names with token,"
+                " key, password or secret in them: never written to a file (scripts read it from"
+                " ${NAME}, other files show ***).",
+            ),
+        ] = None,
     ) -> None:
         from autotune.app.search import SearchRequest, run_search
         from autotune.cli._console import console
@@ -175,5 +184,6 @@ def register(app: typer.Typer) -> None:
             metrics_file=metrics_file,
             executable=executable,
             confirm_runs=confirm_runs,
+            secret_args=tuple(secret_arg or ()),
         )
         raise typer.Exit(run_search(request, console, RichView(console)))

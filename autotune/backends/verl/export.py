@@ -49,10 +49,11 @@ from typing import Any
 from autotune.backends._values import as_float, typed
 from autotune.backends.swift.config import TRL_NAMES
 from autotune.errors import UsageError
-from autotune.export._common import MARKER, Export, ShellWord, drop_secrets, refuse, shell_script
+from autotune.export._common import MARKER, Export, ShellWord, mask_secrets, refuse, shell_script
 from autotune.export._job import header, user_dataset, uses_demo_reward
 from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
+from autotune.secrets import MASK
 
 __all__ = ["FIXED_TO_VERL", "REWARD_FILE", "SCRIPT", "export_verl", "overrides_of"]
 
@@ -189,7 +190,11 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
     instead = w.backend
     k = w.config
     _check(k, instead)
-    fixed, notes = drop_secrets(w.fixed)
+    fixed, _ = mask_secrets(w.fixed, w.secrets)
+    # verl has no setting for a secret of the trainer's (a hub token): left out, the notes say so
+    secret = [k for k, v in fixed.items() if MASK in str(v)]
+    notes = [f"--{k} left out: a secret verl has no setting for" for k in secret]
+    fixed = {k: v for k, v in fixed.items() if k not in secret}
     model = w.settings.get("model") or {}
     gb = int(w.setting("global_batch", 16))
     g = int(w.setting("num_generations", 4))
@@ -332,7 +337,7 @@ def export_verl(w: Winner) -> Export:
     )
     comments += notes
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in w.gpu_indices)} if not w.cpu_only else {}
-    files = {SCRIPT: shell_script(comments, command, env=env, setup=setup)}
+    files = {SCRIPT: shell_script(comments, command, env=env, setup=setup, secrets=w.secrets)}
     if ships_reward:
         files[REWARD_FILE] = _REWARD_SOURCE.format(marker=MARKER)
     return Export(
