@@ -290,6 +290,8 @@ class StudyDir:
         write_json_atomic(self.study_json, data)
 
     def write_result(self, result: TrialResult) -> None:
+        """Store a trial's ``result.json`` (its directory is checked: never a link, see :meth:`own_dir`)."""
+        self.own_dir(self.trial_dir(result.number))
         write_json_atomic(self.trial(result.number).result_json, result.model_dump(mode="json"))
 
     def read_result(self, number: int) -> TrialResult | None:

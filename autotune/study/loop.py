@@ -664,7 +664,8 @@ class Study:
             existing = self.dir.read_result(number)
         except (OSError, ValueError):
             existing = None
-        if existing is None or existing.status is TrialStatus.RUNNING:
+        linked = self.dir.trial_dir(number).is_symlink()  # never ours: nothing is written through it
+        if not linked and (existing is None or existing.status is TrialStatus.RUNNING):
             cause = (
                 exc.one_line() if isinstance(exc, WriteError) else "the study storage could not be written"
             )

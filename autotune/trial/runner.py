@@ -808,15 +808,20 @@ class TrialRun:
                 return
 
     def _drain(self, *, deciding: bool, wait_s: float) -> None:
-        """Handle queued output; wait up to ``wait_s`` for the first segment."""
+        """Handle queued output; wait up to ``wait_s`` for the first segment.
+
+        While deciding, returns after a poll interval of handling even if more is queued, so a trial
+        that prints faster than it can be read still gets its watchdog turn (and is stopped in time).
+        """
         try:
             item = self.segments.get(timeout=wait_s) if wait_s > 0 else self.segments.get_nowait()
         except queue.Empty:
             return
+        turn_ends = time.monotonic() + self.watchdog.poll_interval_s
         while True:
             self._handle_segment(item, deciding=deciding)
-            if deciding and self.live.stopped_by is not None:
-                return  # stop now; the rest is handled after the group is ended
+            if deciding and (self.live.stopped_by is not None or time.monotonic() >= turn_ends):
+                return  # stop now (or let the watchdog look); the rest is handled later
             try:
                 item = self.segments.get_nowait()
             except queue.Empty:
