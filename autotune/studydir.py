@@ -295,10 +295,21 @@ class StudyDir:
         write_json_atomic(self.trial(result.number).result_json, result.model_dump(mode="json"))
 
     def read_result(self, number: int) -> TrialResult | None:
+        """A trial's result, or None when it has none (a link planted in its place is not one).
+
+        Raises:
+            UsageError: the file is not a trial result (one line naming it).
+        """
         path = self.trial(number).result_json
-        if not path.exists():
+        if not path.exists() or path.is_symlink() or self.trial_dir(number).is_symlink():
             return None
-        return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
+        try:
+            return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValueError:
+            raise UsageError(
+                f"{path} is not a trial result (unreadable JSON)",
+                hint="Restore it, or move the trial's directory away to run that trial again",
+            ) from None
 
     def results(self) -> list[TrialResult]:
         """Every trial result on disk, by trial number."""
