@@ -893,7 +893,10 @@ def _storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     text = lines[0] if lines else type(cause).__name__
     if isinstance(exc, ImportError) or "DB access module" in text:
-        text = "the database driver for this URL is not installed (for example psycopg2 for postgresql)"
+        module = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None)
+        text = "the database driver for this URL is not installed" + (
+            f" (no module {module})" if module else ""
+        )
     return UsageError(
         f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}",
         hint="Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
