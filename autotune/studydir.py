@@ -32,33 +32,50 @@ from typing import Any, BinaryIO
 from autotune.errors import UsageError, WriteError
 from autotune.records import Hardware, Recommendation, TrialResult
 
-__all__ = ["StudyDir", "TrialDir", "create_file", "ensure_writable", "write_json_atomic", "write_text_atomic"]
+__all__ = [
+    "StudyDir",
+    "TrialDir",
+    "create_file",
+    "ensure_writable",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to ``path`` atomically (see :func:`write_text_atomic`).
 
     Raises:
-        WriteError: the file cannot be written (disk full, read-only, no permission, a linked directory).
+        WriteError: the file cannot be written (disk full, read-only, no permission).
     """
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` atomically: a fresh temporary file beside it, then a rename.
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`write_bytes_atomic`).
+
+    Raises:
+        WriteError: the file cannot be written (disk full, read-only, no permission).
+    """
+    write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` atomically: a fresh temporary file beside it, then a rename.
 
     A reader never sees half a file, and a symbolic link planted at ``path`` is replaced, never followed
     (the rename replaces the link itself; the temporary file is created with ``O_EXCL``).
 
     Raises:
-        WriteError: the file cannot be written (disk full, read-only, no permission, a linked directory).
+        WriteError: the file cannot be written (disk full, read-only, no permission).
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
                 os.fchmod(fh.fileno(), mode)
             os.replace(tmp, path)
         except BaseException:
@@ -75,7 +92,7 @@ def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
     ``path`` is removed (its target is untouched) and the file is opened with ``O_NOFOLLOW``.
 
     Raises:
-        WriteError: the file cannot be created (disk full, read-only, no permission, a linked directory).
+        WriteError: the file cannot be created (disk full, read-only, no permission).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:

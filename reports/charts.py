@@ -540,8 +540,13 @@ def _mpl_figure(
 
 
 def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    import io
+
+    from autotune.studydir import write_bytes_atomic
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    write_bytes_atomic(path, png.getvalue())  # never through a link planted in charts/
     return path
 
 
