@@ -14,6 +14,7 @@ from tests.cli.conftest import run_cli
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
 PASSWORD = "pw-s3cr3t-991"
+COMMAND = (sys.executable, FAULT, "--mode", "ok", "--steps", "3", "--step-s", "0.01")  # the study's own
 SPACE = "backend: command\nknobs:\n  bs: {type: int, choices: [1, 2], default: 1}\n"
 
 
@@ -38,7 +39,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = root / "study"
     proc = run_cli(
         "search", "--backend", "command", "--space", str(space), "--out", str(out), "--trials", "1",
-        "--confirm-runs", "0", "--", sys.executable, FAULT, "--mode", "ok", "--steps", "3", "--step-s", "0.01",
+        "--confirm-runs", "0", "--", *COMMAND,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return out
@@ -64,7 +65,7 @@ def test_a_storage_that_cannot_be_opened(cli, study: Path, tmp_path: Path, case:
     before = snapshot(study)
     proc = cli(
         "search", "--backend", "command", "--space", str(tmp_path / "s.yaml"), "--out", str(study),
-        "--trials", "2", "--storage", url, "--", sys.executable, FAULT, "--mode", "ok",
+        "--trials", "2", "--storage", url, "--", *COMMAND,
     )  # fmt: skip
     line = one_line(proc)
     assert "cannot open study storage" in line and needle in line and "--storage" in line
