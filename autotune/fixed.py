@@ -33,6 +33,7 @@ __all__ = [
     "flag_name",
     "load_fixed",
     "parse_flag_argv",
+    "parse_pins",
     "read_fixed_file",
     "split_baseline",
 ]
@@ -212,3 +213,36 @@ def coerce_knob_values(values: Mapping[str, Any], space: SearchSpace) -> dict[st
     for name, value in values.items():
         out[name] = _coerce_text(name, value, space[name].type) if name in space else value
     return out
+
+
+def parse_pins(items: Sequence[str], space: SearchSpace) -> dict[str, Any]:
+    """``--pin name=value`` items → knob name → value, each value read with its knob's type.
+
+    Names the space does not have are kept as given (text) for :meth:`SearchSpace.pin` to refuse with
+    the list of knobs.
+
+    Raises:
+        UsageError: an item that is not ``name=value``, a value that is not of the knob's type, or one
+            knob pinned to two values.
+    """
+    pins: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = flag_name(name.strip()) if name.strip() else ""
+        if not sep or not name:
+            raise UsageError(f"--pin {item!r} is not name=value", hint="Write e.g. --pin zero_stage=2")
+        value: Any = raw
+        if name in space:
+            try:
+                value = _coerce_text(name, raw, space[name].type)
+            except UsageError:
+                raise UsageError(
+                    f"--pin {name}={raw}: not a valid {space[name].type}",
+                    hint=f"Allowed: {space[name].describe_values()}",
+                ) from None
+        if name in pins and pins[name] != value:
+            raise UsageError(
+                f"--pin {name} given twice ({pins[name]!r} and {value!r})", hint="Pin a knob to one value"
+            )
+        pins[name] = value
+    return pins
