@@ -270,12 +270,19 @@ def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
         fixed += [(str(k), clean.clean(knob_value(v))) for k, v in meta["fixed"].items()]
     versions: dict[str, Any] = meta["versions"] if isinstance(meta.get("versions"), dict) else {}
     dropped: dict[str, Any] = meta["dropped_knobs"] if isinstance(meta.get("dropped_knobs"), dict) else {}
+    space = meta["space"] if isinstance(meta.get("space"), list) else []
+    pinned = [
+        (str(k["name"]), knob_value(k.get("default")))
+        for k in space
+        if isinstance(k, dict) and k.get("pinned") and "name" in k
+    ]
     return {
         "model": clean.clean(model_text),
         "backend": clean.clean(backend),
         "fixed": fixed,
         "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
         "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
+        "pinned": [(clean.clean(k), clean.clean(v)) for k, v in pinned],
         "command": clean.clean(command_text(meta.get("command"))),
         "dataset": clean.clean(meta.get("dataset") or ""),
     }

@@ -352,7 +352,7 @@ def _signed_duration(text: str, flag: str) -> float:
     return parse_duration_s(text, flag=flag)
 
 
-def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingView) -> int:
+def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingView) -> SearchSummary:
     from autotune.study.loop import Study, StudyConfig
     from autotune.trial.execute import Executor, ProbeSettings, make_samplers
     from autotune.trial.runner import EarlyStopConfig, reap_orphan

@@ -78,6 +78,7 @@ def test_export_and_report_json_on_a_study_with_a_winner(pinned_study) -> None:
     rdata = json.loads(report.stdout)
     assert Path(rdata["html"]).is_file() and Path(rdata["markdown"]).is_file()
     assert rdata["recommended_trial"] == data["trial"] and rdata["no_recommendation"] is None
+    assert "| Knobs pinned | bs=2 (--pin: the same in every trial) |" in Path(rdata["markdown"]).read_text()
 
 
 def test_nothing_to_recommend_exits_3_with_the_reason(tmp_path: Path) -> None:
@@ -173,3 +174,18 @@ def test_show_completion_prints_a_script_for_the_shell_given() -> None:
         env={"_AUTOTUNE_COMPLETE": "complete_bash", "COMP_WORDS": "autotune search --pi", "COMP_CWORD": "2"}
     )
     assert flags.stdout.split() == ["--pin"]
+
+
+def test_a_pin_that_contradicts_the_baseline_is_refused(tmp_path: Path) -> None:
+    space = _space(
+        tmp_path,
+        "  bs: {type: int, choices: [1, 2], default: 1}\n  mode: {type: str, choices: [ok], default: ok}\n",
+    )
+    baseline = tmp_path / "base.yaml"
+    baseline.write_text("bs: 1\n")
+    proc = run_cli(
+        "search", "--backend", "command", "--space", space, "--out", str(tmp_path / "s"), "--pin", "bs=2",
+        "--baseline", str(baseline), "--", sys.executable, FAULT, "--mode", "{mode}",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--pin bs=2 contradicts --baseline, which set bs=1" in proc.stderr and proc.stderr.count("\n") == 1
