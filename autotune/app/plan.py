@@ -20,8 +20,8 @@ _NO_EFFECT = ("dataloader_num_workers",)
 class PlanRequest:
     """Every option of ``autotune plan``, with the command's defaults.
 
-    ``knobs`` are ``--knob name=v1,v2`` filters, ``pins`` are ``--pin name=value``; ``space_path`` is
-    ``--space``.
+    Named as the command's flags: ``knobs`` are ``--knob name=v1,v2`` filters, ``pins`` are
+    ``--pin name=value``.
     """
 
     model: str
@@ -30,7 +30,7 @@ class PlanRequest:
     gpu_type: str | None = None
     gpu_memory_gib: float | None = None
     backend: str = "trl"
-    space_path: str | None = None
+    space: str | None = None
     global_batch: int = 64
     num_generations: int = 8
     max_completion_length: int = 1024
@@ -46,6 +46,7 @@ class PlanRequest:
 def plan_job(req: PlanRequest) -> tuple[Any, list[str]]:
     """Resolve every input of ``req``, then judge the space. Returns the plan and notes for the user."""
     fields = asdict(req)
+    fields["space_path"] = fields.pop("space")
     fields["knobs"] = list(req.knobs)
     fields["pins"] = list(req.pins)
     return run_plan(**fields)

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
             gpu_type=gpu_type,
             gpu_memory_gib=gpu_memory_gib,
             backend=backend,
-            space_path=space,
+            space=space,
             global_batch=global_batch,
             num_generations=num_generations,
             max_completion_length=max_completion_length,
