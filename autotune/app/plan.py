@@ -218,27 +218,15 @@ def _load_space(backend: str, space_path: str | None) -> Any:
 
 def _parse_value(text: str, typ: str, name: str) -> Any:
     from autotune.errors import UsageError
+    from autotune.fixed import knob_text
 
-    raw = text.strip()
-    if raw.lower() in ("none", "null"):
-        return None
     try:
-        if typ == "bool":
-            low = raw.lower()
-            if low in ("true", "1", "yes", "on"):
-                return True
-            if low in ("false", "0", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if typ == "int":
-            return int(raw)
-        if typ == "float":
-            return float(raw)
+        return knob_text(text, typ)
     except ValueError:
         raise UsageError(
-            f"--knob {name}: {raw!r} is not a {typ}", hint=f"Give {typ} values, e.g. --knob {name}=v1,v2"
+            f"--knob {name}: {text.strip()!r} is not a {typ}",
+            hint=f"Give {typ} values, e.g. --knob {name}=v1,v2",
         ) from None
-    return raw
 
 
 def _parse_filters(items: list[str], space: Any) -> dict[str, list[Any]]:
