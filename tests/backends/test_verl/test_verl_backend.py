@@ -380,3 +380,29 @@ def test_hydra_refusal_of_an_unknown_key_is_invalid(tmp_path: Path) -> None:
     )
     assert verdict.status is TrialStatus.INVALID
     assert "gpu_memory_utilisation" in verdict.reason
+
+
+def test_recorded_steps_split_into_phases_by_verls_own_timers() -> None:
+    """verl 0.9.1's sync trainer times gen → reward → old_log_prob → ref → adv → update_actor inside
+    ``step`` (verl/trainer/ppo/v1/trainer_base.py::_step_once) and update_weights at the step's end
+    (trainer_sync.py::on_step_end): the timeline lays them out from the step records alone."""
+    from probes.timeline import phase_intervals
+
+    parser = VerlLogParser()
+    events = [json.loads(x) for x in (DATA / "verl_0.9.1_grpo_3steps.events.jsonl").read_text().splitlines()]
+    steps = []
+    for i, ev in enumerate(e for e in events if "stream" in e):
+        steps += parser.feed(ev["stream"], ev["text"], 100.0 + 30.0 * i, 0.0)
+    assert [s.step for s in steps] == [1, 2, 3]
+    intervals = phase_intervals(steps, [], None)
+    assert {iv["source"] for iv in intervals} == {"framework"}
+    by_phase: dict[str, float] = {}
+    for iv in intervals:
+        if iv["step"] == 3:
+            by_phase[iv["phase"]] = by_phase.get(iv["phase"], 0.0) + iv["t1_mono_s"] - iv["t0_mono_s"]
+    v = steps[-1].values
+    assert by_phase["rollout"] == pytest.approx(v["timing_s/gen"])
+    assert by_phase["train"] == pytest.approx(
+        v["timing_s/old_log_prob"] + v["timing_s/ref"] + v["timing_s/update_actor"]
+    )
+    assert by_phase["weight_sync"] == pytest.approx(v["timing_s/update_weights"])
