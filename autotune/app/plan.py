@@ -152,12 +152,16 @@ def run_plan(
     filters.update(_pin_filters(pins, space, filters))
     _check_tp(filters, space.knob_for("vllm_tp"), n_gpus, spec)
     filters = _with_conditions(filters, space)
-    for name in (space.knob_for(role) for role in _NO_EFFECT):
+    # A knob no JobConfig field reads (it has no role) cannot change an estimate either.
+    with_role = {n for names in facts.knob_fields.values() for n in names}
+    no_effect = [space.knob_for(role) for role in _NO_EFFECT]
+    no_effect += [k.name for k in space.knobs if k.name not in with_role and k.name not in no_effect]
+    for name in no_effect:
         if name is not None and name not in filters:
-            filters[name] = [space[name].default]
-            notes.append(
-                f"{name} does not change memory or speed estimates: fixed at {space[name].default!r}"
-            )
+            knob = space[name]
+            value = knob.default if knob.contains(knob.default) else knob.values()[0]
+            filters[name] = [value]
+            notes.append(f"{name} does not change memory or speed estimates: fixed at {value!r}")
     space = space.narrow(filters)
 
     fixed: dict[str, Any] = {

@@ -234,6 +234,14 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
     )
     # 2. hardware, framework, space, fixed arguments, model.
     hardware = resolve_hardware(req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib)
+    if backend.needs_gpu and not hardware.visible:
+        from autotune.errors import HardwareError
+
+        seen = "GPUs are only declared here" if hardware.gpus else (hardware.nvml_note or "no GPU detected")
+        raise HardwareError(
+            f"{backend.display_name} needs a GPU to train and this machine has none it can use ({seen})",
+            hint=f"Run the search on a GPU machine; `autotune plan --backend {req.backend}` works without one",
+        )
     info = backend.probe()
     space_src: Any = req.space or backend.default_space()
     space = load_space(space_src, backend=req.backend, known_knobs=backend.knob_names).with_roles(
@@ -251,7 +259,9 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
 
     # The YAML file, then the flags after -- (which win). Knob flags among them are the user's own
     # current configuration: trial 0, unless --baseline names one.
-    fixed_args = load_fixed(req.fixed, argv=() if backend.takes_command else req.command)
+    fixed_args = load_fixed(req.fixed)
+    if not backend.takes_command:
+        fixed_args.update(backend.parse_fixed_argv(req.command))
     fixed_args, flag_baseline = split_baseline(fixed_args, [*space.names, *space.dropped])
     user_baseline = (
         _load_mapping_file(req.baseline, "--baseline") if req.baseline else (flag_baseline or None)

@@ -207,8 +207,8 @@ BAD = {
         "not a multiple of --num-generations",
     ),
     "unknown backend": (
-        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--backend", "verl"],
-        "plan does not know backend 'verl'",
+        ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--backend", "nemo-rl"],
+        "plan does not know backend 'nemo-rl'",
     ),
     "missing model config": (
         ["--gpus", "4", "--gpu-type", "A10", "--model", "x", "--model-config", "/nonexistent/config.json"],
