@@ -15,7 +15,20 @@ __all__ = [
     "BackendError",
     "StudyError",
     "WriteError",
+    "NothingToRecommend",
+    "EXIT_OK",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "EXIT_NOTHING_TO_RECOMMEND",
+    "EXIT_INTERRUPTED",
 ]
+
+#: the process exit codes of the CLI (documented in the README)
+EXIT_OK = 0  # done; for search, report and export: a configuration is recommended
+EXIT_FAILURE = 1  # autotune could not do its job (storage unusable, GPUs never freed, ...)
+EXIT_USAGE = 2  # bad input: a flag, a file, a name
+EXIT_NOTHING_TO_RECOMMEND = 3  # the study ended (or holds) no configuration to recommend
+EXIT_INTERRUPTED = 130  # stopped by the user (Ctrl-C)
 
 
 class AutotuneError(Exception):
@@ -80,3 +93,9 @@ class WriteError(StudyError):
             f"cannot write {path}: {cause}{f' ({code})' if code else ''}",
             hint="Free space or fix the directory's permissions, then run the same command again to resume",
         )
+
+
+class NothingToRecommend(AutotuneError):
+    """A study with no configuration to recommend (no healthy trial with memory headroom). Exit code 3."""
+
+    exit_code = EXIT_NOTHING_TO_RECOMMEND

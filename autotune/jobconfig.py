@@ -59,8 +59,14 @@ class JobConfig:
         ds_offload_optimizer: DeepSpeed keeps optimizer states on the CPU.
         ds_offload_param: DeepSpeed ZeRO-3 keeps parameters on the CPU.
         ds_config_path: a DeepSpeed JSON of the user's own (then stage and offload are unknown).
+        fsdp: FSDP shards the policy instead of DeepSpeed (``zero_stage`` 3: FULL_SHARD, 2:
+            SHARD_GRAD_OP); ``deepspeed`` stays False. The estimator uses the ZeRO terms of that stage.
+        micro_batch_tokens: tokens of one forward/backward micro-batch on one process when micro-batches
+            are packed by a token budget (dynamic batch size); None: ``per_device_batch`` sequences.
         lora_rank: LoRA rank; 0 for full fine-tuning.
         beta: KL coefficient; a reference model exists only when > 0.
+        reference_offload: the reference model's parameters live in host memory and reach the GPU one
+            shard unit at a time (a forward-only model under FSDP CPU offload).
 
     Rollout:
         use_vllm: rollouts by vLLM (else by ``model.generate`` in the trainer).
@@ -100,8 +106,11 @@ class JobConfig:
     ds_offload_optimizer: bool = False
     ds_offload_param: bool = False
     ds_config_path: str | None = None
+    fsdp: bool = False
+    micro_batch_tokens: int | None = None
     lora_rank: int = 0
     beta: float = 0.0
+    reference_offload: bool = False
     use_vllm: bool = False
     vllm_mode: str | None = "colocate"
     vllm_util: float = 0.9
@@ -126,6 +135,13 @@ class JobConfig:
     def sharding_stage(self) -> int | None:
         """The ZeRO stage when DeepSpeed shards anything (1–3); None without DeepSpeed or at stage 0."""
         return self.zero_stage if self.deepspeed and self.zero_stage > 0 else None
+
+    @property
+    def states_sharding(self) -> int | None:
+        """The ZeRO stage whose sharding the policy's states get, from DeepSpeed or FSDP (1–3); None
+        when every process holds them whole. What the estimator reads; exporters of DeepSpeed
+        configs read :attr:`sharding_stage`."""
+        return self.zero_stage if (self.deepspeed or self.fsdp) and self.zero_stage > 0 else None
 
     @property
     def colocate(self) -> bool:

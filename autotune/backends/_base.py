@@ -29,7 +29,7 @@ YAML (its values, default and label) and their tests; nothing else names it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
@@ -225,6 +225,9 @@ class Backend(ABC):
     #: True when the arguments after ``--`` are the trial's own command (a template), not fixed
     #: framework flags.
     takes_command: ClassVar[bool] = False
+    #: True when the framework cannot train without a GPU: ``autotune search`` refuses to start on a
+    #: machine without one (``plan`` still works).
+    needs_gpu: ClassVar[bool] = False
 
     @classmethod
     def from_cli(
@@ -319,6 +322,20 @@ class Backend(ABC):
                 if out.get(name) is True:
                     out[name] = False
         return out
+
+    @classmethod
+    def parse_fixed_argv(cls, argv: Sequence[str]) -> dict[str, Any]:
+        """The user's fixed arguments given after ``--``, in the framework's own syntax.
+
+        The default reads ``--flag value`` items (:func:`autotune.fixed.parse_flag_argv`); a framework
+        whose command line is another grammar (verl's hydra ``key=value``) overrides it.
+
+        Raises:
+            UsageError: an item that is not an argument of that syntax.
+        """
+        from autotune.fixed import parse_flag_argv
+
+        return parse_flag_argv(argv)
 
     @classmethod
     def canonical_args(cls, args: Mapping[str, Any]) -> dict[str, Any]:

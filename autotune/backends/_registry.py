@@ -20,6 +20,7 @@ BACKENDS: dict[str, str] = {
     "trl": "autotune.backends.trl.backend:TrlBackend",
     "swift": "autotune.backends.swift.backend:SwiftBackend",
     "command": "autotune.backends.command:CommandBackend",
+    "verl": "autotune.backends.verl.backend:VerlBackend",
 }
 
 

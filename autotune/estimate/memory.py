@@ -374,7 +374,7 @@ def _activation_bytes_per_token_layer(m: ModelSpec) -> int:
 
 def _train_activations(s: JobShape) -> int:
     m = s.model
-    tokens = s.per_device_batch * s.seq_len
+    tokens = s.micro_batch_tokens
     full_layer = tokens * _activation_bytes_per_token_layer(m)
     if s.gradient_checkpointing:
         # layer inputs kept (2·h bytes per token per layer) + one layer recomputed in full
@@ -383,8 +383,10 @@ def _train_activations(s: JobShape) -> int:
 
 
 def _logits(s: JobShape) -> int:
-    # Frameworks compute logits only for completion tokens (logits_to_keep).
-    return s.per_device_batch * s.max_completion_length * s.model.vocab * LOGITS_BYTES_PER_ELEMENT
+    # Frameworks compute logits only for completion tokens (logits_to_keep); a token-packed micro-batch
+    # holds completions in the share they have of a sequence.
+    completion_tokens = s.micro_batch_tokens * s.max_completion_length // max(1, s.seq_len)
+    return completion_tokens * s.model.vocab * LOGITS_BYTES_PER_ELEMENT
 
 
 def _kv_bytes_per_token_gpu(m: ModelSpec, tp: int) -> int:
@@ -411,7 +413,7 @@ def _vllm_activation_peak(s: JobShape, capacity_bytes: int) -> int:
 def _sync_gather(s: JobShape) -> int:
     """Extra bytes gathered to push ZeRO-3 weights into vLLM (0 outside ZeRO-3 or without vLLM)."""
     m = s.model
-    if not s.colocate or s.zero_stage != 3 or not s.deepspeed:
+    if not s.colocate or s.states_sharding != 3:
         return 0
     if s.weight_sync == "parameter":
         return 2 * m.largest_layer_params
@@ -444,6 +446,8 @@ def _reference_bytes(s: JobShape, zero3: bool, n: int) -> int:
     m = s.model
     if not s.has_reference:
         return 0
+    if s.reference_offload:
+        return 2 * m.largest_layer_params  # one unit gathered at a time from host memory
     if zero3 and s.ds_offload_param:
         return 0
     return int(2 * m.params / n) if zero3 else 2 * m.params
@@ -481,7 +485,10 @@ def _colocated(
     # (loads_before_vllm) holds policy and reference, less what offload_model moved away; one that
     # starts vLLM first holds neither, unless DeepSpeed is off (the policy is on the GPU at load);
     # ZeRO-3 partitions both at load (zero.Init).
-    if zero3:
+    if s.fsdp:
+        # FSDP builds fp32 shards before the rollout engine starts; parameter offload moves them first
+        held_policy = 0 if s.rollout_offload_model else int(4 * m.params / n)
+    elif zero3:
         held_policy = 0 if s.ds_offload_param else int(2 * m.params / n)
     elif s.loads_before_vllm:
         held_policy = 0 if s.rollout_offload_model else 2 * m.params
@@ -564,9 +571,13 @@ def _host_bytes(s: JobShape, states: ModelStates, vllm: _Colocated, zero3: bool,
     host = states.host_bytes + n * (HOST_RANK_BYTES + s.dataloader_num_workers * HOST_WORKER_BYTES)
     if s.has_reference and zero3 and s.ds_offload_param:
         host += 2 * m.params
+    if s.has_reference and s.reference_offload:
+        host += 4 * m.params  # fp32 (verl loads its reference with model_dtype fp32)
     if s.colocate and s.sleep_level == 1:
         host += n * vllm.weights_tp
-    if s.rollout_offload_model and not (zero3 and s.ds_offload_param):
+    if s.rollout_offload_model and s.fsdp:
+        host += n * (states.weights_bytes + states.gradients_bytes)  # FSDP offloads gradients with them
+    elif s.rollout_offload_model and not (zero3 and s.ds_offload_param):
         host += int(2 * m.params) if zero3 else n * states.weights_bytes
     if s.rollout_offload_optimizer and not s.ds_offload_optimizer:
         host += n * states.optimizer_bytes
@@ -588,13 +599,13 @@ def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
         largest_layer_params=m.largest_layer_params,
         n_gpus=s.world_size,
         zero_stage=s.zero_stage,
-        deepspeed=s.deepspeed,
+        deepspeed=s.deepspeed or s.fsdp,
         offload_optimizer=s.ds_offload_optimizer,
         offload_param=s.ds_offload_param,
         trainable_params=lora_params(m, s.lora_rank) if s.lora else None,
     )
     n = max(1, s.world_size)
-    zero3 = s.deepspeed and s.zero_stage == 3
+    zero3 = s.states_sharding == 3
     reference = _reference_bytes(s, zero3, n)
     vllm = _colocated(s, capacity, reference, zero3, n, notes)
     phases = _phases(s, states, reference, vllm, capacity, zero3)

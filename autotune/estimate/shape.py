@@ -102,6 +102,13 @@ class JobShape:
         return self.config.max_prompt_length + self.config.max_completion_length
 
     @property
+    def micro_batch_tokens(self) -> int:
+        """Tokens of one forward/backward micro-batch on one GPU: the token budget of a packed
+        (dynamic-size) micro-batch, else ``per_device_batch`` whole sequences."""
+        packed = self.config.micro_batch_tokens
+        return packed if packed else self.config.per_device_batch * self.seq_len
+
+    @property
     def has_reference(self) -> bool:
         """A separate reference model is held (beta > 0 and full fine-tuning; LoRA's base serves)."""
         return self.config.beta > 0 and not self.lora

@@ -75,7 +75,7 @@ def _rollout_s(s: JobShape, gpu: GpuSpec, mem: MemoryEstimate) -> float:
         seqs = max(1, s.per_device_batch * s.grad_accum)
         conc = seqs
         slowdown = HF_GENERATE_SLOWDOWN
-        if s.deepspeed and s.zero_stage == 3:
+        if s.states_sharding == 3:
             slowdown *= 1.2
     waves = math.ceil(seqs / conc)
     avg_ctx = s.max_prompt_length + s.max_completion_length / 2
@@ -91,7 +91,7 @@ def _rollout_s(s: JobShape, gpu: GpuSpec, mem: MemoryEstimate) -> float:
 def _train_s(s: JobShape, gpu: GpuSpec) -> float:
     m = s.model
     n = max(1, s.world_size)
-    micro_tokens = s.per_device_batch * s.seq_len
+    micro_tokens = s.micro_batch_tokens
     tokens_gpu = s.global_batch * s.seq_len / n
     per_token = (4.0 if s.lora else 6.0) * m.params
     if s.gradient_checkpointing:
@@ -106,16 +106,16 @@ def _train_s(s: JobShape, gpu: GpuSpec) -> float:
         ring = (n - 1) / n
         full = 2 * m.params * ring / _link_bytes_s(gpu)
         grads = 2 * (lora_params(m, s.lora_rank) if s.lora else m.params) * ring / _link_bytes_s(gpu)
-        if s.deepspeed and s.zero_stage == 3:
+        if s.states_sharding == 3:
             gathers = 3 if s.gradient_checkpointing else 2  # forward, (recompute), backward
             comm = s.grad_accum * (gathers * full + grads)
-        elif s.deepspeed and s.zero_stage == 2:
+        elif s.states_sharding == 2:
             comm = s.grad_accum * grads + full
-        elif s.deepspeed and s.zero_stage == 1:
+        elif s.states_sharding == 1:
             comm = 2 * grads + full
         else:
             comm = 2 * grads
-        if not (s.deepspeed and s.zero_stage == 3):
+        if s.states_sharding != 3:
             comm *= 0.5  # bucketed reduction overlaps with the backward pass
     return compute + comm
 
@@ -129,7 +129,7 @@ def _sync_s(s: JobShape, gpu: GpuSpec) -> float:
     if s.vllm_mode == "server":
         t += weight_bytes / (gpu.pcie_bytes_s * LINK_EFFICIENCY)  # NCCL broadcast to the server
     n = max(1, s.world_size)
-    if s.deepspeed and s.zero_stage == 3 and n > 1:
+    if s.states_sharding == 3 and n > 1:
         t += weight_bytes * (n - 1) / n / _link_bytes_s(gpu)
         if s.move_model_batches:
             t += (s.move_model_batches + 1) * SYNC_BATCH_OVERHEAD_S
@@ -152,7 +152,7 @@ def _offload_s(s: JobShape, gpu: GpuSpec) -> float:
         held = 2 * m.params / n if s.zero_stage == 3 else 2 * m.params
         t += 2 * held / pcie
     if s.colocate and s.rollout_offload_optimizer and not s.ds_offload_optimizer:
-        opt_bytes = 12 * trainable / (n if s.deepspeed and s.zero_stage >= 1 else 1)
+        opt_bytes = 12 * trainable / (n if s.states_sharding is not None else 1)
         t += 2 * opt_bytes / pcie
     if s.colocate and s.sleep_level == 1:
         t += 2 * (2 * m.params / max(1, s.vllm_tp)) / pcie  # weights to the host and back

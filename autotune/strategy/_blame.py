@@ -40,6 +40,7 @@ PHASE_FIELDS: Mapping[str, tuple[str, ...]] = {
     ),
     "train": (
         "per_device_batch",
+        "micro_batch_tokens",  # a token-packed micro-batch's budget (dynamic batch size)
         "grad_accum",
         "gradient_checkpointing",
         "deepspeed",

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import socket
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,7 +357,7 @@ class Study:
         url = self.cfg.storage_url or f"sqlite:///{self.dir.db_path}"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            return optuna.create_study(
+            study = optuna.create_study(
                 # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial
                 # results still land in the study directory, but Optuna's own history does not persist
                 storage=None if url == ":memory:" else url,
@@ -368,17 +369,49 @@ class Study:
             )
         except Exception as exc:  # noqa: BLE001 - Optuna and SQLAlchemy raise many kinds; all are one line
             raise _storage_error(url, exc, self.cfg.secrets) from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([METRIC_NAME])
+        for key, value in self._study_attrs().items():
+            study.set_user_attr(key, value)
+        return study
+
+    def _study_attrs(self) -> dict[str, Any]:
+        """What Optuna's tools show about the study: hardware, model, backend and versions."""
+        c = self.cfg
+        return {
+            "backend": c.backend,
+            "backend_version": c.backend_version,
+            "model": {
+                "name": c.model.name,
+                "path_or_id": c.model.path_or_id,
+                "params": c.model.facts.get("params"),
+            },
+            "hardware": c.hardware.model_dump(mode="json"),
+            "versions": dict(c.versions),
+            "pinned": dict(self.space.pinned),
+        }
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
+        """Record a trial in Optuna as Optuna's own tools read it (optuna-dashboard, ``load_study``).
+
+        A configuration that does not work (OOM, hang, crash, ...) is FAIL and one never launched (the
+        pre-screen) or stopped early as clearly slower is PRUNED; only a healthy finished run is
+        COMPLETE with its throughput as the value. How the trial ended (``status``, ``reason``) and what
+        it measured (:func:`trial_attrs`) are user attributes. The search itself never reads these
+        back: it learns from the study directory's results.
+        """
         infeasible = result.status.is_failure or (result.status is TrialStatus.PRUNED and result.steps == 0)
-        trial.set_user_attr("status", result.status.value)
-        trial.set_user_attr("reason", result.reason[:500])
+        for key, value in trial_attrs(result).items():
+            trial.set_user_attr(key, value)
         trial.set_constraint("infeasible", 1.0 if infeasible else 0.0)
-        if result.status is TrialStatus.INTERRUPTED:
+        if result.status is TrialStatus.COMPLETE and result.throughput is not None:
+            study.tell(trial, result.throughput)
+        elif result.status is TrialStatus.PRUNED:
+            # Optuna keeps the last reported value of a pruned trial (none when it never launched)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            return
-        value = result.throughput if result.throughput is not None and not infeasible else 0.0
-        study.tell(trial, value)
 
     # -- pre-screen ------------------------------------------------------------------------------
     def _context(self, trial_dir: Path, master_port: int = 0) -> TrialContext:
@@ -947,6 +980,45 @@ def _storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
         hint="Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
         "directory or server exists",
     )
+
+
+#: the name of the value Optuna records (``study.set_metric_names``)
+METRIC_NAME = "completions_per_s"
+
+
+def trial_attrs(result: TrialResult) -> dict[str, Any]:
+    """The user attributes a trial carries in Optuna: how it ended and what it measured.
+
+    ``status`` and ``reason`` always; the rest when measured: ``peak_mem_bytes`` (one entry per GPU),
+    ``tokens_per_s``, ``gpu_util_mean_pct`` and ``gpu_idle_share`` (means over the GPUs),
+    ``host_peak_rss_bytes``, ``steps``, ``throughput`` (also for a trial that is not COMPLETE) and
+    ``failed_phase``.
+    """
+    attrs: dict[str, Any] = {"status": result.status.value, "reason": result.reason[:500]}
+    gpus = [g for g in (result.timeline_summary or {}).get("gpus") or [] if isinstance(g, dict)]
+    measured: dict[str, Any] = {
+        "steps": result.steps,
+        "throughput": result.throughput,
+        "tokens_per_s": result.steady.tokens_per_s if result.steady is not None else None,
+        "peak_mem_bytes": list(result.peak_mem_bytes)
+        if any(p is not None for p in result.peak_mem_bytes)
+        else None,
+        "gpu_util_mean_pct": _mean_of(gpus, "util_mean_pct"),
+        "gpu_idle_share": _mean_of(gpus, "idle_share"),
+        "host_peak_rss_bytes": result.host_peak_rss_bytes,
+        "failed_phase": result.failed_phase,
+    }
+    attrs.update({k: v for k, v in measured.items() if v is not None})
+    return attrs
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [
+        float(r[key])
+        for r in rows
+        if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)
+    ]
+    return sum(values) / len(values) if values else None
 
 
 def _has_complete(study: optuna.Study) -> bool:

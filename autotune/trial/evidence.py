@@ -76,6 +76,8 @@ COMMON_PATTERNS: tuple[FailurePattern, ...] = (
 
 # "[rank1]: ", "[rank1]:[E1111 17:01:37] ", "(EngineCore pid=253) ", "(RayWorker pid=9, ip=...) "
 _PREFIX = re.compile(r"^(?:\[rank\d+\]:\s?|\[default\d+\]:\s?|\(\w+ pid=\d+(?:, ip=[^)]*)?\)\s*)+")
+# terminal colour codes: Ray colours its "(Worker pid=N)" prefixes even when writing to a pipe
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 EXCEPTION_LINE = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Failure|Interrupt|Exit))\b(?::\s*(.*))?$"
 )
@@ -84,8 +86,9 @@ _WRAPPER_EXC = ("ChildFailedError",)
 
 
 def strip_rank_prefix(line: str) -> str:
-    """``[rank1]: ValueError: x`` → ``ValueError: x`` (torchrun, vLLM worker and Ray prefixes)."""
-    return _PREFIX.sub("", line).rstrip()
+    """``[rank1]: ValueError: x`` → ``ValueError: x`` (torchrun, vLLM worker and Ray prefixes, colour
+    codes around them dropped)."""
+    return _PREFIX.sub("", _ANSI.sub("", line)).rstrip()
 
 
 def match_patterns(

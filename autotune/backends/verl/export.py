@@ -55,7 +55,7 @@ from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
 from autotune.secrets import MASK
 
-__all__ = ["FIXED_TO_VERL", "REWARD_FILE", "SCRIPT", "export_verl", "overrides_of"]
+__all__ = ["FIXED_TO_VERL", "REWARD_FILE", "SCRIPT", "export_verl", "overrides_of", "reward_source"]
 
 SCRIPT = "command.sh"
 REWARD_FILE = "autotune_verl_reward.py"
@@ -142,6 +142,11 @@ def compute_score(
     hit = 1.0 if ground_truth is not None and str(ground_truth) and str(ground_truth) in text else 0.0
     return hit + share
 '''
+
+
+def reward_source() -> str:
+    """The demo reward's module text (verl's ``compute_score`` signature), as trials and exports ship it."""
+    return _REWARD_SOURCE.format(marker=MARKER)
 
 
 def _value(value: Any) -> str:
@@ -315,6 +320,54 @@ def _text(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
+#: trial-only overrides left out of the job a verl study exports (unless the user fixed them).
+_TRIAL_ONLY = (
+    "trainer.total_training_steps",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.val_before_train",
+    "trainer.default_local_dir",
+)
+
+
+def _from_verl_study(w: Winner) -> Export:
+    """A verl study's trial as the user's job: the overrides it ran with, without what only made it a
+    short trial (its step limit, no checkpoint, no validation, its checkpoint folder) — the user's own
+    values for those come back. Data and reward files autotune wrote stay in the trial directory."""
+    if w.launch is None or len(w.launch.argv) < 4:
+        raise UsageError(
+            f"trial {w.number} of the verl study was never launched (no launch.json)",
+            hint="Pick a trial that ran with --trial N",
+        )
+    fixed, notes = drop_secrets(w.fixed)
+    secret = set(w.fixed) - set(fixed)
+    items = [a.partition("=") for a in w.launch.argv[3:]]
+    command: list[list[str | ShellWord]] = [["python3", "-m", "verl.trainer.main_ppo"]]
+    for key, _, value in items:
+        if key in secret or (key in _TRIAL_ONLY and key not in fixed):
+            continue
+        text = _value(typed(fixed[key])) if key in _TRIAL_ONLY else value
+        command.append([f"{key}={text}"])
+    comments = header(w, "verl")
+    comments.append(
+        "The overrides the trial ran with, without its step limit, no-checkpoint and no-validation ones."
+    )
+    if any(k == "data.train_files" and str(w.trial_dir) in v for k, _, v in items):
+        comments.append(
+            "data.train_files is the prompts autotune generated for the study: replace it with yours."
+        )
+    comments += notes
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in w.gpu_indices)} if not w.cpu_only else {}
+    return Export(
+        format="verl",
+        files={SCRIPT: shell_script(comments, command, env=env)},
+        main=SCRIPT,
+        trial=w.number,
+        executable=frozenset({SCRIPT}),
+        notes=tuple(notes),
+    )
+
+
 def export_verl(w: Winner) -> Export:
     """``command.sh`` running ``python3 -m verl.trainer.main_ppo`` with the winner's overrides (and
     ``autotune_verl_reward.py`` when the study used autotune's demo reward).
@@ -322,6 +375,8 @@ def export_verl(w: Winner) -> Export:
     Raises:
         UsageError: a knob, fixed argument, dataset or reward verl cannot express.
     """
+    if w.backend == "verl":
+        return _from_verl_study(w)
     overrides, notes, ships_reward = overrides_of(w)
     command: list[list[str | ShellWord]] = [["python3", "-m", "verl.trainer.main_ppo"]]
     command += [[f"{key}={_value(value)}"] for key, value in overrides]
@@ -339,7 +394,7 @@ def export_verl(w: Winner) -> Export:
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in w.gpu_indices)} if not w.cpu_only else {}
     files = {SCRIPT: shell_script(comments, command, env=env, setup=setup, secrets=w.secrets)}
     if ships_reward:
-        files[REWARD_FILE] = _REWARD_SOURCE.format(marker=MARKER)
+        files[REWARD_FILE] = reward_source()
     return Export(
         format="verl",
         files=files,

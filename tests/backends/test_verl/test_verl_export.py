@@ -158,3 +158,71 @@ def test_demo_prompts_are_refused_for_verl(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match="autotune's generated prompts"):
         export_study(study, "verl")
+
+
+def verl_study(tmp_path: Path, fixed: dict[str, Any]) -> Path:
+    """A verl study whose trial 1 ran (launch.json rendered by the verl backend itself)."""
+    from autotune.backends._base import ModelRef, TrialContext
+    from autotune.backends.verl.backend import VerlBackend
+    from autotune.records import GpuInfo, TrialSpec
+    from tests.export.conftest import make_study
+
+    params = {
+        "actor_rollout_ref.actor.use_dynamic_bsz": True,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 8192,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": 0.65,
+    }
+    study = make_study(
+        tmp_path / "verl-study",
+        backend="verl",
+        params=params,
+        derived={"world_size": 4},
+        fixed=fixed,
+        backend_version="0.9.1",
+    )
+    ctx = TrialContext(
+        study_dir=study,
+        trial_dir=study / "trials" / "1",
+        model=ModelRef("Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct"),
+        gpus=tuple(GpuInfo(index=i, name="A100", memory_total_bytes=80 << 30) for i in range(4)),
+        global_batch=64,
+        num_generations=8,
+        max_steps=20,
+        max_completion_length=512,
+        fixed=fixed,
+    )
+    plan = VerlBackend(python="/opt/verl/bin/python").render(
+        TrialSpec(number=1, params=params, derived={}), ctx
+    )
+    (study / "trials" / "1" / "launch.json").write_text(plan.model_dump_json())
+    return study
+
+
+def test_a_verl_study_exports_the_overrides_its_trial_ran_with(tmp_path: Path, verl_python: str) -> None:
+    fixed = {
+        "data.train_files": "/data/gsm8k/train.parquet",
+        "data.val_files": "/data/gsm8k/test.parquet",
+        "trainer.save_freq": "50",
+        "actor_rollout_ref.actor.use_kl_loss": "true",
+        "trainer.wandb_api_key": "abcdefabcdefabcdefabcdefabcdef123456",
+    }
+    study = verl_study(tmp_path, fixed)
+    export = export_study(study, "verl")
+    text = export.files["command.sh"]
+    assert "abcdef" not in text and any("left out" in n for n in export.notes)
+    cfg = compose(verl_python, overrides(text, tmp_path))
+    trainer, ar = cfg["trainer"], cfg["actor_rollout_ref"]
+    assert trainer["save_freq"] == 50  # the user's own, not the trial's -1
+    assert trainer["total_training_steps"] is None and trainer["val_before_train"] is True  # verl's defaults
+    assert ar["actor"]["use_dynamic_bsz"] is True and ar["actor"]["ppo_max_token_len_per_gpu"] == 8192
+    assert ar["rollout"]["gpu_memory_utilization"] == 0.65 and ar["actor"]["use_kl_loss"] is True
+    assert cfg["data"]["train_batch_size"] * ar["rollout"]["n"] == 64
+    assert trainer["n_gpus_per_node"] == 4 and cfg["data"]["train_files"] == "/data/gsm8k/train.parquet"
+    assert script_env(text) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+
+
+def test_a_never_launched_verl_trial_is_refused(tmp_path: Path) -> None:
+    study = verl_study(tmp_path, {"data.train_files": "/d.parquet"})
+    (study / "trials" / "1" / "launch.json").unlink()
+    with pytest.raises(UsageError, match="never launched"):
+        export_study(study, "verl")
