@@ -339,12 +339,12 @@ def _from_verl_study(w: Winner) -> Export:
             f"trial {w.number} of the verl study was never launched (no launch.json)",
             hint="Pick a trial that ran with --trial N",
         )
-    fixed, notes = drop_secrets(w.fixed)
-    secret = set(w.fixed) - set(fixed)
+    # launch.json holds secrets masked; the script reads them from variables (shell_script)
+    fixed, notes = mask_secrets(w.fixed, w.secrets)
     items = [a.partition("=") for a in w.launch.argv[3:]]
     command: list[list[str | ShellWord]] = [["python3", "-m", "verl.trainer.main_ppo"]]
     for key, _, value in items:
-        if key in secret or (key in _TRIAL_ONLY and key not in fixed):
+        if key in _TRIAL_ONLY and key not in fixed:
             continue
         text = _value(typed(fixed[key])) if key in _TRIAL_ONLY else value
         command.append([f"{key}={text}"])
@@ -360,7 +360,7 @@ def _from_verl_study(w: Winner) -> Export:
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in w.gpu_indices)} if not w.cpu_only else {}
     return Export(
         format="verl",
-        files={SCRIPT: shell_script(comments, command, env=env)},
+        files={SCRIPT: shell_script(comments, command, env=env, secrets=w.secrets)},
         main=SCRIPT,
         trial=w.number,
         executable=frozenset({SCRIPT}),
