@@ -48,7 +48,8 @@ SECRET_WORDS = (
     r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIALS?"
     r"|AUTH[_-]?KEY|COOKIE)(?![A-Za-z])"
 )
-_SECRET_NAME = re.compile(rf"{SECRET_WORDS}|(?:^|_)KEY$", re.IGNORECASE)
+# the secret word ends the name: hf_token, wandb_api_key, but not ppo_max_token_len_per_gpu
+_SECRET_NAME = re.compile(rf"{SECRET_WORDS}$|(?:^|_)KEY$", re.IGNORECASE)
 # Token formats that are secret wherever they appear.
 _TOKENS = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
@@ -116,13 +117,13 @@ class SecretRule:
             words = f"(?:{SECRET_WORDS}|(?<![A-Za-z0-9])(?:{extra}))"
         # NAME=value, NAME: value, "name": "value" where NAME looks secret.
         self._assignment = re.compile(
-            rf"""(?P<name>\b[A-Za-z0-9_.-]*{words}[A-Za-z0-9_.-]*)(?P<q1>['"]?)(?P<sep>\s*[=:]\s*)"""
+            rf"""(?P<name>\b[A-Za-z0-9_.-]*{words})(?P<q1>['"]?)(?P<sep>\s*[=:]\s*)"""
             r"""(?P<value>'[^'\n]*'|"[^"\n]*"|[^\s'",;}]+)""",
             re.IGNORECASE,
         )
         # --hub_token VALUE, --api-key=VALUE
         self._flag = re.compile(
-            rf"""(?P<flag>--?[A-Za-z0-9_-]*{words}[A-Za-z0-9_-]*)"""
+            rf"""(?P<flag>--?[A-Za-z0-9_-]*{words})"""
             r"""(?P<sep>=|(?:[ \t]|\\\r?\n)+)(?P<value>'[^'\n]*'|"[^"\n]*"|[^\s'"]+)""",
             re.IGNORECASE,
         )
