@@ -1,44 +1,20 @@
 """Step records from verl: the console line ``step:N - key:value - key:value ...`` and the JSON lines
 ``{"step": N, "data": {...}}`` its file logger writes to ``$VERL_FILE_LOGGER_PATH``.
 
-verl logs phase timings (``timing_s/gen``, ``timing_s/update_actor`` ...) that the probes' phase split uses.
+The console format is read by :func:`autotune.backends._loglines.parse_verl_console_line` (shared with
+the ``command`` backend and ``autotune profile``). verl logs phase timings (``timing_s/gen``, ``timing_s/update_actor`` ...) that the probes' phase split uses.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from autotune.backends._base import StepParser
+from autotune.backends._loglines import parse_verl_console_line
 from autotune.records import StepMetrics
 
-__all__ = ["VerlLogParser", "parse_console_line"]
-
-_STEP = re.compile(r"(?:^|\s)step:(\d+)\s+-\s+(.*)$")
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text.strip().rstrip(","))
-    except ValueError:
-        return None
-
-
-def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
-    """``step:3 - actor/loss:0.12 - timing_s/gen:4.1`` → ``(3, {...})``; None for other lines."""
-    m = _STEP.search(line)
-    if not m:
-        return None
-    values: dict[str, float] = {}
-    for part in m.group(2).split(" - "):
-        key, sep, raw = part.rpartition(":")
-        if not sep or not key.strip():
-            continue
-        value = _number(raw)
-        if value is not None:
-            values[key.strip()] = value
-    return int(m.group(1)), values
+__all__ = ["VerlLogParser"]
 
 
 class VerlLogParser(StepParser):
@@ -62,7 +38,7 @@ class VerlLogParser(StepParser):
         ]
 
     def feed(self, stream: str, line: str, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
-        parsed = parse_console_line(line)
+        parsed = parse_verl_console_line(line)
         return self._make(parsed[0], parsed[1], t_mono_s, t_wall_s) if parsed else []
 
     def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
