@@ -35,6 +35,7 @@ from autotune.records import StepMetrics
 
 __all__ = [
     "TrainerLogParser",
+    "completion_tokens",
     "is_trainer_step_record",
     "parse_dict_literal",
     "parse_verl_console_line",
@@ -139,6 +140,14 @@ def parse_verl_console_line(line: str) -> tuple[int, dict[str, float]] | None:
     return int(m.group(1)), values
 
 
+def completion_tokens(values: Mapping[str, float], samples: int | None) -> float | None:
+    """Completion tokens of a step: TRL's / ms-swift's ``completions/mean_length`` × completions per step."""
+    mean_len = values.get("completions/mean_length")
+    if mean_len is None or not samples or not math.isfinite(mean_len):
+        return None
+    return mean_len * samples
+
+
 def is_trainer_step_record(record: Mapping[str, Any]) -> bool:
     """A Trainer log record of a training step: it has ``loss`` or (TRL) ``reward``, and is neither the
     end-of-training summary nor an evaluation record."""
@@ -205,19 +214,13 @@ class TrainerLogParser(StepParser):
         self, step: int, values: dict[str, float], t_mono_s: float, t_wall_s: float, duration: float | None
     ) -> StepMetrics:
         self._seen.add(step)
-        mean_len = values.get("completions/mean_length")
-        tokens = (
-            mean_len * self.samples
-            if mean_len is not None and self.samples and math.isfinite(mean_len)
-            else None
-        )
         return StepMetrics(
             step=step,
             t_mono_s=t_mono_s,
             t_wall_s=t_wall_s,
             duration_s=duration,
             samples=self.samples,
-            tokens=tokens,
+            tokens=completion_tokens(values, self.samples),
             values=values,
         )
 

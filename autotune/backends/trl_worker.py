@@ -201,9 +201,10 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
         _attach_deepspeed_comm()
     dataset = _load_dataset(config.dataset)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
+    rewards: list[Any] = [_resolve_reward(r) for r in config.reward_funcs]  # functions or model ids
     trainer = GRPOTrainer(
         model=config.model,
-        reward_funcs=[_resolve_reward(r) for r in config.reward_funcs],
+        reward_funcs=rewards,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,

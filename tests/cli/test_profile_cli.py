@@ -85,10 +85,10 @@ def test_profile_of_a_clean_exit_without_steps_is_a_finished_run(cli, tmp_path: 
         assert "Mean GPU utilization" in md
 
 
-@pytest.mark.e2e
-@pytest.mark.trl
-def test_profile_of_a_user_script_with_the_callback(cli, tmp_path: Path) -> None:
-    """``autotune profile -- python user_script.py``: the callback's step records and exact phases."""
+def _profile_user_script(
+    cli, tmp_path: Path, profile_options: tuple[str, ...] = (), script_options: tuple[str, ...] = ()
+) -> tuple[Path, dict]:
+    """``autotune profile [options] -- python user_grpo_script.py MODEL OUT [options]``; (run dir, result)."""
     pytest.importorskip("trl")
     import sys
 
@@ -96,12 +96,17 @@ def test_profile_of_a_user_script_with_the_callback(cli, tmp_path: Path) -> None
 
     model = ensure_model("tiny-qwen2", tmp_path / "models")
     out = tmp_path / "profile"
-    proc = cli(
-        "profile", "--out", str(out), "--", sys.executable, str(USER_SCRIPT), str(model), str(tmp_path / "o")
-    )
-
+    script = [sys.executable, str(USER_SCRIPT), str(model), str(tmp_path / "o")]
+    proc = cli("profile", "--out", str(out), *profile_options, "--", *script, *script_options)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads((out / "result.json").read_text())
+    return out, json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.e2e
+@pytest.mark.trl
+def test_profile_of_a_user_script_with_the_callback(cli, tmp_path: Path) -> None:
+    """``autotune profile -- python user_script.py``: the callback's step records and exact phases."""
+    out, result = _profile_user_script(cli, tmp_path)
     assert result["status"] == "COMPLETE" and result["steps"] == 3, result["reason"]
     records = [json.loads(x) for x in (out / "command_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3] and all(r["samples"] == 8 for r in records)
@@ -120,18 +125,7 @@ def test_profile_of_a_user_script_with_the_callback(cli, tmp_path: Path) -> None
 @pytest.mark.trl
 def test_profile_of_a_plain_trl_script_reads_its_printed_dicts(cli, tmp_path: Path) -> None:
     """Without the callback the trainer's printed log dicts are the step records."""
-    pytest.importorskip("trl")
-    import sys
-
-    from autotune.workload.tinymodels import ensure_model
-
-    model = ensure_model("tiny-qwen2", tmp_path / "models")
-    out = tmp_path / "profile"
-    argv = [sys.executable, str(USER_SCRIPT), str(model), str(tmp_path / "o"), "--no-callback"]
-    proc = cli("profile", "--out", str(out), "--global-batch", "8", "--", *argv)
-
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads((out / "result.json").read_text())
+    out, result = _profile_user_script(cli, tmp_path, ("--global-batch", "8"), ("--no-callback",))
     assert result["status"] == "COMPLETE" and result["steps"] == 3, result["reason"]
     assert not (out / "command_metrics.jsonl").exists()
     assert result["steady"] is None or result["steady"]["throughput"] > 0

@@ -32,14 +32,13 @@ a weight sync is open between them (:meth:`SwiftLogParser.open_phase`).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from autotune.backends._base import OpenPhase, PhaseMark, StepParser
-from autotune.backends._loglines import parse_dict_literal
+from autotune.backends._loglines import completion_tokens, parse_dict_literal
 from autotune.backends._phases import LinePhases
 from autotune.backends._values import as_number
 from autotune.records import StepMetrics
@@ -261,16 +260,12 @@ class SwiftLogParser(StepParser):
             if step > prev_step and elapsed >= prev_elapsed:
                 duration_s = (elapsed - prev_elapsed) / (step - prev_step)
             self._last = (step, elapsed)
-        tokens = None
-        mean_len = values.get("completions/mean_length")
-        if mean_len is not None and self._samples is not None and math.isfinite(mean_len):
-            tokens = mean_len * self._samples
         return StepMetrics(
             step=step,
             t_mono_s=t_mono_s,
             t_wall_s=t_wall_s,
             duration_s=duration_s,
             samples=self._samples,
-            tokens=tokens,
+            tokens=completion_tokens(values, self._samples),
             values=values,
         )
