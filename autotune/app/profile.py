@@ -145,6 +145,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     verdict = classify(record, health=health, steps_required=False)
     summary = summarize_trial(req.out, steps)
     peaks = [g.get("peak_mem_bytes") for g in (summary or {}).get("gpus", [])]
+    host_peak = ((summary or {}).get("host") or {}).get("peak_rss_bytes")
     result = TrialResult(
         number=0,
         params={},
@@ -157,6 +158,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         steady=steady,
         health=health,
         peak_mem_bytes=peaks,
+        host_peak_rss_bytes=int(host_peak) if host_peak else None,
         timeline_summary=summary,
         started_wall_s=record.started_wall_s,
         duration_s=record.duration_s,

@@ -4,6 +4,7 @@ timeline with its host series, phases from the markers the trial writes, the res
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,8 +80,10 @@ def test_profile_of_a_clean_exit_without_steps_is_a_finished_run(cli, tmp_path: 
     html = (out / "report.html").read_text()
     assert "CRASH" not in md and "COMPLETE" in md
     if not summary["gpus"]:  # the host probe measured the CPU: no label may call it a GPU
-        assert "Mean CPU use" in md and "GPU utilization" not in md and "GPU utilization" not in html
-        assert "Peak memory per GPU" not in md and "Peak RSS" in md
+        assert "GPU utilization" not in md and "GPU utilization" not in html
+        assert re.search(r"^- Mean CPU use \(share of all cores\): \d+ %$", md, re.M), md
+        assert "Peak memory per GPU" not in md
+        assert re.search(r"^- Peak RSS \(process tree\): [\d.]+ [KMG]iB RSS;", md, re.M), md
     else:
         assert "Mean GPU utilization" in md
 
