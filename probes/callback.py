@@ -21,20 +21,22 @@ Which phase boundaries are exact. Trainer callbacks see only the step's edges (`
 ``on_substep_end``, ``on_step_end``, ``on_log``); they have no event between generation and training. So
 given the trainer, the callback wraps the trainer *instance*'s own methods (its class is not changed):
 
-- ``rollout`` (generation) — exactly the trainer's generation call: ``GRPOTrainer._generate`` (TRL ≥
-  0.20), else the whole ``_generate_and_score_completions`` (older TRL, which also holds the scoring);
+- ``rollout`` (generation) — exactly the trainer's generation call: ``GRPOTrainer._generate`` when the
+  installed TRL has it (1.16 does), else the whole ``_generate_and_score_completions`` (which then also
+  holds the log-probability passes);
 - ``other`` (scoring) — exactly ``GRPOTrainer._calculate_rewards``, the reward functions and reward
   models; named ``other`` as verl's ``timing_s/reward`` is (see ``probes.timeline``);
-- ``weight_sync`` — exactly ``vllm_generation.sync_weights()`` (TRL ≥ 1.x) or ``_move_model_to_vllm``
-  (older TRL), carved out of the generation that calls it;
+- ``weight_sync`` — exactly ``vllm_generation.sync_weights()`` (TRL 1.16, with vLLM) or
+  ``_move_model_to_vllm`` (older TRL), carved out of the generation that calls it;
 - ``train`` (training step) — from the end of generation (the log-probability passes, loss, backward
   and optimizer) or, on a step that reuses buffered generations, from ``_prepare_inputs``' return, to
   ``on_step_end``. Its start is exact; its end is the trainer's ``on_step_end`` event, which comes after
   the optimizer step and the scheduler step.
 
 Time outside these (data loading, logging, the time before the first generation) is ``other`` in the
-timeline. Without the trainer (``callbacks=[AutotuneCallback()]``) only step records are written. A
-plain ``transformers.Trainer`` has no generation, so its steps are ``train`` from ``on_step_begin``.
+timeline. A plain ``transformers.Trainer`` has no generation: its steps are ``train`` from
+``_prepare_inputs`` to ``on_step_end``. Without the trainer (``callbacks=[AutotuneCallback()]``) only
+step records are written: the step's edges alone cannot tell generation from training.
 
 Only rank 0 writes (``RANK`` unset, empty or ``"0"``, as :mod:`~autotune.probes.phases`).
 transformers is imported when :class:`AutotuneCallback` is first used, so importing this module does
@@ -300,7 +302,6 @@ class _Hooks:
         self.samples_per_step = samples_per_step
         self.tracker = PhaseTracker(marker)
         self.watched = watch_trainer(trainer, self.tracker) if trainer is not None else []
-        self._generates = any(n != "_prepare_inputs" for n in self.watched)
         self._writer: MetricsWriter | None = None
 
     def _samples(self, args: Any) -> int | None:
@@ -316,10 +317,6 @@ class _Hooks:
             self._writer = MetricsWriter(self.metrics_path, self._samples(args), is_main=_is_rank0())
         if self._writer is not None:
             self._writer.train_begin()
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self._generates:  # nothing else marks the training work of a step
-            self.tracker.train_ready(int(state.global_step) + 1)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.tracker.step_end(int(state.global_step))

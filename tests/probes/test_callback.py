@@ -171,6 +171,49 @@ def test_the_callback_is_a_trainer_callback(monkeypatch: pytest.MonkeyPatch) -> 
     assert AutotuneCallback().metrics_path == Path("/tmp/m.jsonl")
 
 
+@pytest.mark.trl
+def test_without_the_trainer_only_step_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step's edges alone cannot tell generation from training: no marker; samples from the args."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from autotune.probes.callback import AutotuneCallback
+
+    monkeypatch.delenv("RANK", raising=False)
+    m = FakeMarker()
+    cb = AutotuneCallback(metrics_path=tmp_path / "m.jsonl", marker=m)
+    args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2, world_size=1)
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True)
+    cb.on_train_begin(args, state, None)
+    assert (tmp_path / "m.jsonl").exists()  # created when training begins: readers prefer it to printed dicts
+    state.global_step = 1
+    cb.on_step_end(args, state, None)
+    cb.on_log(args, state, None, logs={"loss": 0.5, "epoch": 0.1})
+    cb.on_train_end(args, state, None)
+    assert m.events == []
+    (rec,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert rec["step"] == 1 and rec["samples"] == 8 and rec["values"] == {"loss": 0.5, "epoch": 0.1}
+
+
+def test_a_plain_trainer_trains_from_its_inputs_to_the_step_end() -> None:
+    m = FakeMarker()
+
+    class PlainTrainer:
+        state = _State()
+        model = type("M", (), {"training": True})()
+
+        def _prepare_inputs(self, batch: list[str]) -> list[str]:
+            return batch
+
+    trainer = PlainTrainer()
+    tracker = PhaseTracker(m)
+    assert watch_trainer(trainer, tracker) == ["_prepare_inputs"]
+    trainer._prepare_inputs(["a"])
+    trainer._prepare_inputs(["b"])  # a second micro-batch of the same step
+    tracker.step_end(1)
+    assert m.events == [("train", "begin", 1), ("train", "end", 1)]
+
+
 @pytest.mark.e2e
 @pytest.mark.trl
 def test_the_callback_writes_phases_and_steps_in_a_real_trl_run(tmp_path: Path) -> None:
