@@ -6,11 +6,12 @@ what the directory already holds.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -330,36 +331,52 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         hygiene=_hygiene(hardware, out),
         interrupted=stop_event.is_set,
     )
-    presses = {"n": 0}
+    from autotune.study.lock import StudyLock
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        presses["n"] += 1
-        if presses["n"] == 1:
-            stop_event.set()
-            console.print(
-                "\ninterrupt: ending the current trial cleanly (press Ctrl-C again to force)",
-                markup=False,
-                style="yellow",
-            )
-        else:
-            raise KeyboardInterrupt
-
-    previous = (
-        signal.signal(signal.SIGINT, on_sigint)
-        if threading.current_thread() is threading.main_thread()
-        else None
-    )
-    try:
-        outcome = study.run()
-    finally:
-        view.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    _finish(console, cfg, outcome, out)
+    # held from here to the report: a second run on this study is refused, naming this one
+    with StudyLock(out), _stop_on_signals(stop_event, console):
+        try:
+            outcome = study.run()
+        finally:
+            view.close()
+        _finish(console, cfg, outcome, out)
     if outcome.stopped == "interrupted":
         console.print(f"resume with: {cfg.command_line}", markup=False)
         return 130
     return 0
+
+
+# Ctrl-C, and what `timeout`, Slurm, `docker stop` and a closed terminal send.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop_event: threading.Event, console: Console) -> Iterator[None]:
+    """The first stop signal ends the current trial cleanly (the study stops, consistent and
+    resumable); a second one forces (KeyboardInterrupt: the trial's processes are still ended).
+    Only the main thread can take signals: elsewhere nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = {"n": 0}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received["n"] += 1
+        if received["n"] > 1:
+            raise KeyboardInterrupt
+        stop_event.set()
+        name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
+        again = "press Ctrl-C again" if signum == signal.SIGINT else "send it again"
+        console.print(
+            f"\n{name}: ending the current trial cleanly ({again} to force)", markup=False, style="yellow"
+        )
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_args: dict[str, Any]) -> Any:
