@@ -172,8 +172,18 @@ def _rel_link(path: Path, out_dir: Path) -> str:
     return Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
 
 
+def _measured(data: StudyData) -> str:
+    """``"GPU"`` or ``"CPU"``: what the trials' timelines measured, which every utilization, memory and
+    hours label names. A timeline with GPU samples measured GPUs; one with the host's alone measured the
+    CPU (a machine without GPUs, or NVML unavailable). Without any timeline, the hardware decides."""
+    summaries = [r.timeline_summary for r in data.results if r.timeline_summary]
+    if summaries:
+        return "GPU" if any(s.get("gpus") for s in summaries) else "CPU"
+    return "CPU" if data.hardware is not None and not data.hardware.gpus else "GPU"
+
+
 def _cpu_only(data: StudyData) -> bool:
-    return data.hardware is not None and not data.hardware.gpus
+    return _measured(data) == "CPU"
 
 
 # ------------------------------------------------------------------------------------------------ meta
@@ -448,7 +458,11 @@ def _run_summary(data: StudyData, rows: Sequence[dict[str, Any]], clean: Sanitiz
     if data.kind != "profile" or not data.trials:
         return None
     row = rows[0]
+    cpu = _cpu_only(data)
     return {
+        "measured": "CPU" if cpu else "GPU",
+        "util_label": "Mean CPU use (share of all cores)" if cpu else "Mean GPU utilization",
+        "peak_label": "Peak RSS (process tree)" if cpu else "Peak memory per GPU",
         "status": row["status"],
         "status_class": row["status_class"],
         "reason": row["reason"],
