@@ -1,0 +1,73 @@
+"""Arithmetic that reads the same on one configuration (Python numbers) and on many (numpy columns).
+
+The memory and step-time formulas are written once with these helpers: ``estimate_memory`` passes a
+:class:`~autotune.estimate.shape.JobShape` (Python ints, floats and bools, so one trial's numbers are
+exact Python arithmetic as before), ``plan`` passes :class:`~autotune.estimate.columns.ShapeColumns`
+(one numpy array per field, every candidate of a space at once). Each helper does on an array what the
+Python builtin named after it does on a number.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ceil", "either", "is_array", "lmax", "lmin", "neg", "num", "to_int", "where"]
+
+
+def is_array(*values: Any) -> bool:
+    return any(isinstance(v, np.ndarray) for v in values)
+
+
+def where(cond: Any, a: Any, b: Any) -> Any:
+    """``a if cond else b``; elementwise on arrays (both sides are evaluated: keep them total)."""
+    if is_array(cond, a, b):
+        return np.where(cond, a, b)
+    return a if cond else b
+
+
+def either(a: Any, b: Any) -> Any:
+    """``a or b`` for booleans."""
+    return np.logical_or(a, b) if is_array(a, b) else bool(a or b)
+
+
+def lmax(*values: Any) -> Any:
+    """``max(...)``: the first of the largest on numbers, elementwise on arrays."""
+    if is_array(*values):
+        out = values[0]
+        for v in values[1:]:
+            out = np.maximum(out, v)
+        return out
+    return max(values)
+
+
+def lmin(*values: Any) -> Any:
+    """``min(...)``, elementwise on arrays."""
+    if is_array(*values):
+        out = values[0]
+        for v in values[1:]:
+            out = np.minimum(out, v)
+        return out
+    return min(values)
+
+
+def ceil(x: Any) -> Any:
+    """``math.ceil`` (an int), elementwise on arrays."""
+    return np.ceil(x).astype(np.int64) if is_array(x) else math.ceil(x)
+
+
+def to_int(x: Any) -> Any:
+    """``int(x)``: truncation toward zero, elementwise on arrays."""
+    return np.asarray(x).astype(np.int64) if is_array(x) else int(x)
+
+
+def neg(x: Any) -> Any:
+    """``not x``, elementwise on arrays."""
+    return np.logical_not(x) if is_array(x) else not x
+
+
+def num(x: Any) -> Any:
+    """``x or 0``: an optional count (None on one configuration, 0 in a column) as a number."""
+    return x if is_array(x) else (x or 0)
