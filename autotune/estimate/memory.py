@@ -538,7 +538,7 @@ def _phases(
         "cuda_context": CUDA_CONTEXT_BYTES,
         "nccl_buffers": _nccl_bytes(s),
     }
-    kept_gradients = 0
+    kept_gradients = v.where(zero3, states.gradients_bytes, 0)
     train = {
         **base,
         "activations": _train_activations(s),
