@@ -399,16 +399,16 @@ def _table_with(
     order = np.lexsort(index.T[::-1]) if len(index) else np.zeros(0, dtype=np.int64)
     index, group = index[order], group[order]
 
-    config = {
+    columns = {
         name: column([getattr(c, name) for c in configs], dtype)[group]
         for name, dtype in CONFIG_COLUMNS.items()
     }
     for i, name in field_of.items():
         col = index[:, i]
         vals = column(field_values[i], CONFIG_COLUMNS[name])
-        config[name] = np.where(col >= 0, vals[np.maximum(col, 0)], config[name])
+        columns[name] = np.where(col >= 0, vals[np.maximum(col, 0)], columns[name])
     return _Table(
-        knobs=knobs, values=values, index=index, config=config, first_config=lambda r: configs[group[r]]
+        knobs=knobs, values=values, index=index, config=columns, first_config=lambda r: configs[group[r]]
     )
 
 
