@@ -88,8 +88,9 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     ) -> None:
         import json
+        import sys
 
-        from autotune.cli._console import console, notice, say
+        from autotune.cli._console import console, notice
 
         result, notes = run_plan(
             model=model,
@@ -112,7 +113,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             data = result.to_dict(top)
             data["notes"] = list(notes) + data["notes"]
-            say(json.dumps(data, indent=2, default=str))
+            # straight to stdout: through the console, megabytes of JSON take a minute to lay out
+            sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
             return
         for line in notes:
             notice(line)

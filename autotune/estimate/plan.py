@@ -494,25 +494,13 @@ def plan_space(
     secondary = np.where(fits, -keys, over / max(1, capacity))
     order = np.lexsort((peak, secondary, ~fits)) if len(rows) else np.zeros(0, dtype=np.int64)
 
-    def row_terms(r: int) -> MemoryTerms:
-        def at(x: Any) -> Any:
-            return np.broadcast_to(x, (len(rows),))[r].item() if isinstance(x, np.ndarray) else x
-
-        return MemoryTerms(
-            phases={p: {k: at(b) for k, b in comps.items()} for p, comps in terms.phases.items()},
-            has_rollout=at(terms.has_rollout),
-            has_sync=at(terms.has_sync),
-            host_bytes=at(terms.host_bytes),
-            vllm=type(vllm)(**{f: at(getattr(vllm, f)) for f in vars(vllm)}),
-            server_note=at(terms.server_note),
-            sleep_note=at(terms.sleep_note),
-        )
+    row_terms = _RowTerms(terms, len(rows))
 
     def build(i: int) -> Candidate:
         r = int(order[i])
         full_row = int(valid[r])
         params = table.params(full_row)
-        mem = terms_estimate(row_terms(r), capacity, True)
+        mem = terms_estimate(row_terms.at(r), capacity, True)
         t = TimeEstimate(*(float(x[r]) for x in times))
         return Candidate(
             params=params,
@@ -551,6 +539,43 @@ def plan_space(
         notes=notes,
         labels=labels,
     )
+
+
+class _RowTerms:
+    """One candidate's :class:`MemoryTerms` as Python numbers, out of the columns of all of them.
+
+    Every column becomes one column of an int64 matrix on first use (booleans as 0/1: the estimate
+    reads them as truth values), so a row costs one ``tolist``.
+    """
+
+    def __init__(self, terms: MemoryTerms, n: int) -> None:
+        self._terms, self._n = terms, n
+        self._leaves: list[tuple[tuple[str, ...], Any]] = [
+            *((("phases", p, k), b) for p, comps in terms.phases.items() for k, b in comps.items()),
+            *((("vllm", f), getattr(terms.vllm, f)) for f in vars(terms.vllm)),
+            *(
+                ((f,), getattr(terms, f))
+                for f in ("has_rollout", "has_sync", "host_bytes", "server_note", "sleep_note")
+            ),
+        ]
+        self._matrix: np.ndarray | None = None
+
+    def at(self, r: int) -> MemoryTerms:
+        if self._matrix is None:
+            self._matrix = np.stack(
+                [np.broadcast_to(np.asarray(x, dtype=np.int64), (self._n,)) for _, x in self._leaves], axis=1
+            )
+        values = dict(zip((path for path, _ in self._leaves), self._matrix[r].tolist(), strict=True))
+        t = self._terms
+        return MemoryTerms(
+            phases={p: {k: values["phases", p, k] for k in comps} for p, comps in t.phases.items()},
+            has_rollout=values["has_rollout",],
+            has_sync=values["has_sync",],
+            host_bytes=values["host_bytes",],
+            vllm=type(t.vllm)(**{f: values["vllm", f] for f in vars(t.vllm)}),
+            server_note=values["server_note",],
+            sleep_note=values["sleep_note",],
+        )
 
 
 #: what a backend's decoder looks like (:meth:`autotune.backends.Backend.describe`).
