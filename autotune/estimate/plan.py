@@ -459,7 +459,8 @@ def plan_space(
             JobShape(first, model, n_gpus)
             seen_custom.add(id(first))
 
-    capacity = gpu.memory_bytes
+    on_gpu = n_gpus > 0  # a CPU-only plan judges nothing: every candidate fits, as estimate_memory says
+    capacity = gpu.memory_bytes if on_gpu else 0
     terms = memory_terms(rows, capacity)
     totals = terms.totals()
     stacked = np.stack([np.broadcast_to(totals[p], (len(rows),)) for p in ("train", "rollout", "sync")])
@@ -467,7 +468,7 @@ def plan_space(
     vllm = terms.vllm
     startup_ok = np.broadcast_to(vllm.startup_ok, (len(rows),))
     kv_ok = np.broadcast_to(vllm.kv_ok, (len(rows),))
-    fits = startup_ok & kv_ok & (peak <= capacity * 1.0)
+    fits = (startup_ok & kv_ok & (peak <= capacity * 1.0)) | (not on_gpu)
     slack = margin * capacity
     pruned = (
         (np.broadcast_to(vllm.startup_deficit, (len(rows),)) > slack)
@@ -500,7 +501,7 @@ def plan_space(
         r = int(order[i])
         full_row = int(valid[r])
         params = table.params(full_row)
-        mem = terms_estimate(row_terms.at(r), capacity, True)
+        mem = terms_estimate(row_terms.at(r), capacity, on_gpu)
         t = TimeEstimate(*(float(x[r]) for x in times))
         return Candidate(
             params=params,
