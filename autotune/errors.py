@@ -14,7 +14,20 @@ __all__ = [
     "HardwareError",
     "BackendError",
     "StudyError",
+    "NothingToRecommend",
+    "EXIT_OK",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "EXIT_NOTHING_TO_RECOMMEND",
+    "EXIT_INTERRUPTED",
 ]
+
+#: the process exit codes of the CLI (documented in the README)
+EXIT_OK = 0  # done; for search, report and export: a configuration is recommended
+EXIT_FAILURE = 1  # autotune could not do its job (storage unusable, GPUs never freed, ...)
+EXIT_USAGE = 2  # bad input: a flag, a file, a name
+EXIT_NOTHING_TO_RECOMMEND = 3  # the study ended (or holds) no configuration to recommend
+EXIT_INTERRUPTED = 130  # stopped by the user (Ctrl-C)
 
 
 class AutotuneError(Exception):
@@ -57,3 +70,9 @@ class BackendError(UsageError):
 
 class StudyError(AutotuneError):
     """A study that cannot go on (storage unusable, GPUs never freed)."""
+
+
+class NothingToRecommend(AutotuneError):
+    """A study with no configuration to recommend (no healthy trial with memory headroom). Exit code 3."""
+
+    exit_code = EXIT_NOTHING_TO_RECOMMEND

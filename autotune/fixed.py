@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 __all__ = [
     "coerce_knob_values",
     "flag_name",
+    "knob_text",
     "load_fixed",
     "parse_flag_argv",
+    "parse_pins",
     "read_fixed_file",
     "split_baseline",
 ]
@@ -175,28 +177,39 @@ _FALSE = {"false", "no", "off", "0"}
 _NONE = {"none", "null", "~", ""}
 
 
+def knob_text(text: str, typ: str) -> Any:
+    """A knob value typed on a command line, read as its knob's type (``"4"`` → 4, ``"on"`` → True,
+    ``"none"`` → None; text for a ``str`` knob).
+
+    Raises:
+        ValueError: text that is not of that type.
+    """
+    text = text.strip()
+    low = text.lower()
+    if low in _NONE:
+        return None
+    if typ == "bool":
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(text)
+    if typ == "int":
+        return int(text)
+    if typ == "float":
+        return float(text)
+    return text
+
+
 def _coerce_text(name: str, value: Any, typ: str) -> Any:
     if not isinstance(value, str):
         return value
-    text = value.strip()
-    if text.lower() in _NONE:
-        return None
     try:
-        if typ == "bool":
-            if text.lower() in _TRUE:
-                return True
-            if text.lower() in _FALSE:
-                return False
-            raise ValueError(text)
-        if typ == "int":
-            return int(text)
-        if typ == "float":
-            return float(text)
+        return knob_text(value, typ)
     except ValueError:
         raise UsageError(
             f"--{name} {value!r} is not a valid {typ}", hint=f"Give --{name} a {typ} value"
         ) from None
-    return text
 
 
 def coerce_knob_values(values: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]:
@@ -212,3 +225,36 @@ def coerce_knob_values(values: Mapping[str, Any], space: SearchSpace) -> dict[st
     for name, value in values.items():
         out[name] = _coerce_text(name, value, space[name].type) if name in space else value
     return out
+
+
+def parse_pins(items: Sequence[str], space: SearchSpace) -> dict[str, Any]:
+    """``--pin name=value`` items → knob name → value, each value read with its knob's type.
+
+    Names the space does not have are kept as given (text) for :meth:`SearchSpace.pin` to refuse with
+    the list of knobs.
+
+    Raises:
+        UsageError: an item that is not ``name=value``, a value that is not of the knob's type, or one
+            knob pinned to two values.
+    """
+    pins: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = flag_name(name.strip()) if name.strip() else ""
+        if not sep or not name:
+            raise UsageError(f"--pin {item!r} is not name=value", hint="Write e.g. --pin zero_stage=2")
+        value: Any = raw
+        if name in space:
+            try:
+                value = knob_text(raw, space[name].type)
+            except ValueError:
+                raise UsageError(
+                    f"--pin {name}={raw}: not a valid {space[name].type}",
+                    hint=f"Allowed: {space[name].describe_values()}",
+                ) from None
+        if name in pins and pins[name] != value:
+            raise UsageError(
+                f"--pin {name} given twice ({pins[name]!r} and {value!r})", hint="Pin a knob to one value"
+            )
+        pins[name] = value
+    return pins

@@ -256,6 +256,9 @@ class TrialResult(BaseModel):
     failed_phase: str | None = None
     # why the search chose this configuration (predicted throughput, risk, move from the incumbent)
     choice: dict[str, Any] | None = None
+    # what the runner noticed besides the outcome: processes that escaped the trial's group and were
+    # ended (or survived), a sampler that failed, a metrics-file clash
+    notes: list[str] = Field(default_factory=list)
 
     @property
     def throughput(self) -> float | None:

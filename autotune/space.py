@@ -124,6 +124,10 @@ class Knob:
             vals = tuple(vals[i] for i in idx)
         return vals
 
+    def describe_values(self) -> str:
+        """The values this knob can take, for an error's hint ("1, 2, 4" or "int from 1 to 8")."""
+        return _describe_values(self)
+
     def contains(self, value: Any) -> bool:
         """True when ``value`` is one this knob can take."""
         if self.choices is not None:
@@ -194,6 +198,7 @@ class SearchSpace:
         source: where the space came from (for reports).
         roles: what a knob means to the search, as the backend says (``{"vllm_util":
             "vllm_gpu_memory_utilization"}``, see :meth:`autotune.backends.Backend.knob_roles`).
+        pinned: knob name → the value the user pinned it to (``--pin``, see :meth:`pin`).
     """
 
     backend: str
@@ -202,6 +207,7 @@ class SearchSpace:
     dropped_defaults: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
     roles: Mapping[str, str] = field(default_factory=dict)
+    pinned: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {k.name: k for k in self.knobs})
@@ -324,6 +330,47 @@ class SearchSpace:
             )
         return replace(self, knobs=tuple(knobs))
 
+    def pin(self, values: Mapping[str, Any]) -> SearchSpace:
+        """Keep each named knob at one value in every configuration (``--pin name=value``).
+
+        A pinned knob's only value is the pinned one (and its default, so the baseline holds it too);
+        pinning a conditional knob also keeps the knobs its condition names to the values that make it
+        exist (``vllm_tensor_parallel_size=2`` keeps ``use_vllm`` true).
+
+        Raises:
+            SpaceError: an unknown or dropped knob, or a value the knob cannot take (naming the valid
+                choices).
+        """
+        for name, value in values.items():
+            if name not in self:
+                why = f"it was dropped ({self.dropped[name]})" if name in self.dropped else "no such knob"
+                raise SpaceError(f"cannot pin {name!r}: {why}", hint=f"Knobs: {', '.join(self.names)}")
+            if not self[name].contains(value):
+                raise SpaceError(
+                    f"cannot pin {name!r} to {value!r}: not one of its values",
+                    hint=f"Allowed: {_describe_values(self[name])}",
+                )
+        filters: dict[str, list[Any]] = {name: [value] for name, value in values.items()}
+        for name in values:
+            for other, allowed in self[name].when.items():
+                if other in values:
+                    if not any(_same(values[other], a) for a in allowed):
+                        raise SpaceError(
+                            f"cannot pin {name!r} with {other}={values[other]!r}: {name} exists only when"
+                            f" {other} is one of {list(allowed)}",
+                            hint=f"Pin {other} to one of {list(allowed)}, or do not pin {name}",
+                        )
+                    continue
+                current = filters.get(other, list(self[other].values()))
+                filters[other] = [v for v in current if any(_same(v, a) for a in allowed)] or list(allowed)
+        pinned = replace(self.narrow(filters), pinned={**self.pinned, **values})
+        return pinned
+
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """The knobs the search varies: those with more than one value that are not pinned."""
+        return tuple(k.name for k in self.knobs if k.name not in self.pinned and len(k.values()) > 1)
+
     def describe(self) -> list[dict[str, Any]]:
         """A JSON-friendly description (for study.json and reports)."""
         return [
@@ -336,6 +383,7 @@ class SearchSpace:
                 "applies": k.applies,
                 "memory": k.memory,
                 "help": k.help,
+                "pinned": k.name in self.pinned,
             }
             for k in self.knobs
         ]

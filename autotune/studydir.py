@@ -5,6 +5,7 @@
     runs/<study>/
       study.db            Optuna storage
       study.json          resolved settings, the outcome and the recommendation
+      study.lock          held (flock) by the run writing the study; names its pid and host
       trials/<n>/         launch.json, command.sh, stdout.log, stderr.log, metrics.jsonl,
                           timeline.parquet, phases.jsonl, proc.json, result.json (+ the backend's own)
       trials/confirm-<n>-<k>/   the same files for round k of the re-measurement of trial n's
@@ -130,6 +131,7 @@ class StudyDir:
 
     SETTINGS = "study.json"
     DB = "study.db"
+    LOCK = "study.lock"
     TRIALS = "trials"
     BEST = "best"
     CHARTS = "charts"
@@ -147,6 +149,10 @@ class StudyDir:
     @property
     def study_json(self) -> Path:
         return self.root / self.SETTINGS
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / self.LOCK
 
     @property
     def db_path(self) -> Path:

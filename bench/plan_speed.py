@@ -26,8 +26,8 @@ import statistics
 import time
 from typing import Any
 
+from autotune.app.plan import run_plan
 from autotune.backends import backend_class
-from autotune.cli.plan import run_plan
 from autotune.estimate import JobShape, candidate_rules, estimate_memory, estimate_step_time
 from autotune.estimate.plan import _table
 
@@ -57,7 +57,7 @@ def _plan(backend: str, args: argparse.Namespace) -> Any:
 
 
 def _space(backend: str) -> Any:
-    from autotune.cli.plan import _load_space
+    from autotune.app.plan import _load_space
 
     facts = backend_class(backend)
     space = _load_space(backend, None).restrict(gpu_present=True).with_roles(facts.knob_roles())

@@ -47,12 +47,16 @@ class ReportPaths:
         html: ``report.html`` (self-contained).
         markdown: ``report.md``; its charts are PNG files in ``charts/`` beside it.
         findings: the diagnosis, for a caller that wants to print the top of it.
+        recommended_trial: the study's recommended trial (None for a profile, or nothing recommended).
+        no_recommendation: why a study recommends nothing (None when it does, and for a profile).
     """
 
     html: Path
     markdown: Path
     charts: tuple[Path, ...] = ()
     findings: tuple[Finding, ...] = ()
+    recommended_trial: int | None = None
+    no_recommendation: str | None = None
 
 
 def pick_winner(data: StudyData) -> Recommendation | None:
@@ -140,8 +144,8 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
     winner = pick_winner(data) if data.kind == "study" else None
     ctx = make_context(data, winner=winner.trial if winner else None)
     findings = diagnose(ctx)
-    knob_names = _knob_names(data)
-    rows = _trial_rows(data, ctx.signals, winner.trial if winner else None, out_dir, clean, knob_names)
+    names = knob_names(data)
+    rows = trial_rows(data, ctx.signals, winner.trial if winner else None, out_dir, clean, names)
     figures = _Figures(out_dir, png=png)
     win = _winner_summary(data, winner, ctx.signals, clean)
     throughput = _throughput_chart(data, rows, figures)
@@ -153,7 +157,7 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
         "no_winner": _no_winner_text(data) if data.kind == "study" and win is None else None,
         "run": _run_summary(data, rows, clean),
         "rows": rows,
-        "knob_names": knob_names,
+        "knob_names": names,
         **throughput,
         **timelines,
         "findings": _group_findings(findings, clean),
@@ -266,12 +270,19 @@ def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
         fixed += [(str(k), clean.clean(knob_value(v))) for k, v in meta["fixed"].items()]
     versions: dict[str, Any] = meta["versions"] if isinstance(meta.get("versions"), dict) else {}
     dropped: dict[str, Any] = meta["dropped_knobs"] if isinstance(meta.get("dropped_knobs"), dict) else {}
+    space = meta["space"] if isinstance(meta.get("space"), list) else []
+    pinned = [
+        (str(k["name"]), knob_value(k.get("default")))
+        for k in space
+        if isinstance(k, dict) and k.get("pinned") and "name" in k
+    ]
     return {
         "model": clean.clean(model_text),
         "backend": clean.clean(backend),
         "fixed": fixed,
         "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
         "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
+        "pinned": [(clean.clean(k), clean.clean(v)) for k, v in pinned],
         "command": clean.clean(command_text(meta.get("command"))),
         "dataset": clean.clean(meta.get("dataset") or ""),
     }
@@ -471,7 +482,7 @@ def _command_block(
 # ------------------------------------------------------------------------------------------ trial rows
 
 
-def _trial_rows(
+def trial_rows(
     data: StudyData,
     signals: Mapping[int, TrialSignals],
     winner: int | None,
@@ -666,7 +677,7 @@ def _truncate(text: str | None, limit: int = EVIDENCE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _knob_names(data: StudyData) -> list[str]:
+def knob_names(data: StudyData) -> list[str]:
     order: list[str] = []
     space = data.meta.get("space")
     if isinstance(space, list):
@@ -876,7 +887,15 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
     md_text_out = env.get_template("report.md.j2").render(r=view)
     _atomic_write(html_path, html_text)
     _atomic_write(md_path, md_text_out)
-    return ReportPaths(html=html_path, markdown=md_path, charts=tuple(written), findings=tuple(findings))
+    winner = view["winner"]
+    return ReportPaths(
+        html=html_path,
+        markdown=md_path,
+        charts=tuple(written),
+        findings=tuple(findings),
+        recommended_trial=winner["trial"] if winner else None,
+        no_recommendation=view["no_winner"],
+    )
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -10,6 +10,7 @@ from autotune.fixed import (
     flag_name,
     load_fixed,
     parse_flag_argv,
+    parse_pins,
     read_fixed_file,
     split_baseline,
 )
@@ -146,3 +147,34 @@ def test_split_and_coerce_the_users_baseline(tmp_path: Path) -> None:
         coerce_knob_values({"per_device_train_batch_size": "four"}, space)
     with pytest.raises(AutotuneError):
         coerce_knob_values({"gradient_checkpointing": "maybe"}, space)
+
+
+def test_pins_are_read_with_their_knob_types(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(SPACE)
+    space = load_space(tmp_path / "s.yaml", backend="swift")
+    pins = parse_pins(
+        ["per_device_train_batch_size=4", "gradient-checkpointing=false", "deepspeed=none", "x=1"], space
+    )
+    assert pins == {
+        "per_device_train_batch_size": 4,
+        "gradient_checkpointing": False,
+        "deepspeed": None,
+        "x": "1",
+    }
+    assert type(pins["per_device_train_batch_size"]) is int
+
+
+@pytest.mark.parametrize(
+    ("items", "needle"),
+    [
+        (["per_device_train_batch_size"], "is not name=value"),
+        (["=4"], "is not name=value"),
+        (["per_device_train_batch_size=four"], "per_device_train_batch_size=four: not a valid int"),
+        (["per_device_train_batch_size=2", "per_device_train_batch_size=4"], "given twice"),
+    ],
+)
+def test_bad_pins_are_usage_errors(tmp_path: Path, items: list[str], needle: str) -> None:
+    (tmp_path / "s.yaml").write_text(SPACE)
+    space = load_space(tmp_path / "s.yaml", backend="swift")
+    with pytest.raises(UsageError, match=needle):
+        parse_pins(items, space)

@@ -133,3 +133,44 @@ def test_narrow_keeps_listed_values_and_rejects_outside(tmp_path: Path) -> None:
 def test_canonical_key_is_order_and_float_stable() -> None:
     assert canonical_key({"a": 1, "b": 0.30000000000000004}) == canonical_key({"b": 0.3, "a": 1})
     assert canonical_key({"a": True}) != canonical_key({"a": 1.5})
+
+
+def test_a_pinned_knob_has_one_value_in_every_configuration(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(gpu_present=True)
+    pinned = space.pin({"per_device_train_batch_size": 4})
+    grid = list(pinned.grid())
+    assert grid and {p["per_device_train_batch_size"] for p in grid} == {4}
+    assert len(grid) == space.size() // 3  # one of three batch sizes, the rest untouched
+    assert pinned.defaults()["per_device_train_batch_size"] == 4  # the baseline holds it too
+    assert pinned.pinned == {"per_device_train_batch_size": 4}
+    assert "per_device_train_batch_size" not in pinned.searched and "zero_stage" in pinned.searched
+    described = {k["name"]: k["pinned"] for k in pinned.describe()}
+    assert described["per_device_train_batch_size"] is True and described["zero_stage"] is False
+
+
+def test_pinning_a_conditional_knob_keeps_its_condition(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(gpu_present=True)
+    grid = list(space.pin({"offload_param": True}).grid())
+    # offload_param exists only under ZeRO-3: pinning it keeps ZeRO-3 in every configuration
+    assert grid and all(p["zero_stage"] == 3 and p["offload_param"] is True for p in grid)
+
+
+@pytest.mark.parametrize(
+    ("pins", "needle", "hint"),
+    [
+        ({"no_such": 1}, "cannot pin 'no_such': no such knob", "Knobs: per_device_train_batch_size"),
+        ({"per_device_train_batch_size": 3}, "to 3: not one of its values", "Allowed: 2, 4, 8"),
+        ({"use_vllm": True}, "it was dropped (needs a GPU", "Knobs:"),
+        (
+            {"offload_param": True, "zero_stage": 2},
+            "exists only when zero_stage is one of [3]",
+            "Pin zero_stage to one of [3]",
+        ),
+    ],
+)
+def test_a_bad_pin_names_the_valid_choices(tmp_path: Path, pins: dict, needle: str, hint: str) -> None:
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(gpu_present=False)
+    with pytest.raises(SpaceError) as info:
+        space.pin(pins)
+    assert needle in info.value.message and hint in (info.value.hint or "")
+    assert info.value.exit_code == 2

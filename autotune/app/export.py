@@ -63,8 +63,9 @@ def export_study(study_dir: Path, fmt: str, *, trial: int | None = None) -> Expo
         trial: export this COMPLETE trial instead of the recommendation.
 
     Raises:
-        UsageError: unknown format; not a study directory; no recommendation (no healthy trial); a trial
-            that is not COMPLETE; a knob or argument the format cannot express.
+        UsageError: unknown format; not a study directory; a trial that is not COMPLETE; a knob or
+            argument the format cannot express.
+        NothingToRecommend: no recommendation (no healthy trial).
     """
     exporter = _exporter(fmt)  # an unknown format fails before the study is read
     return exporter(load_winner(Path(study_dir), trial=trial))

@@ -6,11 +6,12 @@ what the directory already holds.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,10 +19,11 @@ from typing import Any, Protocol
 from rich.console import Console
 
 from autotune.app.durations import format_duration, parse_duration_s
-from autotune.errors import UsageError
+from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_TO_RECOMMEND, EXIT_OK, UsageError
 from autotune.study.loop import NullView, StudyView
+from autotune.studydir import StudyDir
 
-__all__ = ["SearchRequest", "run_search", "collect_versions"]
+__all__ = ["SearchRequest", "SearchSummary", "run_search", "search_study", "collect_versions"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,71 @@ class SearchRequest:
     metrics_file: str | None = None
     executable: str | None = None
     confirm_runs: int = 2
+    # --pin name=value: knobs kept at one value in every trial
+    pins: tuple[str, ...] = ()
+    # how the study was asked for, for study.json and "resume with:" (default: this process's argv)
+    command_line: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    """How a search ended, for the CLI (its summary and exit code) and Python callers.
+
+    Attributes:
+        out: the study directory.
+        outcome: the study's outcome (every trial's result, the recommendation, why it stopped).
+        searched: the knobs the search varied.
+        pinned: the knobs kept at one value (``--pin``), name → value.
+        command_line: how to resume it.
+    """
+
+    out: Path
+    outcome: Any  # autotune.study.loop.StudyOutcome
+    searched: tuple[str, ...]
+    pinned: Mapping[str, Any]
+    command_line: str
+
+    @property
+    def exit_code(self) -> int:
+        """0 recommended, 3 nothing to recommend, 130 interrupted (see :mod:`autotune.errors`)."""
+        if self.outcome.stopped == "interrupted":
+            return EXIT_INTERRUPTED
+        return EXIT_OK if self.outcome.recommendation is not None else EXIT_NOTHING_TO_RECOMMEND
+
+    def to_dict(self) -> dict[str, Any]:
+        """The final summary as JSON-friendly data (``autotune search --json``)."""
+        from autotune.study.loop import summary_line
+
+        outcome = self.outcome
+        rec = outcome.recommendation
+        return {
+            "study_dir": str(self.out),
+            "exit_code": self.exit_code,
+            "stopped": outcome.stopped,
+            "detail": outcome.detail,
+            "summary": summary_line(outcome),
+            "trials_run": outcome.trials_run,
+            "trials_run_now": outcome.trials_run_now,
+            "budget_trials": outcome.budget_trials,
+            "recommendation": rec.model_dump(mode="json") if rec is not None else None,
+            "knobs": {"searched": list(self.searched), "pinned": dict(self.pinned)},
+            "trials": [
+                {
+                    "number": r.number,
+                    "status": r.status.value,
+                    "reason": r.reason,
+                    "is_baseline": r.is_baseline,
+                    "throughput": r.throughput,
+                    "params": r.params,
+                }
+                for r in outcome.results
+            ],
+            "report": {
+                "html": str(self.out / StudyDir.REPORT_HTML),
+                "markdown": str(self.out / StudyDir.REPORT_MD),
+            },
+            "resume": self.command_line,
+        }
 
 
 def collect_versions(backend: str) -> dict[str, str]:
@@ -101,12 +168,21 @@ def _load_mapping_file(path: str, flag: str) -> dict[str, Any]:
 
 
 def run_search(req: SearchRequest, console: Console, view: ClosingView | None = None) -> int:
-    """Run the study the request describes; return the process exit code.
+    """Run the study the request describes; return the process exit code (see
+    :attr:`SearchSummary.exit_code`)."""
+    return search_study(req, console, view).exit_code
+
+
+def search_study(req: SearchRequest, console: Console, view: ClosingView | None = None) -> SearchSummary:
+    """Run the study the request describes and say how it ended.
 
     Args:
         req: the validated-on-use request (every flag of ``autotune search``).
         console: where notices and the summary are printed.
         view: the live view of the trials (the CLI passes its rich table); None prints nothing live.
+
+    Raises:
+        UsageError: bad input, before the study directory is touched.
     """
     from autotune.backends import backend_class
     from autotune.space import load_space
@@ -168,7 +244,10 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
     space, adapt_notices = backend.adapt_space(space)
     for notice in adapt_notices:
         console.print(f"note: {notice}", markup=False, style="yellow")
-    from autotune.fixed import coerce_knob_values, load_fixed, split_baseline
+    from autotune.fixed import coerce_knob_values, load_fixed, parse_pins, split_baseline
+
+    pins = parse_pins(req.pins, space)
+    space = space.pin(pins) if pins else space
 
     # The YAML file, then the flags after -- (which win). Knob flags among them are the user's own
     # current configuration: trial 0, unless --baseline names one.
@@ -179,6 +258,7 @@ def run_search(req: SearchRequest, console: Console, view: ClosingView | None = 
     )
     if user_baseline is not None:
         user_baseline = coerce_knob_values(user_baseline, space)
+        _check_pins_hold(pins, user_baseline, "--baseline" if req.baseline else "your flags after --")
         space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
     model = backend.resolve_model(req.model)
     watchdog = WatchdogConfig(
@@ -253,6 +333,18 @@ class _Prepared:
     time_budget_s: float | None
 
 
+def _check_pins_hold(pins: Mapping[str, Any], baseline: Mapping[str, Any], where: str) -> None:
+    """A pinned knob must hold its pinned value in the user's own baseline too."""
+    from autotune.space import canonical_key
+
+    for name, value in pins.items():
+        if name in baseline and canonical_key({name: baseline[name]}) != canonical_key({name: value}):
+            raise UsageError(
+                f"--pin {name}={value!r} contradicts {where}, which set {name}={baseline[name]!r}",
+                hint="Drop one of them: a pinned knob has its pinned value in every trial, the baseline too",
+            )
+
+
 def _signed_duration(text: str, flag: str) -> float:
     if text.strip().startswith("-"):
         raise UsageError(
@@ -261,7 +353,7 @@ def _signed_duration(text: str, flag: str) -> float:
     return parse_duration_s(text, flag=flag)
 
 
-def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingView) -> int:
+def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingView) -> SearchSummary:
     from autotune.study.loop import Study, StudyConfig
     from autotune.trial.execute import Executor, ProbeSettings, make_samplers
     from autotune.trial.runner import EarlyStopConfig, reap_orphan
@@ -300,7 +392,8 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         time_budget_s=prep.time_budget_s,
         storage_url=req.storage,
         user_baseline=prep.user_baseline,
-        command_line=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv else "autotune search",
+        command_line=req.command_line
+        or (shlex.join(["autotune", *sys.argv[1:]]) if sys.argv else "autotune search"),
         versions=collect_versions(req.backend),
         backend_version=prep.info.version,
         confirm_runs=req.confirm_runs,
@@ -330,36 +423,58 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         hygiene=_hygiene(hardware, out),
         interrupted=stop_event.is_set,
     )
-    presses = {"n": 0}
+    from autotune.study.lock import StudyLock
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        presses["n"] += 1
-        if presses["n"] == 1:
-            stop_event.set()
-            console.print(
-                "\ninterrupt: ending the current trial cleanly (press Ctrl-C again to force)",
-                markup=False,
-                style="yellow",
-            )
-        else:
-            raise KeyboardInterrupt
-
-    previous = (
-        signal.signal(signal.SIGINT, on_sigint)
-        if threading.current_thread() is threading.main_thread()
-        else None
-    )
-    try:
-        outcome = study.run()
-    finally:
-        view.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    _finish(console, cfg, outcome, out)
+    # held from here to the report: a second run on this study is refused, naming this one
+    with StudyLock(out), _stop_on_signals(stop_event, console):
+        try:
+            outcome = study.run()
+        finally:
+            view.close()
+        summary = SearchSummary(
+            out=out,
+            outcome=outcome,
+            searched=space.searched,
+            pinned=dict(space.pinned),
+            command_line=cfg.command_line,
+        )
+        _finish(console, summary)
     if outcome.stopped == "interrupted":
         console.print(f"resume with: {cfg.command_line}", markup=False)
-        return 130
-    return 0
+    return summary
+
+
+# Ctrl-C, and what `timeout`, Slurm, `docker stop` and a closed terminal send.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop_event: threading.Event, console: Console) -> Iterator[None]:
+    """The first stop signal ends the current trial cleanly (the study stops, consistent and
+    resumable); a second one forces (KeyboardInterrupt: the trial's processes are still ended).
+    Only the main thread can take signals: elsewhere nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = {"n": 0}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received["n"] += 1
+        if received["n"] > 1:
+            raise KeyboardInterrupt
+        stop_event.set()
+        name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
+        again = "press Ctrl-C again" if signum == signal.SIGINT else "send it again"
+        console.print(
+            f"\n{name}: ending the current trial cleanly ({again} to force)", markup=False, style="yellow"
+        )
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_args: dict[str, Any]) -> Any:
@@ -415,11 +530,13 @@ def _hygiene(hardware, out):  # noqa: ANN001, ANN202
     return GpuHygiene([g.index for g in hardware.gpus], out).wait_until_free
 
 
-def _finish(console: Console, cfg: Any, outcome: Any, out: Path) -> None:
+def _finish(console: Console, summary: SearchSummary) -> None:
     from autotune.study.loop import summary_line
 
+    outcome, out = summary.outcome, summary.out
     console.print(f"study {out}: {outcome.detail}; {outcome.trials_run_now} trial(s) run now", markup=False)
     console.print(summary_line(outcome), markup=False)
+    console.print(knobs_line(summary.searched, summary.pinned), markup=False)
     from autotune.app.best import write_best
 
     write_best(out)
@@ -439,3 +556,11 @@ def _finish(console: Console, cfg: Any, outcome: Any, out: Path) -> None:
             f"; re-measurement: {format_duration(confirmation.duration_s)} ({len(confirmation.runs)} run(s))"
         )
     console.print(line, markup=False)
+
+
+def knobs_line(searched: tuple[str, ...], pinned: Mapping[str, Any]) -> str:
+    """Which knobs the search varied and which the user pinned, in one line."""
+    line = f"knobs searched: {', '.join(searched) or 'none'}"
+    if pinned:
+        line += "; pinned: " + ", ".join(f"{k}={v!r}" for k, v in pinned.items())
+    return line

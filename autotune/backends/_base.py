@@ -258,6 +258,14 @@ class Backend(ABC):
 
         return resolve_model(name)
 
+    def study_identity(self) -> dict[str, Any]:
+        """What this backend instance adds to a study's definition (a resumed study must keep it).
+
+        Nothing for a framework backend (its knobs and fixed arguments are compared by the study);
+        the ``command`` backend adds its command template.
+        """
+        return {}
+
     @classmethod
     def knob_roles(cls) -> dict[str, str]:
         """JobConfig field → the name of the knob that sets it (``{"vllm_util": "vllm_gpu_memory_utilization"}``).

@@ -325,6 +325,10 @@ class CommandBackend(Backend):
 
     # -- study set-up ---------------------------------------------------------------------------------
 
+    def study_identity(self) -> dict[str, Any]:
+        """The command template and the metrics file define a command study."""
+        return {"command": list(self.template), "metrics_file": self.metrics_file}
+
     def adapt_space(self, space: SearchSpace) -> tuple[SearchSpace, list[str]]:
         """The space stays; the template is checked against it (:meth:`check_template`)."""
         self.check_template(space)

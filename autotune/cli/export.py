@@ -30,8 +30,17 @@ def register(app: typer.Typer) -> None:
             "-o",
             help="Write the files here (a directory for multi-file formats) instead of printing the main file.",
         ),
+        as_json: bool = typer.Option(
+            False,
+            "--json",
+            help="Print JSON: the format, the trial, the files (their text, or where --out wrote them) and notes.",
+        ),
     ) -> None:
-        """Write the recommended configuration as a runnable script or config file."""
+        """Write the recommended configuration as a runnable script or config file.
+
+        Exits 3 when the study has nothing to recommend (and no --trial is given)."""
+        import json
+
         from autotune.app.export import default_format, export_winner
         from autotune.cli._console import notice, say
         from autotune.errors import UsageError
@@ -49,6 +58,19 @@ def register(app: typer.Typer) -> None:
             )
         winner = load_winner(directory, trial=trial)
         result = export_winner(winner, fmt or default_format(winner.backend))
+        if as_json:
+            written = [str(p) for p in write_export(result, out)] if out is not None else None
+            data = {
+                "format": result.format,
+                "trial": winner.result.number,
+                "recommended": winner.recommended,
+                "main": result.main,
+                "files": dict(result.files) if out is None else None,
+                "written": written,
+                "notes": list(result.notes),
+            }
+            say(json.dumps(data, indent=2))
+            return
         for note in result.notes:
             notice(note)
         if out is None:

@@ -17,10 +17,17 @@ def register(app: typer.Typer) -> None:
         ),
         out: Path | None = typer.Option(None, "--out", help="Write the reports here instead of into DIR."),
         no_png: bool = typer.Option(False, "--no-png", help="Skip the markdown's PNG charts (faster)."),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print the written paths and the recommendation as JSON."
+        ),
     ) -> None:
-        """Render report.html (self-contained, interactive) and report.md (+ charts/*.png) from DIR."""
-        from autotune.cli._console import say
-        from autotune.errors import UsageError
+        """Render report.html (self-contained, interactive) and report.md (+ charts/*.png) from DIR.
+
+        Exits 3 (after writing the reports) when DIR is a study with nothing to recommend."""
+        import json
+
+        from autotune.cli._console import notice, say
+        from autotune.errors import EXIT_NOTHING_TO_RECOMMEND, UsageError
         from autotune.reports import is_profile_dir, is_study_dir, render_profile, render_study
 
         if not directory.is_dir():
@@ -42,5 +49,18 @@ def register(app: typer.Typer) -> None:
                 f"{directory} is not a study directory (no study.json or trials/) nor a profile directory (no profile.json)",
                 hint="Pass the runs/<study> directory that autotune search wrote",
             )
-        say(str(paths.html))
-        say(str(paths.markdown))
+        if as_json:
+            data = {
+                "html": str(paths.html),
+                "markdown": str(paths.markdown),
+                "kind": "study" if is_study_dir(directory) else "profile",
+                "recommended_trial": paths.recommended_trial,
+                "no_recommendation": paths.no_recommendation,
+            }
+            say(json.dumps(data, indent=2))
+        else:
+            say(str(paths.html))
+            say(str(paths.markdown))
+        if paths.no_recommendation is not None:
+            notice(paths.no_recommendation)
+            raise typer.Exit(EXIT_NOTHING_TO_RECOMMEND)

@@ -17,7 +17,10 @@ Examples:
 After the search the winner and the baseline run again, interleaved (--confirm-runs), and the speedup
 is given with a 95 % interval; one whose interval includes 1 is reported as no measurable speedup.
 
-Running the same command again resumes the study in --out."""
+Running the same command again resumes the study in --out.
+
+Exit codes: 0 a configuration is recommended, 3 nothing to recommend (the reason is printed), 2 bad
+input, 130 interrupted (run the same command to resume)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -140,9 +143,23 @@ def register(app: typer.Typer) -> None:
                 " speedup. Not counted in --trials; counted in the time budget. 0 skips it.",
             ),
         ] = 2,
+        pin: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--pin",
+                help="Keep a knob at one value in every trial: name=value (repeatable). The search varies"
+                " the other knobs; your own flags after -- that name knobs are the baseline, still searched.",
+            ),
+        ] = None,
+        as_json: Annotated[
+            bool,
+            typer.Option("--json", help="Print the final summary as JSON on stdout (the rest on stderr)."),
+        ] = False,
     ) -> None:
-        from autotune.app.search import SearchRequest, run_search
-        from autotune.cli._console import console
+        import json
+
+        from autotune.app.search import SearchRequest, search_study
+        from autotune.cli._console import console, err_console, say
         from autotune.cli._live import RichView
 
         request = SearchRequest(
@@ -175,5 +192,10 @@ def register(app: typer.Typer) -> None:
             metrics_file=metrics_file,
             executable=executable,
             confirm_runs=confirm_runs,
+            pins=tuple(pin or ()),
         )
-        raise typer.Exit(run_search(request, console, RichView(console)))
+        shown = err_console if as_json else console
+        summary = search_study(request, shown, RichView(shown))
+        if as_json:
+            say(json.dumps(summary.to_dict(), indent=2, default=str))
+        raise typer.Exit(summary.exit_code)

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import UsageError
+from autotune.errors import NothingToRecommend, UsageError
 from autotune.jobconfig import JobConfig
 from autotune.records import Hardware, LaunchPlan, Recommendation, TrialResult, TrialStatus
 from autotune.studydir import StudyDir
@@ -138,8 +138,8 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
         trial: a trial number to export instead of the recommendation; it must be COMPLETE.
 
     Raises:
-        UsageError: not a study directory; the trial does not exist or is not COMPLETE; no trial is
-            recommended (no healthy trial with memory headroom).
+        UsageError: not a study directory; the trial does not exist or is not COMPLETE.
+        NothingToRecommend: no trial is recommended (no healthy trial with memory headroom).
     """
     sd = StudyDir(Path(study_dir).expanduser().absolute())
     if not sd.root.is_dir():
@@ -182,7 +182,7 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
             for r in results:
                 counts[r.status.value] = counts.get(r.status.value, 0) + 1
             seen = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trial results on disk"
-            raise UsageError(
+            raise NothingToRecommend(
                 f"{sd.root} has no recommendation: no healthy trial with memory headroom ({seen})",
                 hint="Run more trials, or export a COMPLETE trial with --trial N",
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from autotune.records import Confirmation, Hardware, TrialResult, TrialSpec, Tri
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import SearchStrategy, infer_infeasible
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
+from autotune.study.identity import identity_differences, study_identity
+from autotune.study.lock import StudyLock
 from autotune.study.recommend import Recommendation, headroom_bytes, recommend
 from autotune.study.verdict import METHOD, headline, judge, not_remeasured
 from autotune.studydir import StudyDir
@@ -30,9 +33,6 @@ from autotune.studydir import StudyDir
 __all__ = ["StudyConfig", "StudyOutcome", "StudyView", "NullView", "MemoryGate", "TrialExecutor", "Study"]
 
 log = logging.getLogger(__name__)
-
-# Settings that define *what* is tuned; a resumed study must keep them.
-_IDENTITY_KEYS = ("backend", "global_batch", "num_generations", "max_completion_length")
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,15 @@ class StudyConfig:
     confirm_runs: int = 0
 
     def identity(self) -> dict[str, Any]:
+        """The plain settings that define the study (the study adds its space, fixed arguments and the
+        backend's own, see :mod:`autotune.study.identity`)."""
         return {
             "backend": self.backend,
             "model": self.model.name,
             "global_batch": self.global_batch,
             "num_generations": self.num_generations,
             "max_completion_length": self.max_completion_length,
+            "dataset": self.dataset,
         }
 
 
@@ -309,20 +312,26 @@ class Study:
             "search": c.search,
             "budget": {"trials": c.n_trials, "time_s": c.time_budget_s},
             "storage": c.storage_url or f"sqlite:///{StudyDir.DB}",
-            "identity": c.identity(),
+            "identity": self.identity(),
         }
+
+    def identity(self) -> dict[str, Any]:
+        """What defines this study (``study.json``'s ``identity``)."""
+        return study_identity(
+            self.cfg.identity(), self.space.describe(), self.cfg.fixed, self.backend.study_identity()
+        )
 
     def _check_compatible(self) -> dict[str, Any] | None:
         if not self.dir.exists():
             return None
         old = self.dir.read_settings()
-        identity = old.get("identity") or {}
-        for key, value in self.cfg.identity().items():
-            if key in identity and identity[key] != value:
-                raise UsageError(
-                    f"{self.dir.root} holds a study with {key}={identity[key]!r}, not {value!r}",
-                    hint="Run with the same settings to resume it, or choose a new --out",
-                )
+        differences = identity_differences(old.get("identity") or {}, self.identity())
+        if differences:
+            raise UsageError(
+                f"{self.dir.root} holds a different study: {'; '.join(differences)}",
+                hint="Resume it with the command it was started with (study.json: command), "
+                "or choose a new --out to start a new study",
+            )
         return old
 
     # -- optuna --------------------------------------------------------------------------------
@@ -330,7 +339,7 @@ class Study:
         url = self.cfg.storage_url or f"sqlite:///{self.dir.db_path}"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            return optuna.create_study(
+            study = optuna.create_study(
                 # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial
                 # results still land in the study directory, but Optuna's own history does not persist
                 storage=None if url == ":memory:" else url,
@@ -345,17 +354,49 @@ class Study:
                 f"cannot open study storage {url}: {exc}",
                 hint="Pass a valid Optuna storage URL with --storage",
             ) from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([METRIC_NAME])
+        for key, value in self._study_attrs().items():
+            study.set_user_attr(key, value)
+        return study
+
+    def _study_attrs(self) -> dict[str, Any]:
+        """What Optuna's tools show about the study: hardware, model, backend and versions."""
+        c = self.cfg
+        return {
+            "backend": c.backend,
+            "backend_version": c.backend_version,
+            "model": {
+                "name": c.model.name,
+                "path_or_id": c.model.path_or_id,
+                "params": c.model.facts.get("params"),
+            },
+            "hardware": c.hardware.model_dump(mode="json"),
+            "versions": dict(c.versions),
+            "pinned": dict(self.space.pinned),
+        }
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
+        """Record a trial in Optuna as Optuna's own tools read it (optuna-dashboard, ``load_study``).
+
+        A configuration that does not work (OOM, hang, crash, ...) is FAIL and one never launched (the
+        pre-screen) or stopped early as clearly slower is PRUNED; only a healthy finished run is
+        COMPLETE with its throughput as the value. How the trial ended (``status``, ``reason``) and what
+        it measured (:func:`trial_attrs`) are user attributes. The search itself never reads these
+        back: it learns from the study directory's results.
+        """
         infeasible = result.status.is_failure or (result.status is TrialStatus.PRUNED and result.steps == 0)
-        trial.set_user_attr("status", result.status.value)
-        trial.set_user_attr("reason", result.reason[:500])
+        for key, value in trial_attrs(result).items():
+            trial.set_user_attr(key, value)
         trial.set_constraint("infeasible", 1.0 if infeasible else 0.0)
-        if result.status is TrialStatus.INTERRUPTED:
+        if result.status is TrialStatus.COMPLETE and result.throughput is not None:
+            study.tell(trial, result.throughput)
+        elif result.status is TrialStatus.PRUNED:
+            # Optuna keeps the last reported value of a pruned trial (none when it never launched)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            return
-        value = result.throughput if result.throughput is not None and not infeasible else 0.0
-        study.tell(trial, value)
 
     # -- pre-screen ------------------------------------------------------------------------------
     def _context(self, trial_dir: Path, master_port: int = 0) -> TrialContext:
@@ -491,12 +532,18 @@ class Study:
         holds: check the budgets, plan the next configuration, and ask → pre-screen → launch → tell one
         trial. At the end the recommendation is decided and stored in ``study.json`` with the outcome.
         """
-        loop = self._resume()
-        self.view.study_started(self.cfg, loop.launched_total, self.cfg.n_trials)
-        stop: _Stop | None = None
-        while stop is None:
-            stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
-        return self._finish(loop, stop)
+        with StudyLock(self.cfg.study_dir) as lock:
+            if lock.took_over:
+                self.view.notice(
+                    f"the run that held this study (pid {lock.took_over.get('pid')} on "
+                    f"{lock.took_over.get('host')}) is gone: its lock was taken over"
+                )
+            loop = self._resume()
+            self.view.study_started(self.cfg, loop.launched_total, self.cfg.n_trials)
+            stop: _Stop | None = None
+            while stop is None:
+                stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
+            return self._finish(loop, stop)
 
     def _resume(self) -> _Loop:
         """Write the settings, open the Optuna study and take in what the study directory already holds."""
@@ -518,13 +565,14 @@ class Study:
         visited = {
             canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
         }
+        # an interrupted trial said nothing about its configuration: it runs again, first
+        for params in _interrupted_unrun(self._results.values()):
+            if all(canonical_key(p) != canonical_key(params) for p, _ in pending):
+                pending.append((params, False))
         if not baseline_done_or(self._results):
             pending = self._baseline_first(pending)
-        launched_total = sum(
-            1
-            for r in self._results.values()
-            if r.steps > 0 or r.status not in (TrialStatus.PRUNED, TrialStatus.INTERRUPTED)
-        )
+        # the budget counts launched trials that said something: not pruned before launch, not interrupted
+        launched_total = sum(1 for r in self._results.values() if _counts(r))
         return _Loop(
             study=study,
             settings=settings,
@@ -618,8 +666,12 @@ class Study:
         choice = loop.choices.pop(key, None) or self._default_choice(is_baseline, fixed_params is not None)
         result = self._prescreen(trial.number, params, is_baseline)
         if result is None:
-            result = self._launch(loop.study, trial, params, is_baseline, self._time_left_s(loop))
-            loop.launched_total += 1
+            try:
+                result = self._launch(loop.study, trial, params, is_baseline, self._time_left_s(loop))
+            except KeyboardInterrupt:  # a forced stop (second signal): the trial's processes are ended
+                self._record_forced(loop, trial, key, params, is_baseline)
+                raise
+            loop.launched_total += 1 if _counts(result) else 0
             loop.run_now += 1
         self._record(loop, trial, key, result.model_copy(update={"choice": choice}))
         if result.status is TrialStatus.INTERRUPTED and self.interrupted():
@@ -681,6 +733,24 @@ class Study:
             self.memory_gate.observe(result)
         self._tell(loop.study, trial, result)
         self.view.trial_finished(result)
+        for note in result.notes:
+            self.view.notice(f"trial {result.number}: {note}")
+
+    def _record_forced(
+        self, loop: _Loop, trial: optuna.Trial, key: str, params: dict[str, Any], is_baseline: bool
+    ) -> None:
+        """A trial stopped by a forced interrupt: INTERRUPTED on disk and FAIL in Optuna, to run again."""
+        result = TrialResult(
+            number=trial.number,
+            params=params,
+            status=TrialStatus.INTERRUPTED,
+            reason="stopped by a forced interrupt; it says nothing about the configuration",
+            is_baseline=is_baseline,
+        )
+        try:
+            self._record(loop, trial, key, result)
+        except Exception as exc:  # the interrupt matters more; resume recovers a RUNNING trial anyway
+            log.warning("could not record the interrupted trial %s: %s", trial.number, exc)
 
     def _finish(self, loop: _Loop, stop: _Stop) -> StudyOutcome:
         """Decide the recommendation, re-measure it (unless the user stopped the study) and store it in
@@ -817,8 +887,64 @@ class Study:
         return result
 
 
+#: the name of the value Optuna records (``study.set_metric_names``)
+METRIC_NAME = "completions_per_s"
+
+
+def trial_attrs(result: TrialResult) -> dict[str, Any]:
+    """The user attributes a trial carries in Optuna: how it ended and what it measured.
+
+    ``status`` and ``reason`` always; the rest when measured: ``peak_mem_bytes`` (one entry per GPU),
+    ``tokens_per_s``, ``gpu_util_mean_pct`` and ``gpu_idle_share`` (means over the GPUs),
+    ``host_peak_rss_bytes``, ``steps``, ``throughput`` (also for a trial that is not COMPLETE) and
+    ``failed_phase``.
+    """
+    attrs: dict[str, Any] = {"status": result.status.value, "reason": result.reason[:500]}
+    gpus = [g for g in (result.timeline_summary or {}).get("gpus") or [] if isinstance(g, dict)]
+    measured: dict[str, Any] = {
+        "steps": result.steps,
+        "throughput": result.throughput,
+        "tokens_per_s": result.steady.tokens_per_s if result.steady is not None else None,
+        "peak_mem_bytes": list(result.peak_mem_bytes)
+        if any(p is not None for p in result.peak_mem_bytes)
+        else None,
+        "gpu_util_mean_pct": _mean_of(gpus, "util_mean_pct"),
+        "gpu_idle_share": _mean_of(gpus, "idle_share"),
+        "host_peak_rss_bytes": result.host_peak_rss_bytes,
+        "failed_phase": result.failed_phase,
+    }
+    attrs.update({k: v for k, v in measured.items() if v is not None})
+    return attrs
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [
+        float(r[key])
+        for r in rows
+        if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)
+    ]
+    return sum(values) / len(values) if values else None
+
+
 def _has_complete(study: optuna.Study) -> bool:
     return any(t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def _counts(result: TrialResult) -> bool:
+    """Whether a trial used a slot of the trial budget: it was launched and was not interrupted."""
+    if result.status is TrialStatus.INTERRUPTED:
+        return False
+    return result.steps > 0 or result.status is not TrialStatus.PRUNED
+
+
+def _interrupted_unrun(results: Any) -> list[dict[str, Any]]:
+    """Configurations whose last trial was interrupted and that no later trial ran, oldest first."""
+    last: dict[str, TrialResult] = {}
+    for r in sorted(results, key=lambda r: r.number):
+        last[canonical_key(r.params)] = r
+    return [
+        r.params for r in sorted(last.values(), key=lambda r: r.number) if r.status is TrialStatus.INTERRUPTED
+    ]
 
 
 def baseline_done_or(results: Mapping[int, TrialResult]) -> bool:

@@ -225,6 +225,7 @@ class Executor:
             startup_s=record.startup_s,
             gpu_seconds=record.duration_s * n_gpus,
             failed_phase=failed_phase,
+            notes=list(record.notes),
         )
 
     @staticmethod

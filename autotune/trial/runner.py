@@ -23,18 +23,16 @@ import json
 import os
 import queue
 import re
-import signal
+import socket
 import statistics
 import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TextIO, runtime_checkable
-
-import psutil
 
 from autotune.backends._base import FailurePattern, StepParser
 from autotune.errors import BackendError, UsageError
@@ -52,6 +50,16 @@ from autotune.trial.early import (
     sync_call,
 )
 from autotune.trial.evidence import COMMON_PATTERNS, strip_rank_prefix
+from autotune.trial.processes import (
+    MARKER_ENV,
+    alive_pids,
+    create_time_of,
+    descendants_of,
+    end_marked,
+    new_marker,
+    reap_orphan,
+    terminate_group,
+)
 from autotune.trial.steady import EarlyStopConfig, is_stable, steady_estimate, step_durations
 
 __all__ = [
@@ -70,6 +78,7 @@ __all__ = [
     "terminate_group",
 ]
 
+_FORCED_GRACE_S = 0.5  # SIGTERM → SIGKILL when the user forces a stop
 TAIL_LINES = 400  # lines of each stream kept in memory for classification
 EVIDENCE_LINES = 200  # failure-pattern lines kept in memory (the logs keep everything)
 MAX_LINE_CHARS = 4000  # longer lines are cut in memory (not in the logs)
@@ -233,185 +242,6 @@ class RunRecord:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Process-group handling
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-
-
-def _is_live(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-    except psutil.AccessDenied:
-        return True
-
-
-def _group_members(pgid: int) -> list[psutil.Process]:
-    """Live processes whose process group is ``pgid`` (zombies excluded)."""
-    members = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and _is_live(proc):
-                members.append(proc)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
-def _known_live(known: Mapping[int, float | None] | Iterable[int]) -> list[psutil.Process]:
-    """Known pids that are still alive and still the same process (create time matches when given)."""
-    pairs = known.items() if isinstance(known, Mapping) else ((p, None) for p in known)
-    live = []
-    for pid, ctime in pairs:
-        try:
-            proc = psutil.Process(pid)
-            if ctime is not None and abs(proc.create_time() - ctime) > 0.01:
-                continue  # pid reused by an unrelated process
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            continue
-        if _is_live(proc):
-            live.append(proc)
-    return live
-
-
-def _targets(pgid: int, known: Mapping[int, float | None] | Iterable[int]) -> dict[int, psutil.Process]:
-    own_group = pgid == os.getpgid(0)  # never our own group, whatever a caller passes
-    out = {p.pid: p for p in _group_members(pgid)} if pgid > 0 and not own_group else {}
-    for p in _known_live(known):
-        out.setdefault(p.pid, p)
-    out.pop(os.getpid(), None)  # never ourselves, whatever a caller passes
-    return out
-
-
-def _send(procs: Iterable[psutil.Process], pgid: int, sig: int) -> None:
-    if pgid > 0 and pgid != os.getpgid(0):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for proc in procs:
-        try:
-            proc.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
-
-
-def _wait_gone(procs: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Wait until every process is gone or a zombie, without reaping anyone (our caller does)."""
-    deadline = time.monotonic() + timeout_s
-    alive = [p for p in procs if _is_live(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.02)
-        alive = [p for p in alive if _is_live(p)]
-    return alive
-
-
-def terminate_group(
-    pgid: int, known_pids: Mapping[int, float | None] | Iterable[int] = (), grace_s: float = 5.0
-) -> list[int]:
-    """End a trial's process group and its known descendants; return the pids that needed SIGKILL.
-
-    SIGTERM to the group (and to each known descendant that left it, e.g. with ``setsid``), wait up
-    to ``grace_s``, SIGKILL whatever is left, then check again until no process of the group or of
-    ``known_pids`` is alive (a process forked during the kill is caught by the re-check). Idempotent:
-    a second call finds nothing and returns ``[]``. Zombies count as gone; reaping our own child is the
-    caller's job (``Popen.wait``).
-
-    Args:
-        pgid: the trial's process group id (its leader's pid).
-        known_pids: descendants seen during the run; a mapping pid → create time skips pids that were
-            reused by unrelated processes since.
-        grace_s: seconds between SIGTERM and SIGKILL.
-    """
-    targets = _targets(pgid, known_pids)
-    if not targets:
-        return []
-    _send(targets.values(), pgid, signal.SIGTERM)
-    left = _wait_gone(list(targets.values()), grace_s)
-    killed: list[int] = []
-    for _ in range(10):
-        if not left:
-            left = list(_targets(pgid, known_pids).values())
-            if not left:
-                break
-        killed.extend([p.pid for p in left if p.pid not in killed])
-        _send(left, pgid, signal.SIGKILL)
-        left = _wait_gone(left, 2.0)
-    return killed
-
-
-def alive_pids(pids: Iterable[int]) -> list[int]:
-    """The pids that are still alive (not zombies). For GPU hygiene: are the trial's processes gone?"""
-    out = []
-    for pid in pids:
-        try:
-            if _is_live(psutil.Process(pid)):
-                out.append(pid)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def _descendants(pid: int) -> dict[int, float]:
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return {}
-    out: dict[int, float] = {}
-    for child in children:
-        try:
-            out[child.pid] = child.create_time()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            continue
-    return out
-
-
-def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
-    """End a trial's process group left running after autotune was killed; describe it in one line.
-
-    Reads ``<trial_dir>/proc.json``. The group is ours when its leader is alive with the recorded
-    pid and create time, or when the leader is gone and the group's members started after it (Linux
-    does not hand out a pid that is still some group's id). Descendants recorded by pid + create
-    time are ended too. Returns None when there is nothing of ours left (or no proc.json).
-    """
-    path = TrialDir(Path(trial_dir)).proc_json
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-        pid, pgid = int(info["pid"]), int(info["pgid"])
-        ctime = info.get("create_time")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    known: dict[int, float | None] = {int(k): v for k, v in (info.get("descendants") or {}).items()}
-    leader_ctime = _create_time(pid)
-    leader_ours = leader_ctime is not None and ctime is not None and abs(leader_ctime - ctime) < 0.01
-    leader_reused = leader_ctime is not None and not leader_ours and pid == pgid
-    if leader_ours:
-        known[pid] = ctime
-    group_pgid = -1 if leader_reused else pgid
-    if group_pgid > 0 and not leader_ours and ctime is not None:
-        started = [_create_time(p.pid) for p in _group_members(group_pgid)]
-        if any(t is not None and t < ctime - 0.01 for t in started):
-            group_pgid = -1  # a member older than our trial: the group is not ours
-    targets = _targets(group_pgid, known)
-    if not targets:
-        return None
-    pids = sorted(targets)
-    killed = terminate_group(group_pgid, known, grace_s)
-    started_at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started_wall_s") or 0))
-    forced = f", {len(killed)} needed SIGKILL" if killed else ""
-    return (
-        f"ended orphaned trial processes of {Path(trial_dir).name} (group {pgid}, started {started_at}): "
-        f"{len(pids)} process{'es' if len(pids) != 1 else ''} {', '.join(map(str, pids))}{forced}"
-    )
-
-
-# ---------------------------------------------------------------------------------------------------
 # Output pumping
 
 
@@ -496,11 +326,12 @@ def _effective_plan(plan: LaunchPlan) -> LaunchPlan:
     return plan.model_copy(update={"env": {**plan.env, "PYTHONUNBUFFERED": "1"}})
 
 
-def _child_env(plan: LaunchPlan) -> dict[str, str]:
+def _child_env(plan: LaunchPlan, marker: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in plan.unset_env:
         env.pop(key, None)
     env.update(plan.env)
+    env[MARKER_ENV] = marker  # every process of the trial inherits it (see autotune.trial.processes)
     return env
 
 
@@ -577,6 +408,7 @@ class TrialRun:
         self.notes: list[str] = []
         self.live = _Live()
         self.known: dict[int, float | None] = {}  # the trial's pid and every descendant seen → create time
+        self.marker = new_marker()  # in every trial process's environment: found even outside the group
         self.proc_info: dict[str, Any] = {}
         self.segments: queue.SimpleQueue[_Segment] = queue.SimpleQueue()
         self.readers: list[threading.Thread] = []
@@ -603,10 +435,14 @@ class TrialRun:
                 self.observer.on_started(self.pid, self.pgid)
             self.start_samplers()
             self.watch()
-        except BaseException:
-            self.abort()
+        except BaseException as exc:
+            self.abort(forced=isinstance(exc, KeyboardInterrupt))
             raise
-        survivors = self.end_group()
+        try:
+            survivors = self.end_group()
+        except KeyboardInterrupt:  # forced while the group was being ended: end the rest at once
+            self.abort(forced=True)
+            raise
         exited_mono = self.exited_mono if self.exited_mono is not None else time.monotonic()
         self.finish_output()
         rows = self.stop_samplers()
@@ -655,7 +491,7 @@ class TrialRun:
             self.proc = subprocess.Popen(
                 list(plan.argv),
                 cwd=plan.cwd,
-                env=_child_env(plan),
+                env=_child_env(plan, self.marker),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -668,13 +504,16 @@ class TrialRun:
                 hint="Check the command (its first word must be an executable on PATH or a path)",
             ) from None
         self.pid = self.pgid = self.proc.pid  # start_new_session: the child leads its session and group
-        self.known[self.pid] = _create_time(self.pid)
+        self.known[self.pid] = create_time_of(self.pid)
         self.proc_info = {
             "pid": self.pid,
             "pgid": self.pgid,
             "create_time": self.known[self.pid],
             "started_wall_s": self.started_wall_s,
             "runner_pid": os.getpid(),
+            "runner_create_time": create_time_of(os.getpid()),
+            "host": socket.gethostname(),
+            "marker": self.marker,
             "argv0": plan.argv[0],
             "ended": False,
         }
@@ -840,7 +679,7 @@ class TrialRun:
 
     def _scan_descendants(self, now: float) -> None:
         """Add descendants not seen before to ``known`` and ``proc.json``; schedule the next scan."""
-        fresh = {p: t for p, t in _descendants(self.pid).items() if p not in self.known}
+        fresh = {p: t for p, t in descendants_of(self.pid).items() if p not in self.known}
         # Walking /proc costs ~5 ms per 100 processes: keep it under 2 % of a core on busy hosts.
         self._next_scan_mono = now + max(_DESCENDANT_SCAN_S, 50 * (time.monotonic() - now))
         if fresh:
@@ -949,7 +788,7 @@ class TrialRun:
 
     # -- 5-9: after the watch -----------------------------------------------------------------------
 
-    def end_group(self) -> list[int]:
+    def end_group(self, grace_s: float | None = None) -> list[int]:
         """Stop the trial if it still runs, reap it, end stragglers; return the pids SIGKILLed.
 
         Called by :meth:`run` after :meth:`watch`, and by :meth:`abort`. Touches only the trial's own
@@ -957,17 +796,27 @@ class TrialRun:
         ended. Afterwards the process is reaped (``proc.returncode`` is set), unless the kernel could
         not deliver SIGKILL: a note says so.
         """
-        grace_s = self.watchdog.grace_s
+        grace_s = self.watchdog.grace_s if grace_s is None else grace_s
         killed: list[int] = []
         if self.proc.poll() is None:
-            self.known.update({p: t for p, t in _descendants(self.pid).items() if p not in self.known})
+            self.known.update({p: t for p, t in descendants_of(self.pid).items() if p not in self.known})
             killed = terminate_group(self.pgid, self.known, grace_s)
         try:
             self.proc.wait(timeout=grace_s + 5)
         except subprocess.TimeoutExpired:  # only if the kernel cannot deliver SIGKILL
             self.notes.append(f"trial process {self.pid} did not exit after SIGKILL")
         # Stragglers left in the group after the main process ended, and escaped descendants.
-        return killed + [p for p in terminate_group(self.pgid, self.known, grace_s) if p not in killed]
+        killed += [p for p in terminate_group(self.pgid, self.known, grace_s) if p not in killed]
+        # Processes that left the group unseen (setsid, double fork) still carry the trial's marker.
+        escaped, survivors = end_marked(self.marker, grace_s)
+        if escaped:
+            self.notes.append(
+                f"ended {len(escaped)} process(es) that had left the trial's process group: "
+                + ", ".join(map(str, escaped))
+            )
+        if survivors:
+            self.notes.append("processes of this trial survived SIGKILL: " + ", ".join(map(str, survivors)))
+        return killed + [p for p in escaped if p not in killed]
 
     def finish_output(self) -> None:
         """Handle the output left once the group ended and the parser's last steps; close ``metrics.jsonl``.
@@ -1053,13 +902,21 @@ class TrialRun:
             open_phase=open_phase.phase if open_phase is not None else None,
         )
 
-    def abort(self) -> None:
+    def abort(self, *, forced: bool = False) -> None:
         """End the group, stop the samplers and close ``metrics.jsonl`` after a guarded stage raised.
 
         Called by :meth:`run`, which then re-raises. Nothing more is recorded: no timeline, and
-        ``proc.json`` is left as the watch last wrote it.
+        ``proc.json`` is left as the watch last wrote it. A ``forced`` stop (KeyboardInterrupt: a second
+        Ctrl-C or stop signal) gives the processes only a short grace before SIGKILL, and a further
+        interrupt does not cut the clean-up short: it goes on, then the first exception propagates.
         """
-        self.end_group()
+        grace_s = _FORCED_GRACE_S if forced else None
+        while True:
+            try:
+                self.end_group(grace_s)
+                break
+            except KeyboardInterrupt:
+                grace_s = _FORCED_GRACE_S
         self.stop_samplers()
         self._close_metrics()
 

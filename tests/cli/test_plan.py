@@ -307,3 +307,33 @@ def test_the_table_tells_every_row_apart_and_counts_ties(capsys: pytest.CaptureF
     )
     ranks = [c["speed_rank"] for c in data["candidates"] if c["fits"]]
     assert ranks[0] == 1 and ranks == sorted(ranks) and ranks.count(1) == int(ties[0][1:]) + 1
+
+
+def test_pin_lists_only_candidates_with_the_pinned_value(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--space", TRL_SPACE]
+    everything = run_json(capsys, *base)
+    pinned = run_json(capsys, *base, "--pin", "zero_stage=3", "--pin", "vllm_tensor_parallel_size=2")
+    assert {c["params"]["zero_stage"] for c in everything["candidates"]} == {0, 2, 3}
+    assert pinned["candidates"] and all(
+        c["params"]["zero_stage"] == 3
+        and c["params"]["vllm_tensor_parallel_size"] == 2
+        and c["params"]["use_vllm"] is True  # the pinned knob exists only with vLLM on
+        for c in pinned["candidates"]
+    )
+    # the other knobs are still planned over
+    assert {c["params"]["per_device_train_batch_size"] for c in pinned["candidates"]} == {1, 4, 16}
+
+
+@pytest.mark.parametrize(
+    ("pin", "needle"),
+    [
+        ("zero_stage=1", "cannot pin 'zero_stage' to 1: not one of its values. Allowed: 0, 2, 3"),
+        ("bogus=1", "cannot pin 'bogus': no such knob. Knobs: per_device_train_batch_size"),
+        ("zero_stage=two", "--pin zero_stage=two: not a valid int"),
+    ],
+)
+def test_a_bad_pin_in_plan_is_one_line(capsys: pytest.CaptureFixture[str], pin: str, needle: str) -> None:
+    code, out, err = run(
+        capsys, "--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--space", TRL_SPACE, "--pin", pin
+    )
+    assert code == 2 and err.count("\n") == 1 and needle in err, err

@@ -147,7 +147,7 @@ def _swift_7b_on_4_a10() -> Any:
     """The packaged ms-swift space for Qwen2.5-7B on 4 x A10, narrowed to the configurations that fit best
     (batch 8, ZeRO-3 offload, vLLM TP 4): hundreds of candidates whose predictions tie or differ by
     less than 0.1 %."""
-    from autotune.cli.plan import run_plan
+    from autotune.app.plan import run_plan
 
     result, _ = run_plan(
         model="Qwen2.5-7B", model_config=None, gpus=4, gpu_type="A10", gpu_memory_gib=None, backend="swift",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.app.export import export_study
-from autotune.errors import UsageError
+from autotune.errors import NothingToRecommend, UsageError
 from autotune.export import load_winner
 from tests.export.conftest import edit_result
 
@@ -57,8 +57,9 @@ def test_no_recommendation_says_why(fixture_study: Path) -> None:
         data = json.loads((path / "result.json").read_text())
         if data["status"] == "COMPLETE":
             edit_result(fixture_study, int(path.name), status="OOM", steady=None)
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(NothingToRecommend) as info:
         load_winner(fixture_study)
+    assert info.value.exit_code == 3  # not a usage error: the study is fine, it found nothing
     message = info.value.one_line()
     assert "no recommendation: no healthy trial with memory headroom" in message
     assert "7 OOM" in message and "1 UNHEALTHY" in message
