@@ -163,7 +163,7 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
         "findings": _group_findings(findings, clean),
         "insight": insight,
         "problems": [clean.clean(p) for p in data.problems],
-        "figures": figures.figures,
+        "svgs": figures.svgs,
     }
     return view, findings, figures.written
 
@@ -172,8 +172,18 @@ def _rel_link(path: Path, out_dir: Path) -> str:
     return Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
 
 
+def _measured(data: StudyData) -> str:
+    """``"GPU"`` or ``"CPU"``: what the trials' timelines measured, which every utilization, memory and
+    hours label names. A timeline with GPU samples measured GPUs; one with the host's alone measured the
+    CPU (a machine without GPUs, or NVML unavailable). Without any timeline, the hardware decides."""
+    summaries = [r.timeline_summary for r in data.results if r.timeline_summary]
+    if summaries:
+        return "GPU" if any(s.get("gpus") for s in summaries) else "CPU"
+    return "CPU" if data.hardware is not None and not data.hardware.gpus else "GPU"
+
+
 def _cpu_only(data: StudyData) -> bool:
-    return data.hardware is not None and not data.hardware.gpus
+    return _measured(data) == "CPU"
 
 
 # ------------------------------------------------------------------------------------------------ meta
@@ -448,7 +458,11 @@ def _run_summary(data: StudyData, rows: Sequence[dict[str, Any]], clean: Sanitiz
     if data.kind != "profile" or not data.trials:
         return None
     row = rows[0]
+    cpu = _cpu_only(data)
     return {
+        "measured": "CPU" if cpu else "GPU",
+        "util_label": "Mean CPU use (share of all cores)" if cpu else "Mean GPU utilization",
+        "peak_label": "Peak RSS (process tree)" if cpu else "Peak memory per GPU",
         "status": row["status"],
         "status_class": row["status_class"],
         "reason": row["reason"],
@@ -711,21 +725,24 @@ def _group_findings(findings: Sequence[Finding], clean: Sanitizer) -> list[dict[
 
 @dataclass
 class _Figures:
-    """The charts of one render: plotly figures for the HTML, and the markdown's PNGs when asked for.
+    """The charts of one render: inline SVG for the HTML, and the markdown's PNGs when asked for.
+
+    Each chart is one drawing function (``reports.charts``) saved twice: as SVG inside the HTML, as a
+    PNG file beside the markdown.
 
     Attributes:
-        figures: ``{"id", "json"}`` per plotly figure, in the order the HTML embeds them.
+        svgs: chart id → ``<svg>`` element, in the order the HTML shows them.
         written: the PNG files drawn into ``charts/``, in the order they were drawn.
     """
 
     out_dir: Path
     png: bool
-    figures: list[dict[str, str]] = field(default_factory=list)
+    svgs: dict[str, str] = field(default_factory=dict)
     written: list[Path] = field(default_factory=list)
 
-    def add(self, chart_id: str, fig: Any) -> str:
-        """Embed ``fig`` under ``chart_id`` and return the id."""
-        self.figures.append({"id": chart_id, "json": charts.figure_json(fig)})
+    def add(self, chart_id: str, draw: Callable[[Path], Path]) -> str:
+        """Draw the chart as SVG for the HTML under ``chart_id`` and return the id."""
+        self.svgs[chart_id] = charts.inline_svg(draw)
         return chart_id
 
     def draw(self, name: str, draw_png: Callable[[Path], Path]) -> str | None:
@@ -742,8 +759,8 @@ def _throughput_chart(data: StudyData, rows: list[dict[str, Any]], figures: _Fig
     if data.kind != "study" or not rows:
         return {"throughput_chart": None, "throughput_png": None}
     return {
-        "throughput_chart": figures.add("chart-throughput", charts.throughput_figure(rows)),
-        "throughput_png": figures.draw("throughput.png", partial(charts.throughput_png, rows)),
+        "throughput_chart": figures.add("chart-throughput", partial(charts.throughput_chart, rows)),
+        "throughput_png": figures.draw("throughput.png", partial(charts.throughput_chart, rows)),
     }
 
 
@@ -783,10 +800,10 @@ def _timeline_charts(
             "trial": t.number,
             "title": title,
             "label": label,
-            "chart": figures.add(f"chart-timeline-{t.number}", charts.timeline_figure(series, title)),
+            "chart": figures.add(f"chart-timeline-{t.number}", partial(charts.timeline_chart, series, title)),
             "png": figures.draw(
                 f"timeline-trial-{t.number}.png",
-                partial(charts.timeline_png, series, title),
+                partial(charts.timeline_chart, series, title),
             ),
             "phase_source": signals[t.number].phase_source,
         }
@@ -831,14 +848,16 @@ def _insight(
     insight = {
         "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
         "importance_note": clean.clean(imp.note),
-        "importance_chart": figures.add("chart-importance", charts.importance_figure(imp))
+        "importance_chart": figures.add("chart-importance", partial(charts.importance_chart, imp))
         if imp.values
         else None,
-        "pareto_chart": figures.add("chart-pareto", charts.pareto_figure(points, failed, cap_gib, mem_label))
+        "pareto_chart": figures.add(
+            "chart-pareto", partial(charts.pareto_chart, points, failed, cap_gib, mem_label)
+        )
         if points
         else None,
         "front": [p.trial for p in points if p.on_front],
-        "progress_chart": figures.add("chart-progress", charts.progress_figure(progress))
+        "progress_chart": figures.add("chart-progress", partial(charts.progress_chart, progress))
         if progress
         else None,
         "importance_png": None,
@@ -846,13 +865,13 @@ def _insight(
         "progress_png": None,
     }
     if imp.values:
-        insight["importance_png"] = figures.draw("importance.png", partial(charts.importance_png, imp))
+        insight["importance_png"] = figures.draw("importance.png", partial(charts.importance_chart, imp))
     if points:
         insight["pareto_png"] = figures.draw(
-            "pareto.png", partial(charts.pareto_png, points, failed, cap_gib, mem_label)
+            "pareto.png", partial(charts.pareto_chart, points, failed, cap_gib, mem_label)
         )
     if progress:
-        insight["progress_png"] = figures.draw("progress.png", partial(charts.progress_png, progress))
+        insight["progress_png"] = figures.draw("progress.png", partial(charts.progress_chart, progress))
     return insight
 
 
@@ -878,7 +897,7 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
     env.filters["mdcode"] = md_code
     html_path = out_dir / StudyDir.REPORT_HTML
     md_path = out_dir / StudyDir.REPORT_MD
-    html_text = env.get_template("report.html.j2").render(r=view, plotly_js=charts.plotly_js())
+    html_text = env.get_template("report.html.j2").render(r=view)
     md_text_out = env.get_template("report.md.j2").render(r=view)
     write_text_atomic(html_path, html_text)
     write_text_atomic(md_path, md_text_out)

@@ -1,13 +1,15 @@
-"""Charts: plotly figures for the HTML report, matplotlib (Agg, no pyplot state) PNGs for markdown.
+"""Charts: one matplotlib drawing (Agg, no pyplot state) per chart, saved as SVG or PNG.
 
-Both kinds are drawn from the same prepared series so the two reports show the same numbers. Chart
-text is made only of numbers, knob names/values and trial numbers; log text never enters a chart.
+The HTML report inlines each chart as SVG (no script, nothing fetched); the markdown report links the
+same drawing as a PNG in ``charts/``. Both come from the same prepared series and the same function,
+so the two reports show the same numbers. Chart text is made only of numbers, knob names/values and
+trial numbers; log text never enters a chart.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,18 +25,12 @@ __all__ = [
     "STATUS_COLORS",
     "TimelineSeries",
     "timeline_series",
-    "figure_json",
-    "plotly_js",
-    "timeline_figure",
-    "throughput_figure",
-    "importance_figure",
-    "pareto_figure",
-    "progress_figure",
-    "timeline_png",
-    "throughput_png",
-    "importance_png",
-    "pareto_png",
-    "progress_png",
+    "inline_svg",
+    "timeline_chart",
+    "throughput_chart",
+    "importance_chart",
+    "pareto_chart",
+    "progress_chart",
 ]
 
 GIB = 2**30
@@ -176,344 +172,6 @@ def timeline_series(data: StudyData, trial: TrialData) -> TimelineSeries:
     return out
 
 
-# ------------------------------------------------------------------------------------------ plotly
-# Figures are plain plotly.js specs ({"data": [...], "layout": {...}}): plotly.js draws them, and
-# building dicts costs a fraction of plotly's validated graph objects.
-
-Figure = dict[str, Any]
-
-
-def plotly_js() -> str:
-    """plotly.js itself, to inline once per report (no CDN)."""
-    from plotly.offline import get_plotlyjs
-
-    return get_plotlyjs()
-
-
-def figure_json(fig: Figure) -> str:
-    """A figure as JSON that is safe inside ``<script type="application/json">`` (no ``</script>``)."""
-    text = json.dumps(fig, separators=(",", ":"), allow_nan=False, default=_json_default)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
-    layout: dict[str, Any] = {
-        "title": {"text": title, "x": 0.01, "font": {"size": 14}},
-        "height": height,
-        "margin": {"l": 60, "r": 40, "t": 48, "b": 45},
-        "font": {
-            "family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif",
-            "size": 12,
-            "color": "#2a3f5f",
-        },
-        "paper_bgcolor": "#ffffff",
-        "plot_bgcolor": "#ffffff",
-        "legend": {"orientation": "h", "y": -0.2},
-        "hovermode": "closest",
-        "modebar": {"orientation": "v"},
-    }
-    layout.update(extra)
-    return layout
-
-
-def _axis(**extra: Any) -> dict[str, Any]:
-    axis: dict[str, Any] = {
-        "gridcolor": "#EBF0F8",
-        "zerolinecolor": "#EBF0F8",
-        "linecolor": "#c8d1dc",
-        "automargin": True,
-    }
-    axis.update(extra)
-    return axis
-
-
-def _annotation(text: str, x: float, y: float) -> dict[str, Any]:
-    return {
-        "text": text,
-        "x": x,
-        "y": y,
-        "xref": "paper",
-        "yref": "paper",
-        "xanchor": "left",
-        "yanchor": "bottom",
-        "showarrow": False,
-        "font": {"size": 12},
-    }
-
-
-def timeline_figure(series: TimelineSeries, title: str) -> Figure:
-    """Two stacked panels sharing time: utilization (or CPU) above, memory (or RSS) below."""
-    data: list[dict[str, Any]] = []
-    for i, (label, (t, top, bottom)) in enumerate(series.lines.items()):
-        color = LINE_COLORS[i % len(LINE_COLORS)]
-        line = {"width": 1.2, "color": color}
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": t,
-                "y": top,
-                "name": label,
-                "legendgroup": label,
-                "line": line,
-                "xaxis": "x",
-                "yaxis": "y",
-            }
-        )
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": t,
-                "y": bottom,
-                "name": label,
-                "legendgroup": label,
-                "line": line,
-                "xaxis": "x",
-                "yaxis": "y2",
-                "showlegend": False,
-            }
-        )
-    for phase in PHASES:
-        if any(s[0] == phase for s in series.spans):
-            data.append(
-                {
-                    "type": "scatter",
-                    "mode": "markers",
-                    "x": [None],
-                    "y": [None],
-                    "name": phase,
-                    "xaxis": "x",
-                    "yaxis": "y",
-                    "marker": {"symbol": "square", "size": 10, "color": PHASE_COLORS[phase], "opacity": 0.5},
-                }
-            )
-    shapes: list[dict[str, Any]] = []
-    for phase, a, b, is_open in series.spans:
-        for yref in ("y domain", "y2 domain"):
-            shapes.append(
-                {
-                    "type": "rect",
-                    "xref": "x",
-                    "yref": yref,
-                    "x0": a,
-                    "x1": b,
-                    "y0": 0,
-                    "y1": 1,
-                    "fillcolor": PHASE_COLORS[phase],
-                    "opacity": 0.28 if is_open else 0.13,
-                    "line": {"width": 0},
-                    "layer": "below",
-                }
-            )
-    for _, step_t in series.steps:
-        for yref in ("y domain", "y2 domain"):
-            shapes.append(
-                {
-                    "type": "line",
-                    "xref": "x",
-                    "yref": yref,
-                    "x0": step_t,
-                    "x1": step_t,
-                    "y0": 0,
-                    "y1": 1,
-                    "line": {"width": 1, "dash": "dot", "color": "#555"},
-                }
-            )
-    if series.capacity_gib is not None:
-        shapes.append(
-            {
-                "type": "line",
-                "xref": "x domain",
-                "yref": "y2",
-                "x0": 0,
-                "x1": 1,
-                "y0": series.capacity_gib,
-                "y1": series.capacity_gib,
-                "line": {"width": 1, "dash": "dash", "color": "#C62828"},
-            }
-        )
-    top_mem = max(
-        [series.capacity_gib or 0.0]
-        + [v for _, (_, _, b) in series.lines.items() for v in b if v is not None]
-    )
-    layout = _layout(
-        title,
-        440,
-        xaxis=_axis(anchor="y2", domain=[0, 1], title={"text": "seconds since start"}),
-        yaxis=_axis(domain=[0.56, 1.0], range=[0, 105]),
-        yaxis2=_axis(domain=[0.0, 0.42], range=[0, top_mem * 1.08 if top_mem else 1.0], anchor="x"),
-        shapes=shapes,
-        annotations=[_annotation(series.top_title, 0, 1.0), _annotation(series.bottom_title, 0, 0.42)],
-        hovermode="x unified",
-    )
-    return {"data": data, "layout": layout}
-
-
-def throughput_figure(rows: Sequence[dict[str, Any]]) -> Figure:
-    """Throughput per trial with its 95 % interval, coloured by status; failed trials labelled at zero."""
-    bar = {
-        "type": "bar",
-        "x": [f"#{r['number']}" for r in rows],
-        "y": [r["throughput"] or 0.0 for r in rows],
-        "marker": {"color": [STATUS_COLORS.get(r["status"], "#777") for r in rows]},
-        "error_y": {"type": "data", "array": [r["ci_abs"] or 0.0 for r in rows], "visible": True},
-        "text": ["" if r["status"] == "COMPLETE" else r["status"] for r in rows],
-        "textposition": "outside",
-        "hovertext": [f"trial {r['number']}: {r['status']}" for r in rows],
-        "name": "throughput",
-    }
-    layout = _layout(
-        "Throughput per trial (completions/s)",
-        320,
-        xaxis=_axis(type="category"),
-        yaxis=_axis(title={"text": "completions/s"}),
-        showlegend=False,
-    )
-    return {"data": [bar], "layout": layout}
-
-
-def importance_figure(imp: Importance) -> Figure:
-    names = list(imp.values)[::-1]
-    bar = {
-        "type": "bar",
-        "orientation": "h",
-        "x": [imp.values[n] for n in names],
-        "y": names,
-        "marker": {"color": "#4C78A8"},
-        "name": "importance",
-    }
-    layout = _layout(
-        "Parameter importance for throughput",
-        max(220, 70 + 32 * len(names)),
-        xaxis=_axis(title={"text": "share of importance"}),
-        yaxis=_axis(),
-        showlegend=False,
-    )
-    return {"data": [bar], "layout": layout}
-
-
-def pareto_figure(
-    points: Sequence[ParetoPoint],
-    failed: Sequence[tuple[int, str, float]],
-    capacity_gib: float | None,
-    memory_label: str,
-) -> Figure:
-    """Throughput against peak memory; the Pareto front joined; memory failures as crosses at zero."""
-    front = [p for p in points if p.on_front]
-    rest = [p for p in points if not p.on_front]
-    data: list[dict[str, Any]] = [
-        {
-            "type": "scatter",
-            "mode": "lines+markers+text",
-            "x": [round(p.peak_bytes / GIB, 3) for p in front],
-            "y": [p.throughput for p in front],
-            "text": [f"#{p.trial}" for p in front],
-            "textposition": "top center",
-            "name": "Pareto front",
-            "line": {"color": "#2E7D32"},
-            "marker": {"size": 10, "color": "#2E7D32"},
-        }
-    ]
-    if rest:
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers+text",
-                "x": [round(p.peak_bytes / GIB, 3) for p in rest],
-                "y": [p.throughput for p in rest],
-                "text": [f"#{p.trial}" for p in rest],
-                "textposition": "top center",
-                "name": "dominated",
-                "marker": {"size": 9, "color": "#9E9E9E"},
-            }
-        )
-    if failed:
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "x": [round(f[2], 3) for f in failed],
-                "y": [0.0 for _ in failed],
-                "hovertext": [f"trial {f[0]}: {f[1]}" for f in failed],
-                "name": "out of memory (trial, peak)",
-                "marker": {"symbol": "x", "size": 11, "color": "#C62828"},
-            }
-        )
-    shapes = []
-    if capacity_gib:
-        shapes.append(
-            {
-                "type": "line",
-                "xref": "x",
-                "yref": "paper",
-                "x0": capacity_gib,
-                "x1": capacity_gib,
-                "y0": 0,
-                "y1": 1,
-                "line": {"dash": "dash", "color": "#C62828", "width": 1},
-            }
-        )
-    top = max((p.throughput for p in points), default=1.0)
-    layout = _layout(
-        "Throughput against peak memory",
-        380,
-        shapes=shapes,
-        xaxis=_axis(title={"text": memory_label}),
-        yaxis=_axis(title={"text": "completions/s"}, range=[-0.04 * top, top * 1.18]),
-    )
-    return {"data": data, "layout": layout}
-
-
-def progress_figure(points: Sequence[ProgressPoint]) -> Figure:
-    """Best-so-far throughput against trial number and against cumulative GPU-hours."""
-    data: list[dict[str, Any]] = []
-    for axis, xs in (("x", [p.trial for p in points]), ("x2", [round(p.gpu_hours, 4) for p in points])):
-        first = axis == "x"
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": xs,
-                "y": [p.best for p in points],
-                "xaxis": axis,
-                "yaxis": "y",
-                "name": "best so far",
-                "showlegend": first,
-                "line": {"shape": "hv", "color": "#2E7D32", "width": 2},
-            }
-        )
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "x": xs,
-                "y": [p.throughput for p in points],
-                "xaxis": axis,
-                "yaxis": "y",
-                "name": "completed trial",
-                "showlegend": first,
-                "marker": {"color": "#4C78A8", "size": 8},
-                "hovertext": [f"trial {p.trial}" for p in points],
-            }
-        )
-    layout = _layout(
-        "Best throughput so far",
-        340,
-        xaxis=_axis(domain=[0, 0.47], title={"text": "trial"}, anchor="y"),
-        xaxis2=_axis(domain=[0.53, 1], title={"text": "GPU-hours"}, anchor="y"),
-        yaxis=_axis(title={"text": "completions/s"}, rangemode="tozero"),
-        annotations=[_annotation("by trial number", 0, 1.0), _annotation("by GPU-hours spent", 0.53, 1.0)],
-    )
-    return {"data": data, "layout": layout}
-
-
 # ---------------------------------------------------------------------------------------- matplotlib
 
 
@@ -540,17 +198,32 @@ def _mpl_figure(
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Write ``fig`` as PNG, or as SVG when ``path`` ends in ``.svg`` (text kept as text); atomically,
+    never through a link planted in charts/."""
     import io
+
+    from matplotlib import rc_context
 
     from autotune.studydir import write_bytes_atomic
 
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    write_bytes_atomic(path, png.getvalue())  # never through a link planted in charts/
+    buf = io.BytesIO()
+    if path.suffix == ".svg":
+        with rc_context({"svg.fonttype": "none"}):
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+    else:
+        fig.savefig(buf, format="png")
+    write_bytes_atomic(path, buf.getvalue())
     return path
 
 
-def timeline_png(series: TimelineSeries, title: str, path: Path) -> Path:
+def inline_svg(draw: Callable[[Path], Path]) -> str:
+    """A chart drawn by ``draw`` (one of the functions below, given a path) as an ``<svg>`` element."""
+    with tempfile.TemporaryDirectory(prefix="autotune-chart-") as tmp:
+        text = draw(Path(tmp) / "chart.svg").read_text(encoding="utf-8")
+    return text[text.index("<svg") :]
+
+
+def timeline_chart(series: TimelineSeries, title: str, path: Path) -> Path:
     fig, (top, bottom) = _mpl_figure(
         9, 4.6, 2, 1, margins={"left": 0.08, "top": 0.93, "bottom": 0.1, "hspace": 0.12}, sharex=True
     )
@@ -594,7 +267,7 @@ def timeline_png(series: TimelineSeries, title: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-def throughput_png(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+def throughput_chart(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     fig, ax = _mpl_figure(9, 3.2, margins={"left": 0.07})
     x = np.arange(len(rows))
     y = [r["throughput"] or 0.0 for r in rows]
@@ -616,7 +289,7 @@ def throughput_png(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def importance_png(imp: Importance, path: Path) -> Path:
+def importance_chart(imp: Importance, path: Path) -> Path:
     names = list(imp.values)[::-1]
     longest = max((len(n) for n in names), default=10)
     height_in = max(1.8, 0.7 + 0.35 * len(names))
@@ -636,7 +309,7 @@ def importance_png(imp: Importance, path: Path) -> Path:
     return _save(fig, path)
 
 
-def pareto_png(
+def pareto_chart(
     points: Sequence[ParetoPoint],
     failed: Sequence[tuple[int, str, float]],
     capacity_gib: float | None,
@@ -693,7 +366,7 @@ def pareto_png(
     return _save(fig, path)
 
 
-def progress_png(points: Sequence[ProgressPoint], path: Path) -> Path:
+def progress_chart(points: Sequence[ProgressPoint], path: Path) -> Path:
     fig, (a, b) = _mpl_figure(9, 3.2, 1, 2, margins={"wspace": 0.05}, sharey=True)
     for ax, xs, label in (
         (a, [p.trial for p in points], "trial"),

@@ -83,3 +83,34 @@ def test_ships_types_spaces_and_templates(installed: Path) -> None:
     assert {p.name for p in (pkg / "search_spaces").glob("*.yaml")} >= {"swift.yaml", "trl.yaml"}
     assert any((pkg / "reports" / "templates").iterdir())
     assert (pkg / "assets" / "swift_reward_plugin.py").is_file()
+
+
+def _floor(requirement: str) -> tuple[int, ...]:
+    from packaging.requirements import Requirement
+
+    (spec,) = [s for s in Requirement(requirement).specifier if s.operator == ">="]
+    return tuple(int(x) for x in spec.version.split("."))
+
+
+def _extra(name: str, dist: str) -> str:
+    from packaging.requirements import Requirement
+
+    extras = _pyproject()["project"]["optional-dependencies"]
+    return next(r for r in extras[name] if Requirement(r).name == dist)
+
+
+def test_extras_pin_the_versions_the_backends_check() -> None:
+    """``pip install autotune-grpo[trl]`` cannot bring a TRL (or ms-swift) the backend then refuses."""
+    from autotune.backends.swift._args import MIN_VERSION
+    from autotune.backends.trl.backend import MIN_TRL_VERSION
+
+    assert _floor(_extra("trl", "trl")) == MIN_TRL_VERSION
+    assert _floor(_extra("vllm", "trl")) == MIN_TRL_VERSION
+    swift = _floor(_extra("swift", "ms-swift"))
+    assert swift + (0,) * (len(MIN_VERSION) - len(swift)) == MIN_VERSION
+    # verl: the version the export's hydra overrides are checked against, as its docstring names it
+    from autotune.backends.verl import export as verl_export
+
+    verl = ".".join(map(str, _floor(_extra("verl", "verl"))))
+    assert f"verl {verl}'s" in (verl_export.__doc__ or "")
+    assert _floor(_extra("deepspeed", "deepspeed")) >= (0, 9, 3)

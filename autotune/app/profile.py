@@ -2,8 +2,9 @@
 diagnosis — with no search.
 
 Step records are recognised in every format autotune knows: JSON lines (stdout or
-``$AUTOTUNE_METRICS_FILE``), ms-swift's log dicts and ``logging.jsonl``, and verl's console lines. Phase
-markers come from ``probes.phases`` inside the training process (``$AUTOTUNE_PHASES_FILE``).
+``$AUTOTUNE_METRICS_FILE``, which :class:`autotune.probes.callback.AutotuneCallback` writes), Hugging Face
+Trainer / TRL log dicts, ms-swift's log dicts and ``logging.jsonl``, and verl's console lines and file
+logger. Phase markers come from ``probes.phases`` inside the training process (``$AUTOTUNE_PHASES_FILE``).
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     Returns:
         (the command's exit code, report.html, report.md).
     """
+    from autotune.backends._loglines import TrainerLogParser
     from autotune.backends.command import CommandParser
-    from autotune.backends.swift._log import SwiftLogParser
+    from autotune.backends.swift._log import SwiftLogParser, is_step_record
     from autotune.backends.verl._log import VerlLogParser
     from autotune.records import TrialResult
     from autotune.studydir import TrialDir, ensure_writable, write_json_atomic
@@ -104,7 +106,11 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     plan = LaunchPlan(argv=tuple(req.command), env=env, cwd=str(Path.cwd()), metrics_paths=())
     parser = AnyFormatParser(
         [
-            CommandParser(metrics),
+            CommandParser(
+                metrics,
+                files.phases_jsonl,
+                printed=TrainerLogParser(samples=req.global_batch, skip=is_step_record),
+            ),
             SwiftLogParser(samples=req.global_batch),
             VerlLogParser(req.out / _VERL_METRICS),
         ]
@@ -143,9 +149,10 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         if steps and record.exit_code == 0
         else []
     )
-    verdict = classify(record, health=health)
+    verdict = classify(record, health=health, steps_required=False)
     summary = summarize_trial(req.out, steps)
     peaks = [g.get("peak_mem_bytes") for g in (summary or {}).get("gpus", [])]
+    host_peak = ((summary or {}).get("host") or {}).get("peak_rss_bytes")
     result = TrialResult(
         number=0,
         params={},
@@ -158,6 +165,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         steady=steady,
         health=health,
         peak_mem_bytes=peaks,
+        host_peak_rss_bytes=int(host_peak) if host_peak else None,
         timeline_summary=summary,
         started_wall_s=record.started_wall_s,
         duration_s=record.duration_s,

@@ -22,6 +22,12 @@ lines appended to ``$AUTOTUNE_METRICS_FILE``. Recognised fields: ``step``, ``t_m
 read the line), ``duration_s``, ``samples``, ``tokens``, an optional ``values`` object, and every other
 numeric field (numbers or numeric strings) as a metric (``loss``, ``grad_norm``, ``kl``, ...). A step
 number seen twice keeps its first record.
+
+Logs scripts already print are read too (:mod:`autotune.backends._loglines`): Hugging Face Trainer /
+TRL dict lines (``{'loss': 0.12, 'grad_norm': 1.3, 'epoch': 0.1}``, numbered in order) and verl's console
+lines (``step:3 - actor/loss:0.1 - ...``). A script that writes the JSON step records (on stdout, or in
+the metrics file, which :class:`autotune.probes.callback.AutotuneCallback` creates when training
+begins) is read from those alone: its printed dicts are the same records in the trainer's words.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from autotune.backends._base import (
     StepParser,
     TrialContext,
 )
+from autotune.backends._loglines import TrainerLogParser
 from autotune.backends._phases import MarkerPhases
 from autotune.backends._values import as_number
 from autotune.backends.trl.backend import TrlBackend
@@ -138,14 +145,28 @@ class CommandParser(StepParser):
         metrics_path: the metrics file the command writes (``$AUTOTUNE_METRICS_FILE``), if any.
         phases_path: the phase-marker file (``$AUTOTUNE_PHASES_FILE``): a script that marks its phases
             with :mod:`autotune.probes.phases` tells :meth:`open_phase` where it is.
+        printed: the reader of printed trainer logs (Trainer dicts, verl console lines), used while the
+            script writes no JSON step record; None reads JSON lines alone.
     """
 
-    def __init__(self, metrics_path: Path | None, phases_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        metrics_path: Path | None,
+        phases_path: Path | None = None,
+        *,
+        printed: TrainerLogParser | None = None,
+    ) -> None:
         self.metrics_path = metrics_path
         self._offset = 0
         self._partial = b""
         self._seen: set[int] = set()
+        self._json = False  # a JSON step record was read: printed logs are ignored
         self._phases = MarkerPhases(phases_path) if phases_path is not None else None
+        self._printed = printed
+
+    def _writes_json(self) -> bool:
+        """The script speaks autotune's format: a JSON record was read, or the metrics file exists."""
+        return self._json or (self.metrics_path is not None and self.metrics_path.exists())
 
     def open_phase(self) -> OpenPhase | None:
         """The phase the script's last marker opened and no marker closed."""
@@ -183,6 +204,7 @@ class CommandParser(StepParser):
         samples = as_number(obj.get("samples"))
         tokens = as_number(obj.get("tokens"))
         self._seen.add(step)
+        self._json = True
         return StepMetrics(
             step=step,
             t_mono_s=t_mono if t_mono is not None and math.isfinite(t_mono) else t_mono_s,
@@ -197,7 +219,18 @@ class CommandParser(StepParser):
         if stream != "stdout":
             return []
         rec = self._record(line, t_mono_s, t_wall_s)
-        return [rec] if rec is not None else []
+        if rec is not None:
+            return [rec]
+        if self._printed is None:
+            return []
+        out = self.poll(t_mono_s, t_wall_s)  # a callback's file line may precede the printed dict
+        if self._writes_json():
+            return out
+        for step in self._printed.feed(stream, line, t_mono_s, t_wall_s):
+            if step.step not in self._seen:
+                self._seen.add(step.step)
+                out.append(step)
+        return out
 
     def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         if self._phases is not None:
@@ -461,4 +494,8 @@ class CommandBackend(Backend):
         return LaunchPlan(argv=argv, env=env, cwd=self.cwd, metrics_paths=(str(metrics),), world_size=world)
 
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
-        return CommandParser(self._metrics_path(ctx), ctx.trial_dir / TrialDir.PHASES)
+        return CommandParser(
+            self._metrics_path(ctx),
+            ctx.trial_dir / TrialDir.PHASES,
+            printed=TrainerLogParser(samples=ctx.global_batch),
+        )

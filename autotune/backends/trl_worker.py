@@ -21,6 +21,8 @@ Each metrics line::
 
 ``t_mono_s`` is the moment the optimizer step ended; ``duration_s`` the time since the previous step ended
 (the first step: since training began), so it covers generation, backward, optimizer and data loading.
+Both the lines and the phase markers are written by :class:`autotune.probes.callback.AutotuneCallback`,
+the callback users add to their own TRL scripts.
 
 Its dotted name is public: trial commands run it with ``-m`` and exported TRL configs name its demo
 reward (``autotune.backends.trl_worker.autotune_reward``), so it keeps this path while the rest of the
@@ -31,26 +33,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-__all__ = [
-    "MetricsWriter",
-    "PhaseTracker",
-    "WorkerConfig",
-    "autotune_reward",
-    "given_option_names",
-    "main",
-    "numeric_values",
-    "run",
-]
+__all__ = ["WorkerConfig", "autotune_reward", "given_option_names", "main", "run"]
 
 
 @dataclass(frozen=True)
@@ -126,154 +116,6 @@ def _resolve_reward(spec: str) -> Callable[..., list[float]] | str:
     return spec  # a reward model id or path: TRL loads it
 
 
-# --------------------------------------------------------------------------------------------- metrics
-
-
-def numeric_values(logs: Mapping[str, Any]) -> dict[str, float]:
-    """The numbers of a log record as floats (bools and text dropped; NaN and inf kept for the health gate)."""
-    out: dict[str, float] = {}
-    for key, value in logs.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        out[key] = float(value)
-    return out
-
-
-class MetricsWriter:
-    """Appends one JSON line per optimizer step to the metrics file (rank 0 only; flushed per line).
-
-    The TRL callback calls :meth:`train_begin`, :meth:`step_end` and :meth:`log`; kept free of
-    transformers so it can be tested on its own.
-    """
-
-    def __init__(self, path: Path, samples_per_step: int, *, is_main: bool = True) -> None:
-        self.path = Path(path)
-        self.samples_per_step = samples_per_step
-        self.is_main = is_main
-        self._fh: IO[str] | None = None
-        self._last_end_mono_s: float | None = None
-        self._step_end: tuple[int, float, float, float | None] | None = None
-        self._written: set[int] = set()
-
-    def train_begin(self) -> None:
-        self._last_end_mono_s = time.monotonic()
-
-    def step_end(self, step: int) -> None:
-        now_mono, now_wall = time.monotonic(), time.time()
-        duration = now_mono - self._last_end_mono_s if self._last_end_mono_s is not None else None
-        self._last_end_mono_s = now_mono
-        self._step_end = (step, now_mono, now_wall, duration)
-
-    def log(self, step: int, logs: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Write the record of ``step``; returns it (None when nothing was written)."""
-        if not self.is_main or step in self._written or ("loss" not in logs and "reward" not in logs):
-            return None  # the final train-summary log (train_runtime, ...) is not a step
-        if self._step_end is not None and self._step_end[0] == step:
-            _, t_mono_s, t_wall_s, duration_s = self._step_end
-        else:
-            t_mono_s, t_wall_s, duration_s = time.monotonic(), time.time(), None
-        values = numeric_values(logs)
-        mean_len = values.get("completions/mean_length")
-        tokens = (
-            mean_len * self.samples_per_step if mean_len is not None and math.isfinite(mean_len) else None
-        )
-        record = {
-            "step": step,
-            "t_mono_s": t_mono_s,
-            "t_wall_s": t_wall_s,
-            "duration_s": duration_s,
-            "samples": self.samples_per_step,
-            "tokens": tokens,
-            "values": values,
-        }
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("a", encoding="utf-8")
-        self._fh.write(json.dumps(record, allow_nan=True) + "\n")
-        self._fh.flush()
-        self._written.add(step)
-        return record
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-
-# ---------------------------------------------------------------------------------------------- phases
-
-
-class _NoPhases:
-    """Stand-in when ``probes.phases`` is not importable: markers are dropped."""
-
-    @staticmethod
-    def mark(phase: str, event: str, step: int | None = None) -> None:
-        return None
-
-    @staticmethod
-    @contextmanager
-    def phase(name: str, step: int | None = None) -> Iterator[None]:
-        yield
-
-
-def _phases_module() -> Any:
-    try:
-        from autotune.probes import phases
-    except ImportError:
-        return _NoPhases()
-    return phases
-
-
-class PhaseTracker:
-    """Turns trainer hooks into disjoint phase intervals: rollout, weight_sync, then train.
-
-    ``train`` opens once a step's inputs are ready (after any rollout) and closes when the optimizer step
-    ends; a weight sync inside a rollout closes the rollout around it so intervals never overlap.
-    """
-
-    def __init__(self, marker: Any) -> None:
-        self._marker = marker
-        self._open: str | None = None
-
-    def _begin(self, phase: str, step: int) -> None:
-        if self._open == phase:
-            return
-        self._end(step)
-        self._marker.mark(phase, "begin", step=step)
-        self._open = phase
-
-    def _end(self, step: int) -> None:
-        if self._open is not None:
-            self._marker.mark(self._open, "end", step=step)
-            self._open = None
-
-    @contextmanager
-    def rollout(self, step: int) -> Iterator[None]:
-        self._begin("rollout", step)
-        try:
-            yield
-        finally:
-            if self._open == "rollout":
-                self._end(step)
-
-    @contextmanager
-    def weight_sync(self, step: int) -> Iterator[None]:
-        resume = self._open
-        self._begin("weight_sync", step)
-        try:
-            yield
-        finally:
-            self._end(step)
-            if resume is not None and resume != "weight_sync":
-                self._begin(resume, step)
-
-    def train_ready(self, step: int) -> None:
-        self._begin("train", step)
-
-    def step_end(self, step: int) -> None:
-        self._end(step)
-
-
 # ---------------------------------------------------------------------------------------------- trainer
 
 
@@ -293,70 +135,6 @@ def _load_dataset(spec: str) -> Any:
                 row["prompt"] = messages
         return datasets.Dataset.from_list(rows)
     return datasets.load_dataset(spec, split="train")
-
-
-def _trainer_class(base: type) -> type:
-    """A subclass of ``GRPOTrainer`` that marks phases around the methods the installed TRL has."""
-
-    class PhasedGRPOTrainer(base):  # type: ignore[misc, valid-type]
-        autotune_phases: PhaseTracker
-
-        def _autotune_step(self) -> int:
-            return int(self.state.global_step) + 1
-
-        if hasattr(base, "_generate_and_score_completions"):
-
-            def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
-                if not self.model.training:
-                    return super()._generate_and_score_completions(*args, **kwargs)
-                with self.autotune_phases.rollout(self._autotune_step()):
-                    return super()._generate_and_score_completions(*args, **kwargs)
-
-        def _prepare_inputs(self, *args: Any, **kwargs: Any) -> Any:
-            out = super()._prepare_inputs(*args, **kwargs)
-            if self.model.training:
-                self.autotune_phases.train_ready(self._autotune_step())
-            return out
-
-        if hasattr(base, "_move_model_to_vllm"):  # older TRL
-
-            def _move_model_to_vllm(self, *args: Any, **kwargs: Any) -> Any:
-                with self.autotune_phases.weight_sync(self._autotune_step()):
-                    return super()._move_model_to_vllm(*args, **kwargs)
-
-        def autotune_wrap_vllm_sync(self) -> None:
-            """TRL ≥ 1.x syncs weights through ``self.vllm_generation.sync_weights()``: wrap that instance."""
-            gen = getattr(self, "vllm_generation", None)
-            sync = getattr(gen, "sync_weights", None)
-            if gen is None or sync is None:
-                return
-
-            def sync_weights(*args: Any, **kwargs: Any) -> Any:
-                with self.autotune_phases.weight_sync(self._autotune_step()):
-                    return sync(*args, **kwargs)
-
-            gen.sync_weights = sync_weights
-
-    return PhasedGRPOTrainer
-
-
-def _callback(base: type, writer: MetricsWriter, tracker: PhaseTracker) -> Any:
-    class MetricsCallback(base):  # type: ignore[misc, valid-type]
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            writer.train_begin()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            tracker.step_end(int(state.global_step))
-            writer.step_end(int(state.global_step))
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-            if state.is_world_process_zero and logs:
-                writer.log(int(state.global_step), logs)
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            writer.close()
-
-    return MetricsCallback()
 
 
 def _set_threads() -> None:
@@ -418,8 +196,10 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
         extra: GRPOConfig options given after the config path (``--beta 0.04``); they win over the file.
     """
     _set_threads()
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
+
+    from autotune.probes.callback import AutotuneCallback
 
     kwargs = {**config.grpo_config, **_extra_grpo_args(list(extra or []), GRPOConfig)}
     args = GRPOConfig(**kwargs)  # TRL's ValueError on an invalid combination propagates
@@ -427,24 +207,23 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
         _attach_deepspeed_comm()
     dataset = _load_dataset(config.dataset)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
-    tracker = PhaseTracker(_phases_module())
-    writer = MetricsWriter(
-        Path(config.metrics_path), config.samples_per_step, is_main=os.environ.get("RANK", "0") == "0"
-    )
-    trainer = _trainer_class(GRPOTrainer)(
+    rewards: list[Any] = [_resolve_reward(r) for r in config.reward_funcs]  # functions or model ids
+    trainer = GRPOTrainer(
         model=config.model,
-        reward_funcs=[_resolve_reward(r) for r in config.reward_funcs],
+        reward_funcs=rewards,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[_callback(TrainerCallback, writer, tracker)],
     )
-    trainer.autotune_phases = tracker
-    trainer.autotune_wrap_vllm_sync()
+    # The callback users add to their own scripts: step records and the phases of the trainer's methods.
+    callback = AutotuneCallback(
+        trainer, metrics_path=config.metrics_path, samples_per_step=config.samples_per_step
+    )
+    trainer.add_callback(callback)
     try:
         trainer.train()
     finally:
-        writer.close()
+        callback.close()
     _shutdown_distributed()
 
 

@@ -91,9 +91,10 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     ) -> None:
         import json
+        import sys
 
         from autotune.app.plan import PlanRequest, plan_job
-        from autotune.cli._console import console, notice, say
+        from autotune.cli._console import console, notice
 
         request = PlanRequest(
             model=model,
@@ -118,7 +119,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             data = result.to_dict(top)
             data["notes"] = list(notes) + data["notes"]
-            say(json.dumps(data, indent=2, default=str))
+            # straight to stdout: through the console, megabytes of JSON take a minute to lay out
+            sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
             return
         for line in notes:
             notice(line)
@@ -155,7 +157,19 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
+def _varies(cands: Any, j: int, start: int, end: int) -> bool:
+    """Whether knob ``j`` takes more than one value among candidates ``start:end`` (inactive = None)."""
+    import numpy as np
+
+    values = list(cands.knob_values.values())[j]
+    column = cands.knob_index[start:end, j]
+    shown = {repr(values[x]) if x >= 0 else repr(None) for x in np.unique(column)}
+    return len(shown) > 1
+
+
 def _render(console: Any, result: Any, top: int) -> None:
+    import numpy as np
+
     gib = 2**30
     out: list[str] = [
         f"{result.model.name} ({result.model.params / 1e9:.2f}B) on {result.n_gpus} x {result.gpu.name} "
@@ -164,20 +178,25 @@ def _render(console: Any, result: Any, top: int) -> None:
         f"({result.n_pruned} would be pruned at margin {result.margin:.0%}), {sum(result.invalid.values())} invalid"
     ]
     # one row per predicted step time: candidates the time model ties share a row (the one with the
-    # most headroom shows, "ties" counts the others), so the rows shown are the top distinct predictions
-    groups: dict[int, list[Any]] = {}
-    for c in result.candidates:
-        if c.fits and c.speed_rank is not None:
-            groups.setdefault(c.speed_rank, []).append(c)
-    shown_groups = [groups[k] for k in sorted(groups)][:top]
-    fitting = [g[0] for g in shown_groups]
-    ties = {id(g[0]): len(g) - 1 for g in shown_groups}
-    missing = [c for c in result.candidates if not c.fits][: max(5, top // 4)]
+    # most headroom shows, "ties" counts the others), so the rows shown are the top distinct predictions.
+    # Fitting candidates come first, fastest first: equal ranks are contiguous.
+    judged = result.candidates
+    n_fit = result.n_fit
+    ranks = judged.speed_rank[:n_fit]
+    starts = [int(i) for i in np.flatnonzero(np.diff(ranks, prepend=-1))][:top]
+    spans = [(a, int(np.searchsorted(ranks, ranks[a], side="right"))) for a in starts]
+    fitting = [judged[a] for a, _ in spans]
+    ties = {id(c): b - a - 1 for c, (a, b) in zip(fitting, spans, strict=True)}
+    missing = judged[n_fit : n_fit + max(5, top // 4)]
     decimals = speed_decimals([c.relative_speed for c in fitting if c.relative_speed is not None])
-    names: list[str] = []
-    for c in result.candidates:
-        names.extend(k for k in c.params if k not in names)
-    constant = {k for k in names if len({repr(c.params.get(k, "")) for c in result.candidates}) == 1}
+    # knob columns: in the order they first appear down the plan; constant when one value everywhere
+    index = judged.knob_index
+    knob_names = list(judged.knob_values)
+    first_seen = {
+        k: int(np.argmax(index[:, j] >= 0)) for j, k in enumerate(knob_names) if (index[:, j] >= 0).any()
+    }
+    names = sorted(first_seen, key=lambda k: (first_seen[k], knob_names.index(k)))
+    constant = {k for k in names if len(np.unique(index[:, knob_names.index(k)])) == 1}
     shown = [k for k in names if k not in constant]
     headers = [
         "#",
@@ -214,9 +233,9 @@ def _render(console: Any, result: Any, top: int) -> None:
             )
         out += ["", title, *_table(headers, rows, right)]
     out.append("")
-    tied = [g for g in shown_groups if len(g) > 1]
+    tied = [(a, b) for a, b in spans if b - a > 1]
     if tied:
-        neutral = [k for k in names if any(len({repr(c.params.get(k)) for c in g}) > 1 for g in tied)]
+        neutral = [k for k in names if any(_varies(judged, knob_names.index(k), a, b) for a, b in tied)]
         out.append(
             f"ties: +N more candidates with the same predicted step time (the row shows the one with the"
             f" most headroom); they differ only in knobs the time model holds neutral there:"
@@ -225,7 +244,7 @@ def _render(console: Any, result: Any, top: int) -> None:
     if constant:
         out.append(
             "same in every candidate: "
-            + " ".join(f"{k}={_fmt_value(result.candidates[0].params[k])}" for k in names if k in constant)
+            + " ".join(f"{k}={_fmt_value(judged.params(0)[k])}" for k in names if k in constant)
         )
     legend = ", ".join(f"{result.labels[k]}={k}" for k in shown if k in result.labels)
     if legend:

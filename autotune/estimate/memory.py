@@ -17,21 +17,26 @@ the approximations documented next to each constant. Numbers are bytes per GPU u
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
+
+from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GIB, GpuSpec, ModelSpec
 from autotune.estimate.shape import JobShape
 
 __all__ = [
     "COMPONENTS",
     "MemoryEstimate",
+    "MemoryTerms",
     "ModelStates",
     "estimate_memory",
     "lora_params",
+    "memory_terms",
     "model_states",
     "should_prune",
+    "terms_estimate",
 ]
 
 #: Stable component names, in the order reports list them.
@@ -361,6 +366,12 @@ def should_prune(est: MemoryEstimate, margin: float = 0.15) -> bool:
 # ------------------------------------------------------------------------------------- the estimate
 
 
+# ------------------------------------------------------------------------------------- the estimate
+#
+# The functions below take ``s``: one trial (a JobShape: Python numbers) or every candidate of a plan
+# (ShapeColumns: numpy columns of the same names). They are written once, with autotune.estimate._vec.
+
+
 def _activation_bytes_per_token_layer(m: ModelSpec) -> int:
     """bf16 activations one decoder layer keeps for backward, per token (no checkpointing).
 
@@ -372,150 +383,156 @@ def _activation_bytes_per_token_layer(m: ModelSpec) -> int:
     return 32 * m.hidden + 8 * kv + 8 * m.intermediate
 
 
-def _train_activations(s: JobShape) -> int:
+def _train_activations(s: Any) -> Any:
     m = s.model
     tokens = s.micro_batch_tokens
     full_layer = tokens * _activation_bytes_per_token_layer(m)
-    if s.gradient_checkpointing:
-        # layer inputs kept (2·h bytes per token per layer) + one layer recomputed in full
-        return m.layers * tokens * 2 * m.hidden + full_layer
-    return m.layers * full_layer
+    # checkpointing: layer inputs kept (2·h bytes per token per layer) + one layer recomputed in full
+    return v.where(
+        s.gradient_checkpointing, m.layers * tokens * 2 * m.hidden + full_layer, m.layers * full_layer
+    )
 
 
-def _logits(s: JobShape) -> int:
+def _logits(s: Any) -> Any:
     # Frameworks compute logits only for completion tokens (logits_to_keep); a token-packed micro-batch
     # holds completions in the share they have of a sequence.
-    completion_tokens = s.micro_batch_tokens * s.max_completion_length // max(1, s.seq_len)
+    completion_tokens = s.micro_batch_tokens * s.max_completion_length // v.lmax(1, s.seq_len)
     return completion_tokens * s.model.vocab * LOGITS_BYTES_PER_ELEMENT
 
 
-def _kv_bytes_per_token_gpu(m: ModelSpec, tp: int) -> int:
-    kv_heads_gpu = max(1, math.ceil(m.kv_heads / tp))
+def _kv_bytes_per_token_gpu(m: ModelSpec, tp: Any) -> Any:
+    kv_heads_gpu = v.lmax(1, v.ceil(m.kv_heads / tp))
     return 2 * m.layers * kv_heads_gpu * m.head_dim * 2
 
 
-def _vllm_batched_tokens(s: JobShape, capacity_bytes: int) -> int:
-    if s.vllm_max_num_batched_tokens:
-        return s.vllm_max_num_batched_tokens
+def _vllm_batched_tokens(s: Any, capacity_bytes: int) -> Any:
     # vLLM's default for the offline LLM class: 16384 on large-memory GPUs, else 8192.
-    return 16384 if capacity_bytes >= 70 * GIB else 8192
+    given = v.num(s.vllm_max_num_batched_tokens)
+    return v.where(given > 0, given, 16384 if capacity_bytes >= 70 * GIB else 8192)
 
 
-def _vllm_activation_peak(s: JobShape, capacity_bytes: int) -> int:
+def _vllm_activation_peak(s: Any, capacity_bytes: int) -> Any:
     """vLLM's profiled forward peak: MLP intermediates of a full batch of tokens + sampler logits."""
     m, tp = s.model, s.vllm_tp
     tokens = _vllm_batched_tokens(s, capacity_bytes)
     per_token = (6 * m.intermediate + 8 * m.hidden) // tp
-    sampler = min(s.vllm_max_num_seqs, 1024) * m.vocab * 4 * 2
+    sampler = v.lmin(s.vllm_max_num_seqs, 1024) * m.vocab * 4 * 2
     return tokens * per_token + sampler
 
 
-def _sync_gather(s: JobShape) -> int:
+def _sync_gather(s: Any) -> Any:
     """Extra bytes gathered to push ZeRO-3 weights into vLLM (0 outside ZeRO-3 or without vLLM)."""
     m = s.model
-    if not s.colocate or s.states_sharding != 3:
-        return 0
-    if s.weight_sync == "parameter":
-        return 2 * m.largest_layer_params
-    if s.weight_sync == "model" or s.move_model_batches is None:
-        return 2 * m.params
+    batches = v.num(s.move_model_batches)
     embeds = m.vocab * m.hidden * (1 if m.tie_embeddings else 2) + m.hidden
     per_layer = (m.params - m.vision_params - embeds) / m.layers
-    layers_per_batch = math.ceil(m.layers / s.move_model_batches)
-    return int(2 * max(layers_per_batch * per_layer, embeds, m.vision_params))
+    layers_per_batch = v.ceil(m.layers / v.lmax(1, batches))
+    in_batches = v.to_int(2 * v.lmax(layers_per_batch * per_layer, embeds, m.vision_params))
+    whole = v.where(v.either(s.weight_sync == "model", batches == 0), 2 * m.params, in_batches)
+    gather = v.where(s.weight_sync == "parameter", 2 * m.largest_layer_params, whole)
+    return v.where(s.colocate & (v.num(s.states_sharding) == 3), gather, 0)
+
+
+def _reference_bytes(s: Any, zero3: Any, n: Any) -> Any:
+    """The reference model: bf16 weights, partitioned (or offloaded) like the policy under ZeRO-3."""
+    m = s.model
+    held = v.where(zero3, v.where(s.ds_offload_param, 0, v.to_int(2 * m.params / n)), 2 * m.params)
+    # offloaded: one unit gathered at a time from host memory
+    held = v.where(s.reference_offload, 2 * m.largest_layer_params, held)
+    return v.where(s.has_reference, held, 0)
+
+
+def _nccl_bytes(s: Any) -> Any:
+    """NCCL communicator buffers, plus DeepSpeed's reduce and all-gather buckets at ZeRO-1/2."""
+    buckets = v.where(
+        s.deepspeed & ((s.zero_stage == 1) | (s.zero_stage == 2)),
+        2 * s.ds_bucket_elements * 2,  # reduce (ipg) + allgather buckets, bf16
+        0,
+    )
+    return v.where(s.world_size <= 1, 0, NCCL_BYTES + buckets)
 
 
 @dataclass(frozen=True)
 class _Colocated:
     """What a colocated vLLM engine reserves and leaves, per GPU (zeros without one)."""
 
-    budget: int = 0
-    weights_tp: int = 0
-    kv_bytes: int = 0
-    kv_tokens: int = 0
-    concurrency: int = 0
-    asleep: int = 0
-    startup_ok: bool = True
-    startup_deficit: int = 0
-    kv_ok: bool = True
-    kv_deficit: int = 0
+    budget: Any = 0
+    weights_tp: Any = 0
+    kv_bytes: Any = 0
+    kv_tokens: Any = 0
+    concurrency: Any = 0
+    asleep: Any = 0
+    startup_ok: Any = True
+    startup_deficit: Any = 0
+    kv_ok: Any = True
+    kv_deficit: Any = 0
 
 
-def _reference_bytes(s: JobShape, zero3: bool, n: int) -> int:
-    """The reference model: bf16 weights, partitioned (or offloaded) like the policy under ZeRO-3."""
+def _colocated(s: Any, capacity: int, reference: Any, zero3: Any, n: Any) -> _Colocated:
+    """vLLM's budget, KV cache and start-up check when it shares the training GPUs (zeros elsewhere)."""
     m = s.model
-    if not s.has_reference:
-        return 0
-    if s.reference_offload:
-        return 2 * m.largest_layer_params  # one unit gathered at a time from host memory
-    if zero3 and s.ds_offload_param:
-        return 0
-    return int(2 * m.params / n) if zero3 else 2 * m.params
-
-
-def _nccl_bytes(s: JobShape) -> int:
-    """NCCL communicator buffers, plus DeepSpeed's reduce and all-gather buckets at ZeRO-1/2."""
-    if s.world_size <= 1:
-        return 0
-    nccl = NCCL_BYTES
-    if s.deepspeed and s.zero_stage in (1, 2):
-        nccl += 2 * s.ds_bucket_elements * 2  # reduce (ipg) + allgather buckets, bf16
-    return nccl
-
-
-def _colocated(
-    s: JobShape, capacity: int, reference: int, zero3: bool, n: int, notes: list[str]
-) -> _Colocated:
-    """vLLM's budget, KV cache and start-up check when it shares the training GPUs."""
-    m = s.model
-    if not (s.colocate and capacity > 0):
-        if s.use_vllm and s.vllm_mode == "server":
-            notes.append("vLLM server runs on other GPUs: not counted here")
+    here = s.colocate & (capacity > 0)
+    if not v.is_array(here) and not here:
         return _Colocated()
     tp = s.vllm_tp
-    budget = int(s.vllm_util * capacity)
-    weights_tp = int(2 * m.params / tp)
-    overhead = VLLM_OVERHEAD_BYTES + (VLLM_TP_EXTRA_BYTES if tp > 1 else 0)
+    budget = v.to_int(s.vllm_util * capacity)
+    weights_tp = v.to_int(2 * m.params / tp)
+    overhead = VLLM_OVERHEAD_BYTES + v.where(tp > 1, VLLM_TP_EXTRA_BYTES, 0)
     kv_bytes = budget - weights_tp - _vllm_activation_peak(s, capacity) - overhead
     per_token = _kv_bytes_per_token_gpu(m, tp)
-    kv_tokens = max(0, kv_bytes // per_token)
+    kv_tokens = v.lmax(0, kv_bytes // per_token)
     need_kv = s.vllm_max_model_len * per_token
-    seqs_per_instance = max(1, math.ceil(s.global_batch / max(1, n // tp)))
+    seqs_per_instance = v.lmax(1, v.ceil(s.global_batch / v.lmax(1, n // tp)))
     # Start-up: what the trainer already holds when vLLM starts. A framework that loads first
     # (loads_before_vllm) holds policy and reference, less what offload_model moved away; one that
     # starts vLLM first holds neither, unless DeepSpeed is off (the policy is on the GPU at load);
     # ZeRO-3 partitions both at load (zero.Init).
-    if s.fsdp:
-        # FSDP builds fp32 shards before the rollout engine starts; parameter offload moves them first
-        held_policy = 0 if s.rollout_offload_model else int(4 * m.params / n)
-    elif zero3:
-        held_policy = 0 if s.ds_offload_param else int(2 * m.params / n)
-    elif s.loads_before_vllm:
-        held_policy = 0 if s.rollout_offload_model else 2 * m.params
-    else:
-        held_policy = 0 if s.deepspeed else 2 * m.params
-    held_reference = reference if (s.loads_before_vllm or zero3) else 0
+    # FSDP builds fp32 shards before the rollout engine starts; parameter offload moves them first.
+    held_policy = v.where(
+        zero3,
+        v.where(s.ds_offload_param, 0, v.to_int(2 * m.params / n)),
+        v.where(
+            s.loads_before_vllm,
+            v.where(s.rollout_offload_model, 0, 2 * m.params),
+            v.where(s.deepspeed, 0, 2 * m.params),
+        ),
+    )
+    held_policy = v.where(
+        s.fsdp, v.where(s.rollout_offload_model, 0, v.to_int(4 * m.params / n)), held_policy
+    )
+    held_reference = v.where(v.either(s.loads_before_vllm, zero3), reference, 0)
     free = capacity - (CUDA_CONTEXT_BYTES + held_policy + held_reference)
-    if s.sleep_level == 1:
-        notes.append("sleep level 1 keeps vLLM weights in host RAM between rollouts")
-    return _Colocated(
+    made = _Colocated(
         budget=budget,
         weights_tp=weights_tp,
         kv_bytes=kv_bytes,
         kv_tokens=kv_tokens,
-        concurrency=int(min(s.vllm_max_num_seqs, kv_tokens // max(1, s.seq_len), seqs_per_instance)),
-        asleep=overhead if s.sleep_level > 0 else budget,
+        concurrency=v.lmin(s.vllm_max_num_seqs, kv_tokens // v.lmax(1, s.seq_len), seqs_per_instance),
+        asleep=v.where(s.sleep_level > 0, overhead, budget),
         startup_ok=free >= budget,
-        startup_deficit=max(0, budget - free),
+        startup_deficit=v.lmax(0, budget - free),
         kv_ok=kv_bytes >= need_kv,
-        kv_deficit=max(0, need_kv - kv_bytes),
+        kv_deficit=v.lmax(0, need_kv - kv_bytes),
     )
+    if not v.is_array(here):
+        return made
+    empty = _Colocated()
+    return _Colocated(**{f: np.where(here, getattr(made, f), getattr(empty, f)) for f in _COLOCATED_FIELDS})
+
+
+_COLOCATED_FIELDS = tuple(f.name for f in fields(_Colocated))
 
 
 def _phases(
-    s: JobShape, states: ModelStates, reference: int, vllm: _Colocated, capacity: int, zero3: bool
-) -> dict[str, dict[str, int]]:
-    """Per-GPU bytes by component in each phase: train, and rollout / sync when they differ."""
+    s: Any, states: Any, reference: Any, vllm: _Colocated, capacity: int, zero3: Any
+) -> tuple[dict[str, dict[str, Any]], Any, Any]:
+    """Per-GPU bytes by component in each phase, and whether the rollout and sync phases exist.
+
+    ``train`` always; ``rollout`` and ``sync`` with a colocated vLLM; ``rollout`` alone (generation in
+    the trainer) on GPUs without vLLM. ZeRO-3 keeps its gradient partitions allocated between steps
+    (one flat buffer, DeepSpeed's ``grad_partitions_flat_buffer``); ZeRO-1/2 free theirs after the
+    optimizer step, and plain DDP's are set to None by ``zero_grad``.
+    """
     m = s.model
     base = {
         "policy_weights": states.weights_bytes,
@@ -529,59 +546,185 @@ def _phases(
         "cuda_context": CUDA_CONTEXT_BYTES,
         "nccl_buffers": _nccl_bytes(s),
     }
-    phases: dict[str, dict[str, int]] = {}
-    phases["train"] = {
+    kept_gradients = v.where(zero3, states.gradients_bytes, 0)
+    train = {
         **base,
         "activations": _train_activations(s),
         "logits": _logits(s),
         "vllm_reserved": vllm.asleep,
     }
-    if s.colocate and capacity > 0:
-        rollout = {**base, "gradients": 0, "vllm_reserved": vllm.budget}
-        if s.rollout_offload_model:
-            rollout["policy_weights"] = 0
-        if s.rollout_offload_optimizer:
-            rollout["optimizer_states"] = 0
-        phases["rollout"] = rollout
-        vllm_at_sync = vllm.budget if s.sleep_level == 0 else vllm.weights_tp + VLLM_OVERHEAD_BYTES
-        phases["sync"] = {
-            **base,
-            "gradients": 0,
-            "vllm_reserved": vllm_at_sync,
-            "zero3_gather": _sync_gather(s),
-        }
-    elif s.on_gpu and not s.use_vllm:
-        # model.generate in the trainer: HF KV cache for the local generation batch; ZeRO-3 gathers
-        # the whole model for generation (ds3_gather_for_generation, the default).
-        gen_batch = s.per_device_batch * s.grad_accum
-        kv = gen_batch * s.seq_len * _kv_bytes_per_token_gpu(m, 1)
-        gen_logits = gen_batch * m.vocab * 4 * 2
-        phases["rollout"] = {
-            **base,
-            "gradients": 0,
-            "activations": kv + gen_logits,
-            "zero3_gather": 2 * m.params if zero3 else 0,
-        }
-    return phases
+    colocated = s.colocate & (capacity > 0)
+    # model.generate in the trainer: HF KV cache for the local generation batch; ZeRO-3 gathers the
+    # whole model for generation (ds3_gather_for_generation, the default).
+    gen_batch = s.per_device_batch * s.grad_accum
+    in_trainer = s.on_gpu & v.neg(s.use_vllm)
+    rollout = {
+        **base,
+        "policy_weights": v.where(colocated & s.rollout_offload_model, 0, states.weights_bytes),
+        "gradients": kept_gradients,
+        "optimizer_states": v.where(colocated & s.rollout_offload_optimizer, 0, states.optimizer_bytes),
+        "activations": v.where(
+            colocated,
+            0,
+            gen_batch * s.seq_len * _kv_bytes_per_token_gpu(m, 1) + gen_batch * m.vocab * 4 * 2,
+        ),
+        "vllm_reserved": v.where(colocated, vllm.budget, 0),
+        "zero3_gather": v.where(colocated, 0, v.where(zero3, 2 * m.params, 0)),
+    }
+    sync = {
+        **base,
+        "gradients": kept_gradients,
+        "vllm_reserved": v.where(s.sleep_level == 0, vllm.budget, vllm.weights_tp + VLLM_OVERHEAD_BYTES),
+        "zero3_gather": _sync_gather(s),
+    }
+    return {"train": train, "rollout": rollout, "sync": sync}, v.either(colocated, in_trainer), colocated
 
 
-def _host_bytes(s: JobShape, states: ModelStates, vllm: _Colocated, zero3: bool, n: int) -> int:
+def _host_bytes(s: Any, states: Any, vllm: _Colocated, zero3: Any, n: Any) -> Any:
     """Host memory of the whole node: ranks, loader workers, offloaded states, sleeping vLLM weights."""
     m = s.model
     host = states.host_bytes + n * (HOST_RANK_BYTES + s.dataloader_num_workers * HOST_WORKER_BYTES)
-    if s.has_reference and zero3 and s.ds_offload_param:
-        host += 2 * m.params
-    if s.has_reference and s.reference_offload:
-        host += 4 * m.params  # fp32 (verl loads its reference with model_dtype fp32)
-    if s.colocate and s.sleep_level == 1:
-        host += n * vllm.weights_tp
-    if s.rollout_offload_model and s.fsdp:
-        host += n * (states.weights_bytes + states.gradients_bytes)  # FSDP offloads gradients with them
-    elif s.rollout_offload_model and not (zero3 and s.ds_offload_param):
-        host += int(2 * m.params) if zero3 else n * states.weights_bytes
-    if s.rollout_offload_optimizer and not s.ds_offload_optimizer:
-        host += n * states.optimizer_bytes
-    return host
+    host = host + v.where(s.has_reference & zero3 & s.ds_offload_param, 2 * m.params, 0)
+    # fp32 (verl loads its reference with model_dtype fp32)
+    host = host + v.where(s.has_reference & s.reference_offload, 4 * m.params, 0)
+    host = host + v.where(s.colocate & (s.sleep_level == 1), n * vllm.weights_tp, 0)
+    moved = v.where(zero3, v.to_int(2 * m.params), n * states.weights_bytes)
+    # FSDP offloads gradients with the weights
+    moved = v.where(s.fsdp, n * (states.weights_bytes + states.gradients_bytes), moved)
+    moved_any = v.either(s.fsdp, v.neg(zero3 & s.ds_offload_param))
+    host = host + v.where(s.rollout_offload_model & moved_any, moved, 0)
+    return host + v.where(
+        s.rollout_offload_optimizer & v.neg(s.ds_offload_optimizer), n * states.optimizer_bytes, 0
+    )
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """Every number of the estimate, for one trial (Python numbers) or a column per candidate.
+
+    Attributes:
+        phases: components of ``train``, ``rollout`` and ``sync`` (the latter two computed everywhere,
+            meaningful only where ``has_rollout`` / ``has_sync``).
+        has_rollout, has_sync: whether the phase exists.
+        server_note, sleep_note: whether the vLLM server / sleep level 1 notes apply.
+    """
+
+    phases: dict[str, dict[str, Any]]
+    has_rollout: Any
+    has_sync: Any
+    host_bytes: Any
+    vllm: _Colocated
+    server_note: Any
+    sleep_note: Any
+
+    def totals(self) -> dict[str, Any]:
+        """Per-GPU total of each phase; -1 where the phase does not exist (so it never peaks)."""
+        present = {"train": True, "rollout": self.has_rollout, "sync": self.has_sync}
+        return {name: v.where(present[name], sum(comps.values()), -1) for name, comps in self.phases.items()}
+
+
+def memory_terms(s: Any, capacity: int) -> MemoryTerms:
+    """The estimate's numbers for ``s`` (a JobShape, or ShapeColumns) on GPUs of ``capacity`` bytes."""
+    n = v.lmax(1, s.world_size)
+    zero3 = v.num(s.states_sharding) == 3  # DeepSpeed ZeRO-3 or FSDP full shard
+    states = _model_states_of(s)
+    reference = _reference_bytes(s, zero3, n)
+    vllm = _colocated(s, capacity, reference, zero3, n)
+    phases, has_rollout, has_sync = _phases(s, states, reference, vllm, capacity, zero3)
+    return MemoryTerms(
+        phases=phases,
+        has_rollout=has_rollout,
+        has_sync=has_sync,
+        host_bytes=_host_bytes(s, states, vllm, zero3, n),
+        vllm=vllm,
+        server_note=v.neg(s.colocate & (capacity > 0)) & s.use_vllm & (s.vllm_mode == "server"),
+        sleep_note=s.colocate & (capacity > 0) & (s.sleep_level == 1),
+    )
+
+
+@dataclass(frozen=True)
+class _StatesColumns:
+    weights_bytes: Any
+    gradients_bytes: Any
+    optimizer_bytes: Any
+    host_bytes: Any
+
+
+def _model_states_of(s: Any) -> Any:
+    """:func:`model_states` of the trial, or of every candidate (computed once per distinct input)."""
+    m = s.model
+
+    def one(world: int, stage: int, ds: bool, off_opt: bool, off_param: bool, rank: int) -> ModelStates:
+        return model_states(
+            params=m.params,
+            largest_layer_params=m.largest_layer_params,
+            n_gpus=world,
+            zero_stage=stage,
+            deepspeed=ds,
+            offload_optimizer=off_opt,
+            offload_param=off_param,
+            trainable_params=lora_params(m, rank) if rank > 0 else None,
+        )
+
+    inputs = (
+        s.world_size,
+        s.zero_stage,
+        v.either(s.deepspeed, s.fsdp),  # FSDP shards states as the ZeRO stage of its strategy does
+        s.ds_offload_optimizer,
+        s.ds_offload_param,
+        s.lora_rank,
+    )
+    if not v.is_array(*inputs):
+        return one(*inputs)
+    world, stage, ds, off_opt, off_param, rank = (np.asarray(c, dtype=np.int64) for c in inputs)
+    packed = (((world * 2**20 + rank) * 4 + stage) * 2 + ds) * 4 + off_opt * 2 + off_param
+    _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+    made = [
+        one(int(world[i]), int(stage[i]), bool(ds[i]), bool(off_opt[i]), bool(off_param[i]), int(rank[i]))
+        for i in first
+    ]
+    inverse = inverse.reshape(-1)
+    return _StatesColumns(
+        *(np.array([getattr(x, f) for x in made], dtype=np.int64)[inverse] for f in _STATES_FIELDS)
+    )
+
+
+_STATES_FIELDS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "host_bytes")
+
+
+def terms_estimate(terms: MemoryTerms, capacity: int, on_gpu: bool) -> MemoryEstimate:
+    """The :class:`MemoryEstimate` of one trial's terms (Python numbers)."""
+    notes: list[str] = []
+    if terms.server_note:
+        notes.append("vLLM server runs on other GPUs: not counted here")
+    if terms.sleep_note:
+        notes.append("sleep level 1 keeps vLLM weights in host RAM between rollouts")
+    present = {"train": True, "rollout": bool(terms.has_rollout), "sync": bool(terms.has_sync)}
+    phases = {
+        name: {k: int(b) for k, b in comps.items()} for name, comps in terms.phases.items() if present[name]
+    }
+    totals = {name: sum(c.values()) for name, c in phases.items()}
+    peak_phase = max(totals, key=lambda k: totals[k])
+    if not on_gpu:
+        notes.append("CPU-only trial: GPU memory is not judged")
+    vllm = terms.vllm
+    return MemoryEstimate(
+        components_bytes=dict(phases[peak_phase]),
+        peak_bytes=int(totals[peak_phase]),
+        peak_phase=peak_phase,
+        phases=phases,
+        capacity_bytes=int(capacity),
+        host_bytes=int(terms.host_bytes),
+        kv_tokens=int(vllm.kv_tokens),
+        kv_bytes=int(vllm.kv_bytes),
+        rollout_concurrency=int(vllm.concurrency),
+        vllm_startup_ok=bool(vllm.startup_ok),
+        vllm_startup_deficit_bytes=int(vllm.startup_deficit),
+        kv_ok=bool(vllm.kv_ok),
+        kv_deficit_bytes=int(vllm.kv_deficit),
+        on_gpu=on_gpu,
+        notes=tuple(notes),
+    )
 
 
 def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
@@ -591,42 +734,5 @@ def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
         shape: the trial (its configuration from the backend's decoder, on a model and GPUs).
         gpu: the GPU; None (or ``shape.n_gpus == 0``) for a CPU-only trial, which is never judged.
     """
-    s, m = shape, shape.model
-    capacity = gpu.memory_bytes if gpu is not None and s.on_gpu else 0
-    notes: list[str] = []
-    states = model_states(
-        params=m.params,
-        largest_layer_params=m.largest_layer_params,
-        n_gpus=s.world_size,
-        zero_stage=s.zero_stage,
-        deepspeed=s.deepspeed or s.fsdp,
-        offload_optimizer=s.ds_offload_optimizer,
-        offload_param=s.ds_offload_param,
-        trainable_params=lora_params(m, s.lora_rank) if s.lora else None,
-    )
-    n = max(1, s.world_size)
-    zero3 = s.states_sharding == 3
-    reference = _reference_bytes(s, zero3, n)
-    vllm = _colocated(s, capacity, reference, zero3, n, notes)
-    phases = _phases(s, states, reference, vllm, capacity, zero3)
-    totals = {name: sum(c.values()) for name, c in phases.items()}
-    peak_phase = max(totals, key=lambda k: totals[k])
-    if not s.on_gpu or gpu is None:
-        notes.append("CPU-only trial: GPU memory is not judged")
-    return MemoryEstimate(
-        components_bytes=dict(phases[peak_phase]),
-        peak_bytes=int(totals[peak_phase]),
-        peak_phase=peak_phase,
-        phases=phases,
-        capacity_bytes=int(capacity),
-        host_bytes=int(_host_bytes(s, states, vllm, zero3, n)),
-        kv_tokens=int(vllm.kv_tokens),
-        kv_bytes=int(vllm.kv_bytes),
-        rollout_concurrency=int(vllm.concurrency),
-        vllm_startup_ok=vllm.startup_ok,
-        vllm_startup_deficit_bytes=int(vllm.startup_deficit),
-        kv_ok=vllm.kv_ok,
-        kv_deficit_bytes=int(vllm.kv_deficit),
-        on_gpu=bool(s.on_gpu and gpu is not None),
-        notes=tuple(notes),
-    )
+    capacity = gpu.memory_bytes if gpu is not None and shape.on_gpu else 0
+    return terms_estimate(memory_terms(shape, capacity), capacity, bool(shape.on_gpu and gpu is not None))

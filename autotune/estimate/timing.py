@@ -8,15 +8,17 @@ is FLOPs at a realistic MFU that grows with the micro-batch, plus ZeRO communica
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
+from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GpuSpec
 from autotune.estimate.memory import MemoryEstimate, estimate_memory, lora_params
 from autotune.estimate.shape import JobShape
 
-__all__ = ["TimeEstimate", "estimate_step_time"]
+__all__ = ["TimeEstimate", "estimate_step_time", "step_time_terms"]
 
 HBM_EFFICIENCY = 0.7  # achieved / nominal HBM bandwidth in decode
 DECODE_MFU = 0.5  # compute efficiency of a decode step once it is compute-bound
@@ -59,104 +61,126 @@ def _link_bytes_s(gpu: GpuSpec) -> float:
     return gpu.peer_bytes_s * LINK_EFFICIENCY
 
 
-def _rollout_s(s: JobShape, gpu: GpuSpec, mem: MemoryEstimate) -> float:
+# The functions below take ``s``: one trial (a JobShape: Python numbers) or every candidate of a plan
+# (ShapeColumns: numpy columns of the same names). They are written once, with autotune.estimate._vec.
+
+
+def _rollout_s(s: Any, gpu: GpuSpec, concurrency: Any) -> Any:
     m = s.model
     weight_bytes = 2 * m.params
     kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2
-    if s.use_vllm:
-        tp = s.vllm_tp
-        instances = max(1, s.world_size // tp) if s.vllm_mode == "colocate" else 1
-        seqs = math.ceil(s.global_batch / instances)
-        conc = mem.rollout_concurrency if s.vllm_mode == "colocate" else min(seqs, s.vllm_max_num_seqs)
-        conc = max(1, min(conc, seqs))
-        slowdown = 1.0
-    else:
-        tp = 1
-        seqs = max(1, s.per_device_batch * s.grad_accum)
-        conc = seqs
-        slowdown = HF_GENERATE_SLOWDOWN
-        if s.states_sharding == 3:
-            slowdown *= 1.2
-    waves = math.ceil(seqs / conc)
+    colocate_mode = s.vllm_mode == "colocate"
+    # vLLM: one instance per TP group when colocated; model.generate: the local generation batch
+    instances = v.where(colocate_mode, v.lmax(1, s.world_size // s.vllm_tp), 1)
+    vllm_seqs = v.ceil(s.global_batch / instances)
+    vllm_conc = v.where(colocate_mode, concurrency, v.lmin(vllm_seqs, s.vllm_max_num_seqs))
+    vllm_conc = v.lmax(1, v.lmin(vllm_conc, vllm_seqs))
+    local = v.lmax(1, s.per_device_batch * s.grad_accum)
+    tp = v.where(s.use_vllm, s.vllm_tp, 1)
+    seqs = v.where(s.use_vllm, vllm_seqs, local)
+    conc = v.where(s.use_vllm, vllm_conc, local)
+    slowdown = v.where(
+        s.use_vllm,
+        1.0,
+        v.where(v.num(s.states_sharding) == 3, HF_GENERATE_SLOWDOWN * 1.2, HF_GENERATE_SLOWDOWN),
+    )
+    waves = v.ceil(seqs / conc)
     avg_ctx = s.max_prompt_length + s.max_completion_length / 2
     read = weight_bytes / tp + conc * avg_ctx * kv_per_token / tp
     mem_s = read / (gpu.hbm_bytes_s * HBM_EFFICIENCY)
     flop_s = 2 * m.params * conc / tp / (gpu.bf16_flops * DECODE_MFU)
-    tp_s = 2 * m.layers * TP_ALLREDUCE_S if tp > 1 else 0.0
-    decode_step = max(mem_s, flop_s) + tp_s + STEP_OVERHEAD_S / 10
+    tp_s = v.where(tp > 1, 2 * m.layers * TP_ALLREDUCE_S, 0.0)
+    decode_step = v.lmax(mem_s, flop_s) + tp_s + STEP_OVERHEAD_S / 10
     prefill = 2 * m.params * seqs * s.max_prompt_length / tp / (gpu.bf16_flops * PREFILL_MFU)
     return slowdown * (waves * s.max_completion_length * decode_step + prefill)
 
 
-def _train_s(s: JobShape, gpu: GpuSpec) -> float:
+def _mfu(micro_tokens: Any) -> Any:
+    """Training MFU of a micro-batch (a power: computed per distinct size, as Python computes it)."""
+
+    def one(tokens: int) -> float:
+        return TRAIN_MFU_MAX * min(1.0, tokens / TRAIN_MFU_TOKENS) ** 0.3
+
+    if not v.is_array(micro_tokens):
+        return one(micro_tokens)
+    distinct, inverse = np.unique(micro_tokens, return_inverse=True)
+    return np.array([one(int(t)) for t in distinct], dtype=np.float64)[inverse.reshape(-1)]
+
+
+def _train_s(s: Any, gpu: GpuSpec) -> Any:
     m = s.model
-    n = max(1, s.world_size)
+    n = v.lmax(1, s.world_size)
     micro_tokens = s.micro_batch_tokens
     tokens_gpu = s.global_batch * s.seq_len / n
-    per_token = (4.0 if s.lora else 6.0) * m.params
-    if s.gradient_checkpointing:
-        per_token += 2.0 * m.params
-    if s.beta > 0:
-        per_token += 2.0 * m.params  # reference forward (adapter disabled with LoRA)
-    mfu = TRAIN_MFU_MAX * min(1.0, micro_tokens / TRAIN_MFU_TOKENS) ** 0.3
-    compute = tokens_gpu * per_token / (gpu.bf16_flops * mfu)
+    per_token = v.where(s.lora, 4.0, 6.0) * m.params
+    per_token = per_token + v.where(s.gradient_checkpointing, 2.0 * m.params, 0.0)
+    per_token = per_token + v.where(s.beta > 0, 2.0 * m.params, 0.0)  # reference forward
+    compute = tokens_gpu * per_token / (gpu.bf16_flops * _mfu(micro_tokens))
 
-    comm = 0.0
-    if n > 1:
-        ring = (n - 1) / n
-        full = 2 * m.params * ring / _link_bytes_s(gpu)
-        grads = 2 * (lora_params(m, s.lora_rank) if s.lora else m.params) * ring / _link_bytes_s(gpu)
-        if s.states_sharding == 3:
-            gathers = 3 if s.gradient_checkpointing else 2  # forward, (recompute), backward
-            comm = s.grad_accum * (gathers * full + grads)
-        elif s.states_sharding == 2:
-            comm = s.grad_accum * grads + full
-        elif s.states_sharding == 1:
-            comm = 2 * grads + full
-        else:
-            comm = 2 * grads
-        if s.states_sharding != 3:
-            comm *= 0.5  # bucketed reduction overlaps with the backward pass
-    return compute + comm
+    ring = (n - 1) / n
+    full = 2 * m.params * ring / _link_bytes_s(gpu)
+    trainable = v.where(s.lora, _lora_params_of(s), m.params)
+    grads = 2 * trainable * ring / _link_bytes_s(gpu)
+    shard = v.num(s.states_sharding)  # ZeRO stage of DeepSpeed or FSDP; 0: unsharded
+    zero3 = shard == 3
+    gathers = v.where(s.gradient_checkpointing, 3, 2)  # forward, (recompute), backward
+    comm = v.where(
+        zero3,
+        s.grad_accum * (gathers * full + grads),
+        v.where(
+            shard == 2,
+            s.grad_accum * grads + full,
+            v.where(shard == 1, 2 * grads + full, 2 * grads),
+        ),
+    )
+    comm = v.where(zero3, comm, comm * 0.5)  # bucketed reduction overlaps with the backward pass
+    return compute + v.where(n > 1, comm, 0.0)
 
 
-def _sync_s(s: JobShape, gpu: GpuSpec) -> float:
-    if not s.use_vllm:
-        return 0.0
+def _lora_params_of(s: Any) -> Any:
+    """:func:`lora_params` of the trial's rank (per distinct rank on columns)."""
+    if not v.is_array(s.lora_rank):
+        return lora_params(s.model, s.lora_rank)
+    distinct, inverse = np.unique(s.lora_rank, return_inverse=True)
+    return np.array([lora_params(s.model, int(r)) for r in distinct], dtype=np.int64)[inverse.reshape(-1)]
+
+
+def _sync_s(s: Any, gpu: GpuSpec) -> Any:
     m = s.model
     weight_bytes = 2 * m.params
-    t = 2 * weight_bytes / max(1, s.vllm_tp) / (gpu.hbm_bytes_s * HBM_EFFICIENCY)  # load into vLLM
-    if s.vllm_mode == "server":
-        t += weight_bytes / (gpu.pcie_bytes_s * LINK_EFFICIENCY)  # NCCL broadcast to the server
-    n = max(1, s.world_size)
-    if s.states_sharding == 3 and n > 1:
-        t += weight_bytes * (n - 1) / n / _link_bytes_s(gpu)
-        if s.move_model_batches:
-            t += (s.move_model_batches + 1) * SYNC_BATCH_OVERHEAD_S
-    return t
+    t = 2 * weight_bytes / v.lmax(1, s.vllm_tp) / (gpu.hbm_bytes_s * HBM_EFFICIENCY)  # load into vLLM
+    # NCCL broadcast to the server
+    t = t + v.where(s.vllm_mode == "server", weight_bytes / (gpu.pcie_bytes_s * LINK_EFFICIENCY), 0.0)
+    n = v.lmax(1, s.world_size)
+    batches = v.num(s.move_model_batches)
+    gathered = (v.num(s.states_sharding) == 3) & (n > 1)
+    t = t + v.where(gathered, weight_bytes * (n - 1) / n / _link_bytes_s(gpu), 0.0)
+    t = t + v.where(gathered & (batches > 0), (batches + 1) * SYNC_BATCH_OVERHEAD_S, 0.0)
+    return v.where(s.use_vllm, t, 0.0)
 
 
-def _offload_s(s: JobShape, gpu: GpuSpec) -> float:
+def _offload_s(s: Any, gpu: GpuSpec) -> Any:
     m = s.model
-    n = max(1, s.world_size)
+    n = v.lmax(1, s.world_size)
     pcie = gpu.pcie_bytes_s * LINK_EFFICIENCY
-    trainable = lora_params(m, s.lora_rank) if s.lora else m.params
+    trainable = v.where(s.lora, _lora_params_of(s), m.params)
     t = 0.0
-    if s.ds_offload_optimizer:
-        # gradients down (fp32 on the CPU side, sent as bf16), updated bf16 weights up, CPU Adam
-        t += 2 * (2 * trainable / n) / pcie + trainable / CPU_ADAM_PARAMS_S
-    if s.ds_offload_param:
-        passes = 3 if s.gradient_checkpointing else 2
-        t += s.grad_accum * passes * 2 * m.params / n / pcie
-    if s.colocate and s.rollout_offload_model:
-        held = 2 * m.params / n if s.zero_stage == 3 else 2 * m.params
-        t += 2 * held / pcie
-    if s.colocate and s.rollout_offload_optimizer and not s.ds_offload_optimizer:
-        opt_bytes = 12 * trainable / (n if s.states_sharding is not None else 1)
-        t += 2 * opt_bytes / pcie
-    if s.colocate and s.sleep_level == 1:
-        t += 2 * (2 * m.params / max(1, s.vllm_tp)) / pcie  # weights to the host and back
-    return t
+    # gradients down (fp32 on the CPU side, sent as bf16), updated bf16 weights up, CPU Adam
+    t = t + v.where(
+        s.ds_offload_optimizer, 2 * (2 * trainable / n) / pcie + trainable / CPU_ADAM_PARAMS_S, 0.0
+    )
+    passes = v.where(s.gradient_checkpointing, 3, 2)
+    t = t + v.where(s.ds_offload_param, s.grad_accum * passes * 2 * m.params / n / pcie, 0.0)
+    held = v.where(s.zero_stage == 3, 2 * m.params / n, 2 * m.params)
+    t = t + v.where(s.colocate & s.rollout_offload_model, 2 * held / pcie, 0.0)
+    opt_bytes = 12 * trainable / v.where(v.num(s.states_sharding) >= 1, n, 1)
+    t = t + v.where(
+        s.colocate & s.rollout_offload_optimizer & v.neg(s.ds_offload_optimizer), 2 * opt_bytes / pcie, 0.0
+    )
+    # weights to the host and back
+    return t + v.where(
+        s.colocate & (s.sleep_level == 1), 2 * (2 * m.params / v.lmax(1, s.vllm_tp)) / pcie, 0.0
+    )
 
 
 def estimate_step_time(
@@ -174,16 +198,24 @@ def estimate_step_time(
 
     gpu = gpu or generic_gpu("cpu", 0)
     mem = memory or estimate_memory(shape, gpu)
-    rollout = _rollout_s(shape, gpu, mem)
-    train = _train_s(shape, gpu)
-    sync = _sync_s(shape, gpu)
-    offload = _offload_s(shape, gpu)
-    total = rollout + train + sync + offload
+    rollout, train, sync, offload, total, throughput = step_time_terms(shape, gpu, mem.rollout_concurrency)
     return TimeEstimate(
-        rollout_s=rollout,
-        train_s=train,
-        sync_s=sync,
-        offload_s=offload,
-        total_s=total,
-        throughput=shape.global_batch / total if total > 0 else 0.0,
+        rollout_s=float(rollout),
+        train_s=float(train),
+        sync_s=float(sync),
+        offload_s=float(offload),
+        total_s=float(total),
+        throughput=float(throughput),
     )
+
+
+def step_time_terms(s: Any, gpu: GpuSpec, concurrency: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """Rollout, training, sync and offload seconds, their total and the throughput, of ``s`` (one
+    JobShape, or ShapeColumns) with ``concurrency`` rollouts in flight per colocated vLLM instance."""
+    rollout = _rollout_s(s, gpu, concurrency)
+    train = _train_s(s, gpu)
+    sync = _sync_s(s, gpu)
+    offload = _offload_s(s, gpu)
+    total = rollout + train + sync + offload
+    throughput = v.where(total > 0, s.global_batch / v.where(total > 0, total, 1.0), 0.0)
+    return rollout, train, sync, offload, total, throughput

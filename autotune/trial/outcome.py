@@ -131,6 +131,7 @@ def classify(
     *,
     patterns: Sequence[FailurePattern] = (),
     health: Sequence[str] = (),
+    steps_required: bool = True,
 ) -> Verdict:
     """Decide a trial's status from the evidence in ``record``.
 
@@ -158,7 +159,8 @@ def classify(
        arguments, or a final ``ValueError``/``TypeError`` raised from config or argument construction
        (see :func:`_config_traceback`).
     8. A CRASH pattern's text → CRASH with its reason; exit 0 without a step → CRASH ("exited without
-       a step").
+       a step"), or COMPLETE when ``steps_required`` is False (``autotune profile``: a run that prints no
+       step records is still a finished run, profiled as a whole).
     9. CRASH with the last meaningful error line: the final ``SomethingError: ...`` line of a
        traceback, or the fatal signal's name (SIGSEGV, SIGABRT, ...).
 
@@ -168,6 +170,7 @@ def classify(
         record: what the runner observed.
         patterns: the backend's own failure patterns (:meth:`Backend.failure_patterns`).
         health: problems found by :func:`health_check` (empty = healthy).
+        steps_required: whether a clean exit must have made a step (a trial's) or not (a profile's).
     """
     ours = _stopped_by_us_or_done(record, health)
     if ours is not None:
@@ -179,7 +182,7 @@ def classify(
         or _killed_or_stuck(facts)
         or _other_backend_status(facts)
         or _rejected_arguments(facts)
-        or _crash_text_or_no_step(facts)
+        or _crash_text_or_no_step(facts, steps_required)
         or _crash(facts)
     )
 
@@ -359,11 +362,16 @@ def _rejected_arguments(facts: _Facts) -> Verdict | None:
     return None
 
 
-def _crash_text_or_no_step(facts: _Facts) -> Verdict | None:
+def _crash_text_or_no_step(facts: _Facts, steps_required: bool = True) -> Verdict | None:
     """Rule 8: a CRASH pattern's text; or exit 0 without a single step."""
     record = facts.record
     if "CRASH" in facts.found:
         return facts.by_pattern("CRASH", facts.found["CRASH"][0].reason)
+    if record.exit_code == 0 and not record.steps and not steps_required:
+        return Verdict(
+            TrialStatus.COMPLETE,
+            "finished (exit code 0) without step records: the timeline covers the whole run",
+        )
     if record.exit_code == 0 and not record.steps:
         return Verdict(
             TrialStatus.CRASH, "exited without a step (exit code 0)", _last_nonblank(record.stdout_tail)

@@ -316,3 +316,24 @@ def test_end_to_end_oom(tmp_path: Path) -> None:
     rec, verdict = run_command(tmp_path, template, {"mode": "oom"})
     assert verdict.status is TrialStatus.OOM  # type: ignore[attr-defined]
     assert "rank 0" in verdict.reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("recording", "steps"),
+    [("trl_1.16_user_script_cpu.log", [1, 2, 3]), ("verl_0.9.1_console.stdout", [1, 2, 3])],
+)
+def test_end_to_end_a_script_that_prints_trainer_logs(
+    tmp_path: Path, recording: str, steps: list[int]
+) -> None:
+    """A script printing Hugging Face Trainer / TRL dicts (tqdm noise included) or verl's console lines,
+    replayed from a recorded run, is a completed trial with its steps: no JSON lines needed."""
+    path = Path(__file__).parent / "data" / recording
+    code = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+    rec, verdict = run_command(tmp_path, [sys.executable, "-c", code, str(path)], {})
+    assert verdict.status is TrialStatus.COMPLETE, verdict  # type: ignore[attr-defined]
+    assert [s.step for s in rec.steps] == steps  # type: ignore[attr-defined]
+    assert all(s.samples == 16 for s in rec.steps)  # type: ignore[attr-defined]  # the study's global batch
+    if recording.startswith("trl"):
+        assert all(s.tokens == 16 * s.values["completions/mean_length"] for s in rec.steps)  # type: ignore[attr-defined]
+    else:
+        assert all(s.duration_s == s.values["timing_s/step"] for s in rec.steps)  # type: ignore[attr-defined]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 from autotune.probes import phases
+from autotune.probes.callback import PhaseTracker
 
 from autotune.backends import OpenPhase, PhaseMark
 from autotune.backends._phases import LinePhases, MarkerPhases
 from autotune.backends.command import CommandParser
 from autotune.backends.swift._log import PHASE_MARKS, SwiftLogParser
 from autotune.backends.trl.backend import TrlMetricsParser
-from autotune.backends.trl_worker import PhaseTracker
 
 MARKS = (
     PhaseMark("weight_sync", "begin", r"sync starts", "a test framework"),

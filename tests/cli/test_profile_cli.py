@@ -4,6 +4,7 @@ timeline with its host series, phases from the markers the trial writes, the res
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,78 @@ def test_profile_of_a_real_trl_trial(cli, tmp_path: Path) -> None:
         phases["source"] == "markers" and phases["seconds"]["rollout"] > 0 and phases["seconds"]["train"] > 0
     )
     assert (out / "report.html").stat().st_size > 0 and "report.md" in proc.stdout
+
+
+USER_SCRIPT = Path(__file__).parents[1] / "probes" / "data" / "user_grpo_script.py"
+
+
+def test_profile_of_a_clean_exit_without_steps_is_a_finished_run(cli, tmp_path: Path) -> None:
+    """No step records and exit 0: a whole-run profile, not a crash; labels name what was measured."""
+    import sys
+
+    out = tmp_path / "profile"
+    script = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0:\n    pass\n"
+    proc = cli("profile", "--out", str(out), "--", sys.executable, "-c", script)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "COMPLETE" and result["steps"] == 0
+    assert "whole run" in result["reason"]
+    summary = result["timeline_summary"]
+    assert summary["duration_s"] > 0.5 and summary["window"]["t1_mono_s"] > summary["window"]["t0_mono_s"]
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    assert "CRASH" not in md and "COMPLETE" in md
+    if not summary["gpus"]:  # the host probe measured the CPU: no label may call it a GPU
+        assert "GPU utilization" not in md and "GPU utilization" not in html
+        assert re.search(r"^- Mean CPU use \(share of all cores\): \d+ %$", md, re.M), md
+        assert "Peak memory per GPU" not in md
+        assert re.search(r"^- Peak RSS \(process tree\): [\d.]+ [KMG]iB RSS;", md, re.M), md
+    else:
+        assert "Mean GPU utilization" in md
+
+
+def _profile_user_script(
+    cli, tmp_path: Path, profile_options: tuple[str, ...] = (), script_options: tuple[str, ...] = ()
+) -> tuple[Path, dict]:
+    """``autotune profile [options] -- python user_grpo_script.py MODEL OUT [options]``; (run dir, result)."""
+    pytest.importorskip("trl")
+    import sys
+
+    from autotune.workload.tinymodels import ensure_model
+
+    model = ensure_model("tiny-qwen2", tmp_path / "models")
+    out = tmp_path / "profile"
+    script = [sys.executable, str(USER_SCRIPT), str(model), str(tmp_path / "o")]
+    proc = cli("profile", "--out", str(out), *profile_options, "--", *script, *script_options)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.e2e
+@pytest.mark.trl
+def test_profile_of_a_user_script_with_the_callback(cli, tmp_path: Path) -> None:
+    """``autotune profile -- python user_script.py``: the callback's step records and exact phases."""
+    out, result = _profile_user_script(cli, tmp_path)
+    assert result["status"] == "COMPLETE" and result["steps"] == 3, result["reason"]
+    records = [json.loads(x) for x in (out / "command_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3] and all(r["samples"] == 8 for r in records)
+    markers = [json.loads(line) for line in (out / "phases.jsonl").read_text().splitlines()]
+    assert {(m["phase"], m["step"]) for m in markers} >= {
+        (p, s) for p in ("rollout", "other", "train") for s in (1, 2, 3)
+    }
+    phases = result["timeline_summary"]["phases"]
+    assert phases["source"] == "markers"
+    assert (
+        phases["seconds"]["rollout"] > 0 and phases["seconds"]["train"] > 0 and phases["seconds"]["other"] > 0
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.trl
+def test_profile_of_a_plain_trl_script_reads_its_printed_dicts(cli, tmp_path: Path) -> None:
+    """Without the callback the trainer's printed log dicts are the step records."""
+    out, result = _profile_user_script(cli, tmp_path, ("--global-batch", "8"), ("--no-callback",))
+    assert result["status"] == "COMPLETE" and result["steps"] == 3, result["reason"]
+    assert not (out / "command_metrics.jsonl").exists()
+    assert result["steady"] is None or result["steady"]["throughput"] > 0

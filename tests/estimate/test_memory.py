@@ -311,8 +311,13 @@ def test_gradient_checkpointing_cuts_activations() -> None:
 @pytest.mark.parametrize("backend,knob", [("trl", "zero_stage"), ("swift", "deepspeed")])
 def test_peak_grows_with_micro_batch(backend: str, knob: str) -> None:
     stage = 3 if backend == "trl" else "zero3"
-    peaks = [est(backend, {knob: stage, "per_device_train_batch_size": b}).peak_bytes for b in (1, 2, 4, 8)]
-    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
+    ests = [est(backend, {knob: stage, "per_device_train_batch_size": b}) for b in (1, 2, 4, 8)]
+    train = [e.phases_bytes["train"] for e in ests]
+    assert train == sorted(train) and train[0] < train[-1]
+    # the peak never shrinks; here it is the generation in the trainer (ZeRO-3 gathers the whole
+    # model beside the kept gradient partitions), whose batch is the same at every micro-batch
+    peaks = [e.peak_bytes for e in ests]
+    assert peaks == sorted(peaks)
 
 
 def test_zero_stages_and_offload_reduce_model_states() -> None:

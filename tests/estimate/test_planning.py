@@ -7,7 +7,7 @@ import pytest
 
 from autotune.backends import backend_class
 from autotune.estimate import candidate_rules, find_gpu, find_model, plan_space
-from autotune.estimate.plan import _grid
+from autotune.estimate.plan import _table
 from autotune.space import load_space
 
 DATA = Path(__file__).parent / "data"
@@ -19,9 +19,12 @@ def space(name: str):  # noqa: ANN201
 
 
 @pytest.mark.parametrize("name", ["trl", "swift"])
-def test_fast_grid_equals_the_space_grid(name: str) -> None:
+def test_plan_table_enumerates_the_space_grid(name: str) -> None:
+    """The plan's candidates (groups × pass-through knobs) are the space's grid, in its order."""
     s = space(name)
-    assert _grid(s) == list(s.grid())
+    describe = backend_class(name).describe
+    table = _table(s, lambda p: describe(p, {"world_size": 4}, JOB, 4))
+    assert [table.params(r) for r in range(len(table.index))] == list(s.grid())
 
 
 def test_plan_orders_fitting_fastest_first_then_closest_misses() -> None:
@@ -39,7 +42,7 @@ def test_plan_orders_fitting_fastest_first_then_closest_misses() -> None:
     cands = result.candidates
     assert 0 < result.n_fit < len(cands)
     fit = [c for c in cands if c.fits]
-    assert cands[: len(fit)] == tuple(fit)  # fitting candidates first
+    assert cands[: len(fit)] == fit  # fitting candidates first
     speeds = [float(f"{c.time.throughput:.3g}") for c in fit]
     assert speeds == sorted(speeds, reverse=True)
     assert fit[0].relative_speed == pytest.approx(1.0)

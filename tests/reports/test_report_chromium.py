@@ -2,7 +2,7 @@
 
 A copy of the report gets two small probe scripts: one first in <head> that records ``window.onerror``,
 unhandled rejections and ``console.error``; one that, after load, writes what it saw and how many
-charts plotly drew into the DOM, which ``--dump-dom`` prints. Skipped when Chromium is not installed
+charts show an SVG with drawn content (laid out at a visible size), which ``--dump-dom`` prints. Skipped when Chromium is not installed
 (CI installs Debian's ``chromium``).
 """
 
@@ -35,14 +35,16 @@ window.addEventListener("load", function () { setTimeout(function () {
   var charts = document.querySelectorAll("div.chart");
   var drawn = 0, svgs = 0, failed = 0;
   for (var i = 0; i < charts.length; i++) {
-    if (charts[i].querySelector(".plot-container")) { drawn++; }
-    if (charts[i].querySelector("svg.main-svg")) { svgs++; }
-    if (charts[i].classList.contains("chart-error")) { failed++; }
+    var svg = charts[i].querySelector("svg");
+    if (svg) { svgs++; }
+    var box = svg ? svg.getBoundingClientRect() : null;
+    if (box && box.width > 200 && box.height > 100 && svg.querySelectorAll("path, use, text").length > 5) { drawn++; }
+    if (!svg) { failed++; }
   }
   var out = document.createElement("div");
   out.id = "probe-result";
   out.setAttribute("data-result", JSON.stringify({errors: window.__probe.errors, charts: charts.length, drawn: drawn, svgs: svgs, failed: failed,
-    traces: Array.prototype.slice.call(charts).map(function (c) { return c.data ? c.data.length : 0; })}));
+    marks: Array.prototype.slice.call(charts).map(function (c) { return c.querySelectorAll("svg path").length; })}));
   document.body.appendChild(out);
 }, 1000); });
 </script>"""
@@ -101,7 +103,7 @@ def test_study_report_renders_every_chart_without_errors(rendered, tmp_path: Pat
     assert expected >= 17
     assert result["charts"] == expected
     assert result["drawn"] == expected and result["svgs"] == expected and result["failed"] == 0
-    assert all(n > 0 for n in result["traces"])
+    assert all(n > 0 for n in result["marks"])
 
 
 def test_profile_report_renders_in_chromium(tmp_path: Path) -> None:
@@ -126,8 +128,8 @@ def test_screenshot_of_the_report(rendered, tmp_path: Path) -> None:
     assert shot.stat().st_size > 50_000
 
 
-def test_the_probe_catches_a_broken_chart(tmp_path: Path) -> None:
-    """Negative control: a chart whose data cannot be parsed shows up as an error and an undrawn chart."""
+def test_the_probe_catches_a_missing_chart(tmp_path: Path) -> None:
+    """Negative control: a chart whose SVG is missing shows up as an undrawn chart."""
     import make_fixture as mf
     from autotune.reports import render_profile
 
@@ -137,9 +139,8 @@ def test_the_probe_catches_a_broken_chart(tmp_path: Path) -> None:
     shutil.copytree(src / "trials" / "15", prof)
     paths = render_profile(prof, png=False)
     html = paths.html.read_text(encoding="utf-8")
-    broken = re.sub(r'(<script type="application/json" data-chart="[^"]+">)\{', r"\1{oops", html, count=1)
+    broken = re.sub(r'(<div class="chart" id="[^"]+">)<svg\b.*?</svg>', r"\1", html, count=1, flags=re.S)
     assert broken != html
     paths.html.write_text(broken, encoding="utf-8")
     result = _probe(paths.html, tmp_path)
     assert result["failed"] == 1 and result["drawn"] == 0
-    assert any("console.error" in e for e in result["errors"])

@@ -272,6 +272,20 @@ def test_exit_zero_without_a_step_is_a_crash() -> None:
     assert "without a step" in v.reason
 
 
+def test_a_profile_needs_no_step_but_still_reads_the_evidence() -> None:
+    """``autotune profile``: a clean exit without step records is a finished run, profiled as a whole;
+    a non-zero exit or failure text is judged as in a trial."""
+    v = classify(record(exit_code=0, stdout="nothing to do"), steps_required=False)
+    assert v.status is TrialStatus.COMPLETE and "timeline covers the whole run" in v.reason
+    failed = classify(record(exit_code=1, stderr="ValueError: bad"), steps_required=False)
+    assert failed.status is not TrialStatus.COMPLETE
+    oom = classify(
+        record(exit_code=0, stderr="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+        steps_required=False,
+    )
+    assert oom.status is TrialStatus.OOM
+
+
 def test_the_word_error_decides_nothing() -> None:
     noisy = "0 errors\nerror_rate=0.0\nERROR: this line is only a log level\nerror: almost an argparse line"
     assert classify(record(exit_code=0, steps=5, stderr=noisy)).status is TrialStatus.COMPLETE

@@ -8,7 +8,8 @@ prints it on stdout as a Python dict literal. The stdout form differs by version
 - 4.x (transformers 5 formats floats with ``.4g``): text, ``{'loss': '6e-08', ..., 'train_speed(s/it)':
   '0.07121'}``.
 
-A tqdm bar may share the line through a carriage return. ``nan``/``inf`` appear as bare names.
+A tqdm bar may share the line through a carriage return. ``nan``/``inf`` appear as bare names. The dict
+is the Hugging Face Trainer's log record (read by :mod:`autotune.backends._loglines`) with ms-swift's keys.
 
 Rank 0 writes the JSONL line before it prints the stdout line, so the parser reads the file when a stdout
 record arrives and takes the file's full-precision numbers with the stdout line's arrival time. With
@@ -30,20 +31,19 @@ a weight sync is open between them (:meth:`SwiftLogParser.open_phase`).
 
 from __future__ import annotations
 
-import ast
 import json
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from autotune.backends._base import OpenPhase, PhaseMark, StepParser
+from autotune.backends._loglines import completion_tokens, parse_dict_literal
 from autotune.backends._phases import LinePhases
 from autotune.backends._values import as_number
 from autotune.records import StepMetrics
 
-__all__ = ["PHASE_MARKS", "SwiftLogParser", "is_step_record", "parse_dict_literal", "record_values"]
+__all__ = ["PHASE_MARKS", "SwiftLogParser", "is_step_record", "record_values"]
 
 _FAST_INFER = (
     "modelscope/ms-swift swift/rlhf_trainers/rollout_mixin.py::RolloutTrainerMixin._fast_infer "
@@ -92,43 +92,6 @@ _SKIP_KEYS = frozenset(
         "memory(GiB)",
     }
 )
-_NAMES = {"nan": math.nan, "inf": math.inf, "None": None, "True": True, "False": False}
-
-
-def _node_value(node: ast.AST) -> Any:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name) and node.id in _NAMES:
-        return _NAMES[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        inner = _node_value(node.operand)
-        if isinstance(inner, (int, float)) and not isinstance(inner, bool):
-            return -inner if isinstance(node.op, ast.USub) else inner
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_node_value(e) for e in node.elts]
-    raise ValueError("not a literal")
-
-
-def parse_dict_literal(text: str) -> dict[str, Any] | None:
-    """The dict printed in ``text`` (a Python literal, ``nan``/``inf`` allowed), or None."""
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        return None
-    try:
-        tree = ast.parse(text[start : end + 1], mode="eval")
-    except (SyntaxError, ValueError):
-        return None
-    if not isinstance(tree.body, ast.Dict):
-        return None
-    out: dict[str, Any] = {}
-    for key, value in zip(tree.body.keys, tree.body.values, strict=True):
-        if not isinstance(key, ast.Constant) or not isinstance(key.value, str):
-            return None
-        try:
-            out[key.value] = _node_value(value)
-        except ValueError:
-            continue  # a value we cannot read (an object repr) does not lose the record
-    return out
 
 
 def _step_of(record: Mapping[str, Any]) -> int | None:
@@ -297,16 +260,12 @@ class SwiftLogParser(StepParser):
             if step > prev_step and elapsed >= prev_elapsed:
                 duration_s = (elapsed - prev_elapsed) / (step - prev_step)
             self._last = (step, elapsed)
-        tokens = None
-        mean_len = values.get("completions/mean_length")
-        if mean_len is not None and self._samples is not None and math.isfinite(mean_len):
-            tokens = mean_len * self._samples
         return StepMetrics(
             step=step,
             t_mono_s=t_mono_s,
             t_wall_s=t_wall_s,
             duration_s=duration_s,
             samples=self._samples,
-            tokens=tokens,
+            tokens=completion_tokens(values, self._samples),
             values=values,
         )

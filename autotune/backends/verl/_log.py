@@ -9,7 +9,9 @@ Values are ``pprint.pformat`` of numbers: plain floats, or ``np.float64(...)`` u
 before ``pformat`` printed ``%.3f``. Ray forwards the actor's stdout with a ``(TaskRunner pid=N)`` prefix,
 coloured by default, and a tqdm bar may end right before the line without a newline (``...s/it]step:2``).
 Steps start at 1; ``step:0`` is the validation before training (off in trials). The file logger's JSON lines
-``{"step": N, "data": {...}}`` (``$VERL_FILE_LOGGER_PATH``) are read too when a path is given.
+``{"step": N, "data": {...}}`` (``$VERL_FILE_LOGGER_PATH``) are read too when a path is given. The
+console line itself is read by :func:`autotune.backends._loglines.parse_verl_console_line`, shared with
+the ``command`` backend and ``autotune profile``.
 
 Besides verl's own keys (the phase timings ``timing_s/*`` the timeline lays out, ``perf/*``) each record
 carries the names the health gate reads: ``grad_norm`` (``actor/grad_norm``), ``kl`` (``actor/kl_loss``),
@@ -22,18 +24,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 from autotune.backends._base import FailurePattern, StepParser
+from autotune.backends._loglines import parse_verl_console_line as parse_console_line
 from autotune.records import StepMetrics
 
 __all__ = ["CANONICAL", "FAILURE_PATTERNS", "VerlLogParser", "parse_console_line"]
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# "step:N - " not inside a longer key ("val/global_step:3", "timing/step:1.2").
-_STEP = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
-_WRAPPED = re.compile(r"^[A-Za-z_][\w.]*\((.*)\)$")  # np.float64(0.31), tensor(0.5)
 
 #: verl key → the name the health gate and the reports read.
 CANONICAL: dict[str, str] = {
@@ -97,34 +95,6 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "a verl worker (Ray actor) died: ActorDiedError",
     ),
 )
-
-
-def _number(text: str) -> float | None:
-    raw = text.strip().rstrip(",")
-    wrapped = _WRAPPED.match(raw)
-    if wrapped:
-        raw = wrapped.group(1).strip()
-    try:
-        return float(raw)
-    except ValueError:
-        return None
-
-
-def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
-    """``(TaskRunner pid=7) step:3 - actor/loss:0.12 - timing_s/gen:4.1`` → ``(3, {...})``; None for
-    other lines."""
-    m = _STEP.search(_ANSI.sub("", line))
-    if not m:
-        return None
-    values: dict[str, float] = {}
-    for part in m.group(2).split(" - "):
-        key, sep, raw = part.rpartition(":")
-        if not sep or not key.strip():
-            continue
-        value = _number(raw)
-        if value is not None:
-            values[key.strip()] = value
-    return int(m.group(1)), values
 
 
 def with_canonical(values: dict[str, float]) -> dict[str, float]:

@@ -26,7 +26,8 @@ from pathlib import Path
 from inject import PHASES, injection_env
 
 from autotune.backends._base import ModelRef, TrialContext
-from autotune.backends.swift._log import STEP_KEY, parse_dict_literal
+from autotune.backends._loglines import parse_dict_literal
+from autotune.backends.swift._log import STEP_KEY
 from autotune.backends.swift.backend import SwiftBackend
 from autotune.records import TrialSpec
 from autotune.workload.tinymodels import ensure_model

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from autotune.backends.swift._log import SwiftLogParser, is_step_record, parse_dict_literal, record_values
+from autotune.backends._loglines import parse_dict_literal
+from autotune.backends.swift._log import SwiftLogParser, is_step_record, record_values
 from autotune.records import StepMetrics
 
 DATA = Path(__file__).parents[1] / "data"

@@ -16,13 +16,10 @@ from autotune.backends import get_backend
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.trl.backend import TrlBackend, TrlMetricsParser, ds_config
 from autotune.backends.trl_worker import (
-    MetricsWriter,
-    PhaseTracker,
     WorkerConfig,
     _load_dataset,
     autotune_reward,
     given_option_names,
-    numeric_values,
 )
 from autotune.errors import BackendError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
@@ -429,80 +426,6 @@ def test_parser_tails_lines_keeps_partial_and_dedupes(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------- worker pieces
-
-
-def test_metrics_writer_lines(tmp_path: Path) -> None:
-    path = tmp_path / "m.jsonl"
-    w = MetricsWriter(path, 16)
-    w.train_begin()
-    w.step_end(1)
-    rec = w.log(
-        1, {"loss": 0.1, "completions/mean_length": 12.0, "reward": 0.4, "epoch": 0.1, "flag": True, "s": "x"}
-    )
-    assert rec is not None and rec["tokens"] == 12.0 * 16 and rec["samples"] == 16
-    assert rec["duration_s"] is not None and rec["duration_s"] >= 0
-    assert rec["values"] == {"loss": 0.1, "completions/mean_length": 12.0, "reward": 0.4, "epoch": 0.1}
-    assert w.log(1, {"loss": 0.2}) is None  # one line per step
-    assert w.log(1, {"train_runtime": 3.0, "train_loss": 0.1}) is None  # the end-of-training summary
-    w.step_end(2)
-    w.log(2, {"loss": float("nan")})
-    w.close()
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    assert [x["step"] for x in lines] == [1, 2]
-    assert lines[1]["tokens"] is None and math.isnan(lines[1]["values"]["loss"])
-    assert lines[1]["t_mono_s"] >= lines[0]["t_mono_s"]
-    other = MetricsWriter(tmp_path / "rank1.jsonl", 16, is_main=False)
-    assert other.log(1, {"loss": 0.1}) is None
-    assert not (tmp_path / "rank1.jsonl").exists()
-
-
-def test_numeric_values_drops_bools_and_text() -> None:
-    assert numeric_values({"a": 1, "b": 2.5, "c": True, "d": "3", "e": None}) == {"a": 1.0, "b": 2.5}
-
-
-class FakeMarker:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, int | None]] = []
-
-    def mark(self, phase: str, event: str, step: int | None = None) -> None:
-        self.events.append((phase, event, step))
-
-
-def test_phase_tracker_gives_disjoint_intervals() -> None:
-    m = FakeMarker()
-    t = PhaseTracker(m)
-    with t.rollout(1):
-        with t.weight_sync(1):
-            pass
-    t.train_ready(1)
-    t.train_ready(1)  # a second micro-batch of the same step does not reopen train
-    t.step_end(1)
-    with t.rollout(2):
-        pass
-    t.train_ready(2)
-    t.step_end(2)
-    t.step_end(2)
-    assert m.events == [
-        ("rollout", "begin", 1),
-        ("rollout", "end", 1),
-        ("weight_sync", "begin", 1),
-        ("weight_sync", "end", 1),
-        ("rollout", "begin", 1),
-        ("rollout", "end", 1),
-        ("train", "begin", 1),
-        ("train", "end", 1),
-        ("rollout", "begin", 2),
-        ("rollout", "end", 2),
-        ("train", "begin", 2),
-        ("train", "end", 2),
-    ]
-    open_phases: set[str] = set()
-    for phase, event, _ in m.events:  # never two phases open at once
-        if event == "begin":
-            assert not open_phases
-            open_phases.add(phase)
-        else:
-            open_phases.remove(phase)
 
 
 def test_builtin_reward_on_conversational_completions() -> None:
