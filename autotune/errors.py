@@ -14,6 +14,7 @@ __all__ = [
     "HardwareError",
     "BackendError",
     "StudyError",
+    "WriteError",
     "NothingToRecommend",
     "EXIT_OK",
     "EXIT_FAILURE",
@@ -70,6 +71,28 @@ class BackendError(UsageError):
 
 class StudyError(AutotuneError):
     """A study that cannot go on (storage unusable, GPUs never freed)."""
+
+
+class WriteError(StudyError):
+    """A file or the storage of a study that cannot be written (disk full, read-only, no permission).
+
+    Exit code 74 (``EX_IOERR``): not the user's input, and not a trial's failure. The study stops with
+    every finished trial kept and nothing left running; it resumes once the cause is fixed.
+    """
+
+    exit_code = 74
+
+    @classmethod
+    def of(cls, path: object, exc: OSError) -> WriteError:
+        """The one-line error for ``exc`` raised while writing ``path``."""
+        import errno
+
+        code = errno.errorcode.get(exc.errno or 0)
+        cause = exc.strerror or str(exc) or exc.__class__.__name__
+        return cls(
+            f"cannot write {path}: {cause}{f' ({code})' if code else ''}",
+            hint="Free space or fix the directory's permissions, then run the same command again to resume",
+        )
 
 
 class NothingToRecommend(AutotuneError):

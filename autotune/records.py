@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.secrets import SecretRule
+
 __all__ = [
     "ModelRef",
     "TrialStatus",
@@ -189,19 +191,41 @@ class LaunchPlan(_Frozen):
     world_size: int = 1
     unset_env: tuple[str, ...] = ()
 
-    def to_shell(self) -> str:
-        """A ``command.sh`` body that re-runs the trial by hand (quoted, never executed by us)."""
+    def redacted(self, secrets: SecretRule | None = None) -> LaunchPlan:
+        """The plan as written to ``launch.json``: secrets in argv and env masked (:mod:`autotune.secrets`)."""
+        rule = secrets or SecretRule()
+        return self.model_copy(update={"argv": rule.redact_argv(self.argv), "env": rule.redact_env(self.env)})
+
+    def to_shell(self, secrets: SecretRule | None = None) -> str:
+        """A ``command.sh`` body that re-runs the trial by hand (quoted, never executed by us).
+
+        Secrets are never written: a secret argument is read from an environment variable
+        (``--hf_token "${HF_TOKEN}"``), a secret variable is left for the user to export, and a comment
+        names what to export (:mod:`autotune.secrets`).
+        """
+        rule = secrets or SecretRule()
+        words, needed = rule.script_words(self.argv)
         lines = [
             "#!/usr/bin/env bash",
             "# Re-runs this trial by hand. Written by autotune.",
-            "set -euo pipefail",
         ]
+        exports = []
+        for key, value in sorted(self.env.items()):
+            if rule.is_secret_name(key) or rule.looks_secret(value):
+                needed.append(key)
+            else:
+                exports.append(f"export {key}={shlex.quote(value)}")
+        if needed:
+            lines.append(
+                f"# Secrets are not written here: export {' '.join(needed)} before running "
+                "(autotune never stores them)."
+            )
+        lines.append("set -euo pipefail")
         lines.append(f"cd {shlex.quote(self.cwd)}")
         for key in self.unset_env:
             lines.append(f"unset {key}")
-        for key, value in sorted(self.env.items()):
-            lines.append(f"export {key}={shlex.quote(value)}")
-        lines.append(" \\\n  ".join(shlex.quote(a) for a in self.argv))
+        lines += exports
+        lines.append(" \\\n  ".join(words))
         return "\n".join(lines) + "\n"
 
 

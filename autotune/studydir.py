@@ -15,35 +15,95 @@
 
 A profiled run (``autotune profile``) is one trial directory with a ``profile.json`` beside its files.
 JSON writes are atomic (write to a temporary file, then ``os.replace``) so a study killed at any moment
-never leaves a half-written record behind.
+never leaves a half-written record behind. Every file of a study is written through
+:func:`write_text_atomic` / :func:`write_json_atomic` (records, scripts) or :func:`create_file`
+(streamed logs): none follows a symbolic link planted in the study, and a failed write is a
+:class:`~autotune.errors.WriteError` naming the file and the cause.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from autotune.errors import UsageError
+from autotune.errors import UsageError, WriteError
 from autotune.records import Hardware, Recommendation, TrialResult
 
-__all__ = ["StudyDir", "TrialDir", "write_json_atomic", "ensure_writable"]
+__all__ = [
+    "StudyDir",
+    "TrialDir",
+    "create_file",
+    "ensure_writable",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Write JSON to ``path`` atomically (see :func:`write_text_atomic`).
+
+    Raises:
+        WriteError: the file cannot be written (disk full, read-only, no permission).
+    """
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`write_bytes_atomic`).
+
+    Raises:
+        WriteError: the file cannot be written (disk full, read-only, no permission).
+    """
+    write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` atomically: a fresh temporary file beside it, then a rename.
+
+    A reader never sees half a file, and a symbolic link planted at ``path`` is replaced, never followed
+    (the rename replaces the link itself; the temporary file is created with ``O_EXCL``).
+
+    Raises:
+        WriteError: the file cannot be written (disk full, read-only, no permission).
+    """
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                os.fchmod(fh.fileno(), mode)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise WriteError.of(path, exc) from None
+
+
+def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
+    """Open ``path`` as a fresh, empty file for writing (unbuffered bytes), never through a symbolic link.
+
+    The one way autotune opens a study's streamed files (logs, ``metrics.jsonl``): a link planted at
+    ``path`` is removed (its target is untouched) and the file is opened with ``O_NOFOLLOW``.
+
+    Raises:
+        WriteError: the file cannot be created (disk full, read-only, no permission).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            path.unlink()
+        fd = os.open(path, flags, mode)
+        return os.fdopen(fd, "wb", buffering=0)
+    except OSError as exc:
+        raise WriteError.of(path, exc) from None
 
 
 def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
@@ -182,6 +242,31 @@ class StudyDir:
     def cache_dir(self) -> Path:
         return self.root / "cache"
 
+    def own_dir(self, path: Path) -> Path:
+        """Create ``path`` (a directory of this study: ``trials/``, ``trials/<n>/``) and return it.
+
+        Raises:
+            WriteError: it, or a directory between the study's root and it, is a symbolic link (a study's
+                own directories are never links: writing through one could land anywhere), or it cannot
+                be created.
+        """
+        try:
+            inner = path.relative_to(self.root)
+        except ValueError:
+            inner = Path(path.name)
+        at = path.parent if inner == Path(path.name) else self.root
+        for part in inner.parts:
+            at = at / part
+            if at.is_symlink():
+                raise WriteError.of(
+                    at, OSError(errno.ELOOP, "a symbolic link where the study keeps its own directory")
+                )
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteError.of(path, exc) from None
+        return path
+
     def trial_dir(self, number: int) -> Path:
         return self.trials_dir / str(number)
 
@@ -228,13 +313,26 @@ class StudyDir:
         write_json_atomic(self.study_json, data)
 
     def write_result(self, result: TrialResult) -> None:
+        """Store a trial's ``result.json`` (its directory is checked: never a link, see :meth:`own_dir`)."""
+        self.own_dir(self.trial_dir(result.number))
         write_json_atomic(self.trial(result.number).result_json, result.model_dump(mode="json"))
 
     def read_result(self, number: int) -> TrialResult | None:
+        """A trial's result, or None when it has none (a link planted in its place is not one).
+
+        Raises:
+            UsageError: the file is not a trial result (one line naming it).
+        """
         path = self.trial(number).result_json
-        if not path.exists():
+        if not path.exists() or path.is_symlink() or self.trial_dir(number).is_symlink():
             return None
-        return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
+        try:
+            return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValueError:
+            raise UsageError(
+                f"{path} is not a trial result (unreadable JSON)",
+                hint="Restore it, or move the trial's directory away to run that trial again",
+            ) from None
 
     def results(self) -> list[TrialResult]:
         """Every trial result on disk, by trial number."""

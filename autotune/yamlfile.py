@@ -1,4 +1,11 @@
-"""Reading a user's YAML file with one-line errors (a missing or unreadable file, invalid YAML)."""
+"""Reading a user's YAML file with one-line errors (a missing or unreadable file, invalid YAML), bounded.
+
+The one bounded YAML reader: a file larger than :data:`MAX_BYTES`, or whose aliases would expand it to
+more than :data:`MAX_VALUES` values (a "billion laughs" bomb: each alias repeats a list of aliases), or
+that nests deeper than Python can follow, is refused with one line before anything walks it. The
+expanded size is counted on the composed node graph, where an alias is the node it names, so counting
+costs as little as the file is long.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+
+__all__ = ["MAX_BYTES", "MAX_VALUES", "read_yaml"]
+
+MAX_BYTES = 1 << 20  # 1 MiB: a search space or a job's fixed arguments is a few KiB
+MAX_VALUES = 100_000  # scalars, lists and mappings once every alias is expanded
 
 
 def read_yaml(
@@ -21,20 +33,83 @@ def read_yaml(
         error: the error class raised (a :class:`UsageError`).
 
     Raises:
-        UsageError: (``error``) the file is missing or unreadable, or is not valid YAML (with the line).
+        UsageError: (``error``) the file is missing or unreadable, is not valid YAML (with the line), is
+            larger than :data:`MAX_BYTES`, or expands to more than :data:`MAX_VALUES` values.
     """
     import yaml
 
     try:
         path = Path(source) if isinstance(source, str) else source
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise error(f"{what} file {source} does not exist", hint=f"Check the {flag} path") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"cannot read {what} file {source}: {exc}", hint=f"Check the {flag} path") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise error(f"cannot read {what} file {source}: {reason}", hint=f"Check the {flag} path") from None
+    if len(raw) > MAX_BYTES:
+        raise error(
+            f"{what} file {source} is larger than {MAX_BYTES // (1 << 20)} MiB",
+            hint=f"Pass a {what} file of a few KiB with {flag}",
+        )
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values = _expanded_values(node)
+        if values > MAX_VALUES:
+            raise error(
+                f"{what} file {source} expands to more than {MAX_VALUES} values through its aliases",
+                hint="Write the values out instead of nesting aliases (&name / *name)",
+            )
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise error(f"{what} file {source} is not valid YAML{at}", hint="Fix the YAML syntax") from None
+    except RecursionError:
+        raise error(
+            f"{what} file {source} nests too deeply (or an alias contains itself)",
+            hint="Flatten the YAML",
+        ) from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_values(root: Any) -> int:
+    """How many nodes the document has once every alias is expanded (stops counting past the bound).
+
+    Raises:
+        RecursionError: an alias that contains itself (its expansion never ends), or nesting deeper
+            than Python's recursion limit.
+    """
+    import yaml
+
+    memo: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in open_nodes:
+            raise RecursionError("an alias contains itself")
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            for child in node.value:
+                total += size(child)
+                if total > MAX_VALUES:
+                    break
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += size(k) + size(v)
+                if total > MAX_VALUES:
+                    break
+        open_nodes.discard(key)
+        memo[key] = total
+        return total
+
+    return size(root)

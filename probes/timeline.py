@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import threading
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
@@ -209,9 +210,16 @@ def write_timeline(path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     df = _conform(pd.DataFrame(list(rows)))
-    tmp = target.with_name(target.name + ".tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, target)
+    # a fresh temporary file (never a link planted beside the target), removed if the write fails:
+    # a half-written timeline is never left where a reader takes it for a whole one
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            df.to_parquet(fh, index=False)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return len(df)
 
 

@@ -124,6 +124,7 @@ class StudyData:
         meta: ``study.json`` (or ``profile.json``) as written.
         roots: absolute directories that stand for this study (where it is and where it was written).
         env_maps: the extra environments of the trials' launch plans (to know their secrets).
+        secret_names: argument names the study declared secret (``--secret-arg``, in ``study.json``).
         problems: files that could not be read, one line each.
     """
 
@@ -136,6 +137,7 @@ class StudyData:
     best_knobs: dict[str, Any] | None = None
     roots: list[str] = field(default_factory=list)
     env_maps: list[dict[str, str]] = field(default_factory=list)
+    secret_names: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def trial(self, number: int | None) -> TrialData | None:
@@ -458,7 +460,14 @@ def load_study(study_dir: Path) -> StudyData:
     )
     data.roots = sorted({str(root.resolve()), str(root.absolute()), *_original_roots(trials)})
     data.env_maps = _env_maps(trials)
+    data.secret_names = secret_names(meta)
     return data
+
+
+def secret_names(meta: dict[str, Any]) -> list[str]:
+    """The argument names a study or profile declared secret (``--secret-arg``), from its settings."""
+    names = meta.get("secret_args")
+    return [str(n) for n in names] if isinstance(names, list) else []
 
 
 def load_profile(out_dir: Path) -> StudyData:
@@ -505,4 +514,5 @@ def load_profile(out_dir: Path) -> StudyData:
     )
     data.roots = sorted({str(root.resolve()), str(root.absolute())})
     data.env_maps = _env_maps(trials)
+    data.secret_names = secret_names(meta)
     return data

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from autotune.records import Recommendation, TrialResult, TrialStatus
 from autotune.study.verdict import headline, speedup_text
-from autotune.studydir import StudyDir, TrialDir
+from autotune.studydir import StudyDir, TrialDir, ensure_writable, write_text_atomic
 from autotune.trial.hostload import host_load
 
 __all__ = ["ReportPaths", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
@@ -140,7 +140,7 @@ def md_code(text: str) -> str:
 
 def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any], list[Finding], list[Path]]:
     """The template's view of ``data``, the diagnosis, and the PNG charts written into ``out_dir``."""
-    clean = Sanitizer.for_study(data.roots, data.env_maps)
+    clean = Sanitizer.for_study(data.roots, data.env_maps, secret_names=data.secret_names)
     winner = pick_winner(data) if data.kind == "study" else None
     ctx = make_context(data, winner=winner.trial if winner else None)
     findings = diagnose(ctx)
@@ -889,7 +889,7 @@ def _env() -> Any:
 
 
 def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable(out_dir, flag="--out")  # one line (exit 2) for a report path that cannot be written
     view, findings, written = _view(data, out_dir, png=png)
     env = _env()
     env.filters["md"] = md_cell
@@ -899,8 +899,8 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
     md_path = out_dir / StudyDir.REPORT_MD
     html_text = env.get_template("report.html.j2").render(r=view)
     md_text_out = env.get_template("report.md.j2").render(r=view)
-    _atomic_write(html_path, html_text)
-    _atomic_write(md_path, md_text_out)
+    write_text_atomic(html_path, html_text)
+    write_text_atomic(md_path, md_text_out)
     winner = view["winner"]
     return ReportPaths(
         html=html_path,
@@ -910,12 +910,6 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
         recommended_trial=winner["trial"] if winner else None,
         no_recommendation=view["no_winner"],
     )
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def render_study(

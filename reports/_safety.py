@@ -1,61 +1,25 @@
 """What keeps foreign text safe to publish: secrets removed, absolute paths made relative.
 
 Every string that reaches a report from a log, a command line or a settings file passes through one
-:class:`Sanitizer`. HTML escaping is the templates' job (Jinja autoescape) and, for chart data, the
+:class:`Sanitizer`. What counts as a secret is :mod:`autotune.secrets` (the one rule every file autotune
+writes follows); this module adds the paths. HTML escaping is the templates' job (Jinja autoescape) and, for chart data, the
 JSON embedding in :mod:`reports.charts`; this module only removes what must never be shown at all.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from autotune.secrets import MASK, SecretRule
+
 __all__ = ["Sanitizer", "is_secret_name", "MASK"]
-
-MASK = "***"
-
-# A secret word ends its name or is followed by a separator: HF_TOKEN, api-key, WANDB_API_KEY, but not
-# num_tokens, max_new_tokens or TOKENIZERS_PARALLELISM.
-_SECRET_WORDS = (
-    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIALS?"
-    r"|AUTH[_-]?KEY|COOKIE)(?![A-Za-z])"
-)
-_SECRET_NAME = re.compile(rf"{_SECRET_WORDS}|(?:^|_)KEY$", re.IGNORECASE)
-
-# NAME=value, NAME: value, "name": "value" where NAME looks secret.
-_ASSIGNMENT = re.compile(
-    rf"""(?P<name>\b[A-Za-z0-9_.-]*{_SECRET_WORDS}[A-Za-z0-9_.-]*)(?P<q1>['"]?)(?P<sep>\s*[=:]\s*)"""
-    r"""(?P<value>'[^'\n]*'|"[^"\n]*"|[^\s'",;}]+)""",
-    re.IGNORECASE,
-)
-# --hub_token VALUE, --api-key=VALUE
-_FLAG = re.compile(
-    rf"""(?P<flag>--?[A-Za-z0-9_-]*{_SECRET_WORDS}[A-Za-z0-9_-]*)"""
-    r"""(?P<sep>=|(?:[ \t]|\\\r?\n)+)(?P<value>'[^'\n]*'|"[^"\n]*"|[^\s'"]+)""",
-    re.IGNORECASE,
-)
-# Token formats that are secret wherever they appear.
-_TOKENS = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-    r"|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})"
-)
-# scheme://user:password@host
-_URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):(?P<value>[^/\s@]+)@")
-
-_MIN_SECRET_LEN = 6
 
 
 def is_secret_name(name: str) -> bool:
-    """True when an environment variable or option name looks like it holds a secret."""
-    return bool(_SECRET_NAME.search(name))
-
-
-def _mask_quoted(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return f"{value[0]}{MASK}{value[0]}"
-    return MASK
+    """True when an environment variable or option name looks like it holds a secret (the built-in rule)."""
+    return SecretRule().is_secret_name(name)
 
 
 class Sanitizer:
@@ -68,11 +32,16 @@ class Sanitizer:
             variables in the environment and in the trials' launch plans).
     """
 
-    def __init__(self, roots: Iterable[str | Path] = (), secret_values: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        roots: Iterable[str | Path] = (),
+        secret_values: Iterable[str] = (),
+        *,
+        secret_names: Iterable[str] = (),
+    ) -> None:
         cleaned = {str(r).rstrip("/") for r in roots if str(r).rstrip("/") not in ("", ".")}
         self._roots = sorted(cleaned, key=len, reverse=True)
-        values = {v for v in secret_values if v and len(v) >= _MIN_SECRET_LEN}
-        self._values = sorted(values, key=len, reverse=True)
+        self.rule = SecretRule(secret_names, secret_values)
 
     @classmethod
     def for_study(
@@ -81,25 +50,18 @@ class Sanitizer:
         env_maps: Iterable[Mapping[str, str]] = (),
         *,
         environ: Mapping[str, str] | None = None,
+        secret_names: Iterable[str] = (),
     ) -> Sanitizer:
-        """A sanitizer that also knows the secret values of ``environ`` and of the given env maps."""
-        environ = os.environ if environ is None else environ
-        values = [v for k, v in environ.items() if is_secret_name(k)]
-        for env in env_maps:
-            values.extend(str(v) for k, v in env.items() if is_secret_name(str(k)))
-        return cls(roots, values)
+        """A sanitizer that also knows the secret values of ``environ`` and of the given env maps, and
+        the names the study declared secret (``--secret-arg``)."""
+        rule = SecretRule.for_environment(secret_names, env_maps, environ=environ)
+        return cls(roots, rule.values, secret_names=rule.extra_names)
 
     def clean(self, text: object) -> str:
         """``text`` as a string with secrets masked and the study directory made relative."""
         if text is None:
             return ""
-        out = str(text)
-        for value in self._values:
-            out = out.replace(value, MASK)
-        out = _URL_CREDENTIALS.sub(lambda m: f"{m['head']}:{MASK}@", out)
-        out = _FLAG.sub(lambda m: f"{m['flag']}{m['sep']}{_mask_quoted(m['value'])}", out)
-        out = _ASSIGNMENT.sub(lambda m: f"{m['name']}{m['q1']}{m['sep']}{_mask_quoted(m['value'])}", out)
-        out = _TOKENS.sub(MASK, out)
+        out = self.rule.mask(text)
         for root in self._roots:
             out = re.sub(re.escape(root) + r"""(?=/|$|[\s'"`,;:)\]}])/?""", _relative_repl, out)
         return out

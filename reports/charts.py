@@ -198,15 +198,21 @@ def _mpl_figure(
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """Write ``fig`` as PNG, or as SVG when ``path`` ends in ``.svg`` (text kept as text)."""
+    """Write ``fig`` as PNG, or as SVG when ``path`` ends in ``.svg`` (text kept as text); atomically,
+    never through a link planted in charts/."""
+    import io
+
     from matplotlib import rc_context
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from autotune.studydir import write_bytes_atomic
+
+    buf = io.BytesIO()
     if path.suffix == ".svg":
         with rc_context({"svg.fonttype": "none"}):
-            fig.savefig(path, format="svg", metadata={"Date": None})
+            fig.savefig(buf, format="svg", metadata={"Date": None})
     else:
-        fig.savefig(path, format="png")
+        fig.savefig(buf, format="png")
+    write_bytes_atomic(path, buf.getvalue())
     return path
 
 

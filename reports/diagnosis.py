@@ -22,6 +22,7 @@ from autotune.backends import Backend, backend_class
 from autotune.errors import AutotuneError, UsageError
 from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
 from autotune.records import TrialStatus
+from autotune.trial.outcome import host_memory_note
 
 __all__ = [
     "Severity",
@@ -799,11 +800,19 @@ def rule_unhealthy_trials(ctx: Context) -> Finding | None:
 
 
 def rule_host_memory(ctx: Context) -> Finding | None:
-    """Trials killed for host RAM, with the host memory numbers and the knobs that live in host RAM."""
+    """Trials killed for host RAM, with the host memory numbers and the knobs that live in host RAM.
+
+    A trial whose own host samples show plenty of memory available throughout
+    (:func:`~autotune.trial.outcome.host_memory_note`) is not said to be killed for host memory: the
+    finding quotes its figures and the other causes of a SIGKILL instead.
+    """
     killed = [t for t in ctx.data.trials if t.status is TrialStatus.HOST_OOM]
     if not killed:
         return None
-    lines = []
+    total = ctx.data.hardware.host.ram_total_bytes if ctx.data.hardware is not None else None
+    short: list[str] = []
+    ample: list[str] = []
+    to_spare: list[int] = []
     for t in killed:
         sig = ctx.signals.get(t.number)
         line = f"trial {t.number}"
@@ -814,23 +823,33 @@ def rule_host_memory(ctx: Context) -> Finding | None:
             host_knobs[name] = value
         if host_knobs:
             line += " (" + ", ".join(f"{k}={knob_value(v)}" for k, v in host_knobs.items()) + ")"
-        if sig is not None and sig.host_min_available_bytes is not None:
-            line += f": host memory available fell to {gib(sig.host_min_available_bytes, 2)}"
+        low = sig.host_min_available_bytes if sig is not None else None
+        note = host_memory_note(low, total)
+        if note is not None:
+            ample.append(f"{line}: {note}")
+            to_spare.append(t.number)
+            continue
+        if sig is not None and low is not None:
+            line += f": host memory available fell to {gib(low, 2)}"
             if sig.host_peak_rss_bytes is not None:
                 line += f", the trial held {gib(sig.host_peak_rss_bytes)}"
-        lines.append(line)
-    text = (
-        "Killed by the kernel for host memory: "
-        + "; ".join(lines)
-        + ". Offloaded states and sleep level 1 keep "
-        "weights in host RAM on every rank. Try less offload, sleep_level 0, or a host with more RAM."
-    )
+        short.append(line)
+    parts = []
+    if short:
+        parts.append(
+            "Killed by the kernel for host memory: "
+            + "; ".join(short)
+            + ". Offloaded states and sleep level 1 keep "
+            "weights in host RAM on every rank. Try less offload, sleep_level 0, or a host with more RAM."
+        )
+    if ample:
+        parts.append("Killed by a SIGKILL autotune did not send, " + "; ".join(ample) + ".")
     return Finding(
         "host_memory",
         Severity.WARNING,
-        "Host ran out of memory",
-        text,
-        {"trials": [t.number for t in killed]},
+        "Host ran out of memory" if short else "Killed by SIGKILL with host memory to spare",
+        " ".join(parts),
+        {"trials": [t.number for t in killed], "memory_to_spare": to_spare},
     )
 
 
@@ -918,7 +937,7 @@ def make_context(
 ) -> Context:
     """Compute every trial's signals once and bundle what the rules need."""
     sigs = {t.number: signals(data, t) for t in data.trials}
-    sanitizer = Sanitizer.for_study(data.roots, data.env_maps)
+    sanitizer = Sanitizer.for_study(data.roots, data.env_maps, secret_names=data.secret_names)
     return Context(data=data, signals=sigs, winner=winner, estimator=estimator, clean=sanitizer.clean)
 
 

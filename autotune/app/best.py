@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.studydir import StudyDir
+from autotune.studydir import StudyDir, write_text_atomic
 
 __all__ = ["write_best"]
 
@@ -34,8 +34,7 @@ def write_best(study_dir: Path) -> Path | None:
     rec = sd.recommendation()
     if rec is None:
         return None
-    best = sd.best_dir
-    best.mkdir(parents=True, exist_ok=True)
+    best = sd.own_dir(sd.best_dir)  # never a link: it is emptied and rewritten
     for stale in best.iterdir():  # a resumed study's earlier winner may have had other files
         if stale.is_file():
             stale.unlink()
@@ -46,7 +45,7 @@ def write_best(study_dir: Path) -> Path | None:
         fmt = default_format(winner.backend)
         write_export(export_winner(winner, fmt), best, overwrite=True)
     except UsageError as exc:  # the study's results stand; only best/ is incomplete
-        (best / "README.txt").write_text(
-            f"{MARKER}: no {fmt} export for trial {rec.trial}: {exc.one_line()}\n", encoding="utf-8"
+        write_text_atomic(
+            best / "README.txt", f"{MARKER}: no {fmt} export for trial {rec.trial}: {exc.one_line()}\n"
         )
     return best

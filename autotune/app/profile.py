@@ -65,6 +65,7 @@ class ProfileRequest:
     startup_timeout_s: float = 3600.0
     hang_floor_s: float = 1800.0
     hang_k: float = 20.0
+    secret_args: tuple[str, ...] = ()
 
 
 def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
@@ -117,9 +118,14 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     watchdog = WatchdogConfig(
         startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s
     )
+    from autotune.secrets import SecretRule
+
+    secrets = SecretRule(req.secret_args).learning(req.command)
+    shown = secrets.redact_argv(req.command)  # profile.json never holds a secret
     header = {
-        "command": list(req.command),
-        "command_line": shlex.join(req.command),
+        "command": list(shown),
+        "command_line": shlex.join(shown),
+        "secret_args": list(req.secret_args),
         "hardware": req.hardware.model_dump(mode="json"),
         "started_wall_s": time.time(),
     }
@@ -133,6 +139,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         early_stop=EarlyStopConfig(enabled=False),
         samplers=make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
         stop_event=threading.Event(),
+        secrets=secrets,
     )
     steps = list(record.steps)
     batch = req.global_batch or next((s.samples for s in steps if s.samples), None)
@@ -150,8 +157,8 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         number=0,
         params={},
         status=verdict.status,
-        reason=verdict.reason,
-        evidence=verdict.evidence,
+        reason=secrets.mask(verdict.reason),
+        evidence=secrets.mask(verdict.evidence) if verdict.evidence is not None else None,
         exit_code=record.exit_code,
         signal=record.signal,
         steps=len(steps),

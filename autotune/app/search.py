@@ -59,6 +59,7 @@ class SearchRequest:
     metrics_file: str | None = None
     executable: str | None = None
     confirm_runs: int = 2
+    secret_args: tuple[str, ...] = ()
     # --pin name=value: knobs kept at one value in every trial
     pins: tuple[str, ...] = ()
     # how the study was asked for, for study.json and "resume with:" (default: this process's argv)
@@ -377,6 +378,10 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     )
     for name, why in space.dropped.items():
         console.print(f"note: knob {name} dropped: {why}", markup=False, style="yellow")
+    from autotune.secrets import SecretRule
+
+    argv = sys.argv[1:] if sys.argv and sys.argv[1:] else ["search"]
+    secrets = SecretRule(req.secret_args).learning(argv)
     if hardware.gpus and not hardware.visible:
         console.print(
             "note: GPUs are declared, not visible here: no NVML timelines will be sampled",
@@ -402,11 +407,11 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         time_budget_s=prep.time_budget_s,
         storage_url=req.storage,
         user_baseline=prep.user_baseline,
-        command_line=req.command_line
-        or (shlex.join(["autotune", *sys.argv[1:]]) if sys.argv else "autotune search"),
+        command_line=secrets.mask(req.command_line or shlex.join(["autotune", *argv])),
         versions=collect_versions(req.backend),
         backend_version=prep.info.version,
         confirm_runs=req.confirm_runs,
+        secret_args=req.secret_args,
     )
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
@@ -419,6 +424,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         samplers=make_samplers(hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
         stop_event=stop_event,
         beta=beta,
+        secrets=secrets,
     )
     memory_gate = _memory_gate(hardware, prep.model, req, fixed_args, backend, out)
     view.use_labels({k.name: k.short for k in space.knobs})
@@ -435,6 +441,8 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     )
     from autotune.study.lock import StudyLock
 
+    # how to resume, its secrets read from variables (never printed nor stored)
+    resume = secrets.mask(req.command_line) if req.command_line else _resume_line(secrets, argv)
     # held from here to the report: a second run on this study is refused, naming this one
     with StudyLock(out), _stop_on_signals(stop_event, console):
         try:
@@ -446,12 +454,19 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
             outcome=outcome,
             searched=space.searched,
             pinned=dict(space.pinned),
-            command_line=cfg.command_line,
+            command_line=resume,
         )
         _finish(console, summary)
     if outcome.stopped == "interrupted":
-        console.print(f"resume with: {cfg.command_line}", markup=False)
+        console.print(f"resume with: {resume}", markup=False)
     return summary
+
+
+def _resume_line(secrets: Any, argv: list[str]) -> str:
+    """The command that resumes the study, its secrets read from environment variables."""
+    words, needed = secrets.script_words(["autotune", *argv])
+    line = " ".join(words)
+    return f"{line}   (export {' '.join(needed)} first)" if needed else line
 
 
 # Ctrl-C, and what `timeout`, Slurm, `docker stop` and a closed terminal send.

@@ -69,9 +69,15 @@ class WorkerConfig:
             dataset=str(data["dataset"]),
             metrics_path=str(data["metrics_path"]),
             samples_per_step=int(data["samples_per_step"]),
-            grpo_config=dict(data.get("grpo_config") or {}),
+            grpo_config={**dict(data.get("grpo_config") or {}), **_secrets(data.get("secret_env") or {})},
             reward_funcs=tuple(data.get("reward_funcs") or ("autotune",)),
         )
+
+
+def _secrets(names: Mapping[str, str]) -> dict[str, str]:
+    """The secret arguments of the trial (a hub token), from the environment variables its config names:
+    the config file itself never holds a secret."""
+    return {str(name): os.environ[var] for name, var in names.items() if var in os.environ}
 
 
 # ---------------------------------------------------------------------------------------------- reward

@@ -30,6 +30,12 @@ def register(app: typer.Typer) -> None:
             "-o",
             help="Write the files here (a directory for multi-file formats) instead of printing the main file.",
         ),
+        secret_arg: list[str] | None = typer.Option(
+            None,
+            "--secret-arg",
+            help="An argument name whose value is a secret (repeatable), on top of the study's own:"
+            " scripts read it from ${NAME}, other files show ***.",
+        ),
         as_json: bool = typer.Option(
             False,
             "--json",
@@ -56,7 +62,7 @@ def register(app: typer.Typer) -> None:
                 f"{directory} is not a directory",
                 hint="Pass the runs/<study> directory autotune search wrote",
             )
-        winner = load_winner(directory, trial=trial)
+        winner = load_winner(directory, trial=trial, secret_names=tuple(secret_arg or ()))
         result = export_winner(winner, fmt or default_format(winner.backend))
         if as_json:
             written = [str(p) for p in write_export(result, out)] if out is not None else None

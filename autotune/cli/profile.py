@@ -43,6 +43,13 @@ def register(app: typer.Typer) -> None:
         startup_timeout: Annotated[
             str, typer.Option("--startup-timeout", help="Time allowed before the first step.")
         ] = "1h",
+        secret_arg: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--secret-arg",
+                help="An argument name whose value is a secret (repeatable): never written to a file.",
+            ),
+        ] = None,
     ) -> None:
         import time
         from pathlib import Path
@@ -67,6 +74,7 @@ def register(app: typer.Typer) -> None:
             global_batch=global_batch,
             hang_floor_s=parse_duration_s(hang_floor, flag="--hang-floor"),
             startup_timeout_s=parse_duration_s(startup_timeout, flag="--startup-timeout"),
+            secret_args=tuple(secret_arg or ()),
         )
         code, html, md = run_profile(req)
         say(f"report: {html}  {md}")

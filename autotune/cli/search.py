@@ -143,6 +143,15 @@ def register(app: typer.Typer) -> None:
                 " speedup. Not counted in --trials; counted in the time budget. 0 skips it.",
             ),
         ] = 2,
+        secret_arg: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--secret-arg",
+                help="An argument name whose value is a secret (repeatable), on top of names with token,"
+                " key, password or secret in them: never written to a file (scripts read it from"
+                " ${NAME}, other files show ***).",
+            ),
+        ] = None,
         pin: Annotated[
             list[str] | None,
             typer.Option(
@@ -192,6 +201,7 @@ def register(app: typer.Typer) -> None:
             metrics_file=metrics_file,
             executable=executable,
             confirm_runs=confirm_runs,
+            secret_args=tuple(secret_arg or ()),
             pins=tuple(pin or ()),
         )
         shown = err_console if as_json else console

@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.secrets import MASK, SecretRule, env_name
 
 __all__ = [
     "EXPORT_FORMATS",
     "MARKER",
     "Export",
     "ShellWord",
-    "drop_secrets",
     "flag_lines",
-    "is_secret_name",
     "json_text",
-    "looks_secret",
+    "mask_secrets",
     "refuse",
+    "secret_comment",
     "shell_script",
     "write_export",
 ]
@@ -89,44 +89,21 @@ def refuse(what: str, fmt: str, instead: str | None) -> UsageError:
 
 # ------------------------------------------------------------------------------------------ secrets
 
-_SECRET_WORDS = (
-    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIALS?"
-    r"|AUTH[_-]?KEY|COOKIE)(?![A-Za-z])"
-)
-_SECRET_NAME = re.compile(rf"{_SECRET_WORDS}|(?:^|_)KEY$", re.IGNORECASE)
-_SECRET_VALUE = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-    r"|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,})"
-    r"|[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@"
-)
 
+def mask_secrets(args: Mapping[str, Any], rule: SecretRule | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The arguments with secret values masked (:data:`~autotune.secrets.MASK`), and one note per secret.
 
-def is_secret_name(name: str) -> bool:
-    """True when a flag or variable name looks like it holds a secret (``hub_token``, ``WANDB_API_KEY``)."""
-    return bool(_SECRET_NAME.search(name))
-
-
-def looks_secret(value: Any) -> bool:
-    """True when a value (or any item of a list value) looks like a credential (``hf_...``, ``user:pw@``)."""
-    if isinstance(value, (list, tuple)):
-        return any(looks_secret(v) for v in value)
-    if isinstance(value, Mapping):
-        return any(looks_secret(v) for v in value.values())
-    return isinstance(value, str) and bool(_SECRET_VALUE.search(value))
-
-
-def drop_secrets(args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The arguments without secrets, and one note per argument left out."""
-    kept: dict[str, Any] = {}
-    notes: list[str] = []
-    for name, value in args.items():
-        if is_secret_name(name) or looks_secret(value):
-            notes.append(
-                f"--{name} left out: it holds a secret; set it in your environment or add it by hand"
-            )
-        else:
-            kept[name] = value
-    return kept, notes
+    Scripts read a masked argument from an environment variable (:func:`shell_script`); JSON and YAML
+    show the mask.
+    """
+    rule = rule or SecretRule()
+    masked = rule.redact_mapping(args)
+    notes = [
+        f"--{name} is a secret: scripts read it from ${env_name(str(name))}, other files show {MASK}"
+        for name, value in args.items()
+        if masked[name] != value or MASK in str(masked[name])
+    ]
+    return masked, notes
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -142,10 +119,6 @@ class ShellWord:
     """A word written into a script as it is (not quoted): for ``"$HERE/file.py"`` and ``"$@"``."""
 
     text: str
-
-
-def _word(item: str | ShellWord) -> str:
-    return item.text if isinstance(item, ShellWord) else shlex.quote(item)
 
 
 def flag_lines(argv: Sequence[str], lead: int = 1) -> list[list[str]]:
@@ -165,29 +138,58 @@ def shell_script(
     *,
     env: Mapping[str, str] | None = None,
     setup: Iterable[str] = (),
+    secrets: SecretRule | None = None,
 ) -> str:
     """A bash script that runs one command with ``env``, passing its own arguments (``"$@"``) on.
+
+    Secrets (:mod:`autotune.secrets`) are never written: a secret argument is read from an environment
+    variable (``--hf_token "${HF_TOKEN}"``), a secret variable of ``env`` is left for the user to export,
+    and a comment names what to export.
 
     Args:
         comments: header lines (without ``#``); the first should carry :data:`MARKER`.
         command: the command as lines of items; items are quoted unless they are :class:`ShellWord`.
         env: variables to export first (values quoted).
         setup: shell lines between the exports and the command (written by us, never built from values).
+        secrets: the rule (default: the built-in one).
     """
-    lines = ["#!/usr/bin/env bash"]
-    lines += [f"# {c}".rstrip() for c in comments]
-    lines.append("set -euo pipefail")
+    rule = secrets or SecretRule()
+    body: list[str] = []
+    needed: list[str] = []
     for key, value in (env or {}).items():
         if not _ENV_NAME.match(key):
             raise UsageError(
                 f"{key!r} is not an environment variable name", hint="Fix the trial's launch.json"
             )
-        lines.append(f"export {key}={shlex.quote(value)}")
-    lines += list(setup)
-    rendered = [" ".join(_word(item) for item in line) for line in command if line]
+        if rule.is_secret_name(key) or rule.looks_secret(value) or MASK in value:
+            needed.append(key)  # the user exports it; its value is never written
+            continue
+        body.append(f"export {key}={shlex.quote(value)}")
+    body += list(setup)
+    rendered = []
+    for line in command:
+        if not line:
+            continue
+        plain = [item for item in line if not isinstance(item, ShellWord)]
+        words, used = rule.script_words(plain) if plain else ([], [])
+        needed += [u for u in used if u not in needed]
+        it = iter(words)
+        rendered.append(" ".join(item.text if isinstance(item, ShellWord) else next(it) for item in line))
     rendered.append('"$@"')
-    lines.append(" \\\n  ".join(rendered))
-    return "\n".join(lines) + "\n"
+    body.append(" \\\n  ".join(rendered))
+    lines = ["#!/usr/bin/env bash"]
+    lines += [f"# {c}".rstrip() for c in comments]
+    lines += secret_comment(needed)
+    lines.append("set -euo pipefail")
+    return "\n".join(lines + body) + "\n"
+
+
+def secret_comment(names: Sequence[str]) -> list[str]:
+    """The script comment that names the variables the user must export (none: no comment)."""
+    if not names:
+        return []
+    listed = " ".join(names)
+    return [f"# Secrets are not written here: export {listed} before running (autotune never stores them)."]
 
 
 def _is_number(text: str) -> bool:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import NothingToRecommend, UsageError
 from autotune.jobconfig import JobConfig
 from autotune.records import Hardware, LaunchPlan, Recommendation, TrialResult, TrialStatus
+from autotune.secrets import SecretRule
 from autotune.studydir import StudyDir
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class Winner:
         hardware: the study's hardware (None when ``study.json`` lacks it).
         why: one sentence on why this trial (the recommendation's reason or "chosen with --trial N").
         recommendation: the study's recommendation (its speedup, interval and verdict), when it has one.
+        secret_names: argument names declared secret on top of the study's own (``--secret-arg``).
     """
 
     study_dir: Path
@@ -45,6 +47,16 @@ class Winner:
     hardware: Hardware | None = None
     why: str = ""
     recommendation: Recommendation | None = None
+    secret_names: tuple[str, ...] = ()
+
+    @property
+    def secrets(self) -> SecretRule:
+        """The secret rule of this export: the built-in one, the names the study declared secret
+        (``study.json``'s ``secret_args``) and :attr:`secret_names`."""
+        declared = self.settings.get("secret_args")
+        names = [str(n) for n in declared] if isinstance(declared, list) else []
+        env = [self.launch.env] if self.launch is not None else []
+        return SecretRule.for_environment((*names, *self.secret_names), env, environ={})
 
     @property
     def number(self) -> int:
@@ -130,7 +142,7 @@ def _launch(path: Path) -> LaunchPlan | None:
         return None
 
 
-def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
+def load_winner(study_dir: Path, *, trial: int | None = None, secret_names: tuple[str, ...] = ()) -> Winner:
     """Read a study directory and pick the trial to export.
 
     Args:
@@ -198,4 +210,5 @@ def load_winner(study_dir: Path, *, trial: int | None = None) -> Winner:
         hardware=hardware,
         why=why,
         recommendation=rec,
+        secret_names=tuple(secret_names),
     )

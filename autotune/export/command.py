@@ -2,7 +2,8 @@
 
 The command backend runs the user's command with the knobs substituted; autotune cannot tell its
 trial-only parts from the user's job, so the export is the trial's launch plan as a script: its working
-directory, the environment autotune set (secret-named variables and values left out) and its argv.
+directory, the environment autotune set and its argv; secrets are read from environment variables
+(:func:`~autotune.export._common.shell_script`), never written.
 """
 
 from __future__ import annotations
@@ -12,14 +13,7 @@ import shlex
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.export._common import (
-    Export,
-    drop_secrets,
-    flag_lines,
-    is_secret_name,
-    looks_secret,
-    shell_script,
-)
+from autotune.export._common import Export, flag_lines, shell_script
 from autotune.export._job import header
 from autotune.export._winner import Winner
 
@@ -41,15 +35,12 @@ def export_command(w: Winner) -> Export:
             f"trial {w.number} has no launch.json in {w.trial_dir}",
             hint="Export with --format json, or restore the trial directory",
         )
-    env, env_notes = drop_secrets(plan.env)
-    notes = [n.replace("--", "$", 1) for n in env_notes]
-    lines: list[list[str]] = []
-    for line in flag_lines(plan.argv, lead=1):
-        flag = line[0].split("=", 1)[0]
-        if flag.startswith("-") and (is_secret_name(flag) or looks_secret(line)):
-            notes.append(f"{flag} left out: it holds a secret; add it by hand")
-            continue
-        lines.append(line)
+    rule = w.secrets
+    lines = flag_lines(plan.argv, lead=1)
+    _, used = rule.script_words(plan.argv)
+    notes = [
+        f"{name} is a secret: the script reads it from the environment; export it first" for name in used
+    ]
     comments = header(w, "command")
     comments.append("The trial's own command; arguments given to this script are passed on.")
     comments += notes
@@ -58,7 +49,7 @@ def export_command(w: Winner) -> Export:
         cwd = w.trial_dir  # the study may have moved since the trial ran
     setup = [f"unset {name}" for name in plan.unset_env if _ENV_NAME.match(name)]
     setup.append(f"cd {shlex.quote(str(cwd))}")
-    script = shell_script(comments, lines, env=env, setup=setup)
+    script = shell_script(comments, lines, env=plan.env, setup=setup, secrets=rule)
     return Export(
         format="command",
         files={SCRIPT: script},

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.export._common import MARKER, Export, drop_secrets, json_text
+from autotune.export._common import MARKER, Export, json_text, mask_secrets
 from autotune.export._winner import Winner
 
 __all__ = ["KNOBS_FILE", "export_json", "summary"]
@@ -37,7 +37,7 @@ def summary(w: Winner) -> dict[str, Any]:
     from autotune.studydir import StudyDir
 
     r = w.result
-    fixed, _ = drop_secrets(w.fixed)
+    fixed, _ = mask_secrets(w.fixed, w.secrets)
     from autotune.study.verdict import headline
 
     baseline = None

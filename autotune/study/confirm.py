@@ -195,7 +195,9 @@ class Confirmer:
 
     def _run(self, task: ConfirmTask, left: float | None) -> TrialResult:
         directory = self.study_dir.confirm_dir(task.trial, task.round)
-        if directory.exists():
+        if directory.is_symlink():
+            directory.unlink()  # never ours: the link goes, its target is untouched
+        elif directory.exists():
             # an interrupted run (or another configuration's, before a resumed search changed the
             # winner): end what may be left of it, then start from an empty directory
             if self.reaper is not None:
@@ -203,7 +205,7 @@ class Confirmer:
                 if note:
                     self.notice(f"re-measurement run {directory.name}: {note}")
             shutil.rmtree(directory)
-        directory.mkdir(parents=True)
+        self.study_dir.own_dir(directory)
         self.study_dir.write_confirm_result(
             TrialResult(
                 number=task.trial,

@@ -7,6 +7,7 @@ runner's record and the timeline summary.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -19,8 +20,9 @@ from typing import Any, Literal, Protocol
 import optuna
 
 from autotune.backends import Backend, ModelRef, TrialContext
-from autotune.errors import UsageError
+from autotune.errors import UsageError, WriteError
 from autotune.records import Confirmation, Hardware, TrialResult, TrialSpec, TrialStatus
+from autotune.secrets import SecretRule
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import SearchStrategy, infer_infeasible
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
@@ -63,6 +65,13 @@ class StudyConfig:
     # runs of each compared configuration in the re-measurement after the search (0: none); the
     # application's default is 2 (``autotune search --confirm-runs``), callers of the core opt in
     confirm_runs: int = 0
+    # argument names the user declared secret (``--secret-arg``), on top of autotune's rule
+    secret_args: tuple[str, ...] = ()
+
+    @property
+    def secrets(self) -> SecretRule:
+        """The study's secret rule: nothing written to ``study.json`` holds a secret."""
+        return SecretRule(self.secret_args)
 
     def identity(self) -> dict[str, Any]:
         """The plain settings that define the study (the study adds its space, fixed arguments and the
@@ -289,7 +298,7 @@ class Study:
             "created_wall_s": time.time(),
             "backend": c.backend,
             "backend_version": c.backend_version,
-            "command": c.command_line,
+            "command": c.secrets.mask(c.command_line),
             "model": {
                 "name": c.model.name,
                 "path_or_id": c.model.path_or_id,
@@ -301,7 +310,7 @@ class Study:
             "num_generations": c.num_generations,
             "max_steps": c.max_steps,
             "max_completion_length": c.max_completion_length,
-            "fixed": dict(c.fixed),
+            "fixed": c.secrets.redact_mapping(dict(c.fixed)),
             "dataset": c.dataset,
             "seed": c.seed,
             "confirm_runs": c.confirm_runs,
@@ -311,14 +320,23 @@ class Study:
             "versions": dict(c.versions),
             "search": c.search,
             "budget": {"trials": c.n_trials, "time_s": c.time_budget_s},
-            "storage": c.storage_url or f"sqlite:///{StudyDir.DB}",
+            "storage": c.secrets.redact_url(c.storage_url) or f"sqlite:///{StudyDir.DB}",
+            "secret_args": list(c.secret_args),
             "identity": self.identity(),
         }
 
     def identity(self) -> dict[str, Any]:
         """What defines this study (``study.json``'s ``identity``)."""
+        rule = self.cfg.secrets  # compared (and digested) in their redacted form: a secret changes nothing
+        backend_args = {
+            k: list(rule.redact_argv(v)) if isinstance(v, list | tuple) else rule.mask_value(v)
+            for k, v in self.backend.study_identity().items()
+        }
         return study_identity(
-            self.cfg.identity(), self.space.describe(), self.cfg.fixed, self.backend.study_identity()
+            self.cfg.identity(),
+            self.space.describe(),
+            rule.redact_mapping(dict(self.cfg.fixed)),
+            backend_args,
         )
 
     def _check_compatible(self) -> dict[str, Any] | None:
@@ -349,11 +367,8 @@ class Study:
                 pruner=self.pruner,
                 load_if_exists=True,
             )
-        except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
-            raise UsageError(
-                f"cannot open study storage {url}: {exc}",
-                hint="Pass a valid Optuna storage URL with --storage",
-            ) from None
+        except Exception as exc:  # noqa: BLE001 - Optuna and SQLAlchemy raise many kinds; all are one line
+            raise _storage_error(url, exc, self.cfg.secrets) from None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([METRIC_NAME])
@@ -531,6 +546,11 @@ class Study:
         Opens (or resumes) the study, queues the baseline first, then repeats until a stopping rule
         holds: check the budgets, plan the next configuration, and ask → pre-screen → launch → tell one
         trial. At the end the recommendation is decided and stored in ``study.json`` with the outcome.
+
+        Raises:
+            WriteError: a file of the study or its storage could not be written (disk full, read-only,
+                no permission): the running trial was ended and is left INTERRUPTED (never RUNNING),
+                every finished trial is kept, and running the same command again resumes.
         """
         with StudyLock(self.cfg.study_dir) as lock:
             if lock.took_over:
@@ -538,24 +558,31 @@ class Study:
                     f"the run that held this study (pid {lock.took_over.get('pid')} on "
                     f"{lock.took_over.get('host')}) is gone: its lock was taken over"
                 )
-            loop = self._resume()
-            self.view.study_started(self.cfg, loop.launched_total, self.cfg.n_trials)
-            stop: _Stop | None = None
-            while stop is None:
-                stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
-            return self._finish(loop, stop)
+            try:
+                loop = self._resume()
+                self.view.study_started(self.cfg, loop.launched_total, self.cfg.n_trials)
+                stop: _Stop | None = None
+                while stop is None:
+                    stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
+                return self._finish(loop, stop)
+            except optuna.exceptions.StorageInternalError as exc:
+                raise self._storage_failure(exc) from None
 
     def _resume(self) -> _Loop:
         """Write the settings, open the Optuna study and take in what the study directory already holds."""
         old = self._check_compatible()
-        self.dir.trials_dir.mkdir(parents=True, exist_ok=True)
         settings = self.settings()
         if old is not None:
             settings["created_wall_s"] = old.get("created_wall_s", settings["created_wall_s"])
             if "calibration" in old:
                 settings["calibration"] = old["calibration"]
+        try:
+            self.dir.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteError.of(self.dir.root, exc) from None
+        study = self._open()  # a storage that cannot be opened leaves the study directory as it was
+        self.dir.own_dir(self.dir.trials_dir)
         self.dir.write_settings(settings)
-        study = self._open()
         for r in self.dir.results():
             self._results[r.number] = r
         if self.memory_gate is not None:
@@ -665,18 +692,69 @@ class Study:
         loop.visited.add(key)
         choice = loop.choices.pop(key, None) or self._default_choice(is_baseline, fixed_params is not None)
         result = self._prescreen(trial.number, params, is_baseline)
-        if result is None:
-            try:
-                result = self._launch(loop.study, trial, params, is_baseline, self._time_left_s(loop))
-            except KeyboardInterrupt:  # a forced stop (second signal): the trial's processes are ended
-                self._record_forced(loop, trial, key, params, is_baseline)
-                raise
-            loop.launched_total += 1 if _counts(result) else 0
-            loop.run_now += 1
-        self._record(loop, trial, key, result.model_copy(update={"choice": choice}))
+        try:
+            if result is None:
+                try:
+                    result = self._launch(loop.study, trial, params, is_baseline, self._time_left_s(loop))
+                except KeyboardInterrupt:  # a forced stop (second signal): the trial's processes are ended
+                    self._record_forced(loop, trial, key, params, is_baseline)
+                    raise
+                loop.launched_total += 1 if _counts(result) else 0
+                loop.run_now += 1
+            self._record(loop, trial, key, result.model_copy(update={"choice": choice}))
+        except (WriteError, optuna.exceptions.StorageInternalError) as exc:
+            self._abandon(loop.study, trial, params, is_baseline, exc)
+            raise
         if result.status is TrialStatus.INTERRUPTED and self.interrupted():
             return _Stop("interrupted", f"stopped by the user during trial {result.number}")
         return None
+
+    def _abandon(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        params: dict[str, Any],
+        is_baseline: bool,
+        exc: Exception,
+    ) -> None:
+        """Leave a trial that a failed write cut short INTERRUPTED (never RUNNING), on disk and in Optuna,
+        as far as the failing disk or storage allows; a finished trial's result is kept as it is."""
+        number = trial.number
+        try:
+            existing = self.dir.read_result(number)
+        except (OSError, ValueError):
+            existing = None
+        linked = self.dir.trial_dir(number).is_symlink()  # never ours: nothing is written through it
+        if not linked and (existing is None or existing.status is TrialStatus.RUNNING):
+            cause = (
+                exc.one_line() if isinstance(exc, WriteError) else "the study storage could not be written"
+            )
+            result = TrialResult(
+                number=number,
+                params=params,
+                is_baseline=is_baseline,
+                status=TrialStatus.INTERRUPTED,
+                reason=f"autotune stopped: {cause.rstrip('.')}; it says nothing about the configuration",
+            )
+            try:
+                self.dir.write_result(result)
+            except WriteError:  # the disk refuses even this: drop the RUNNING placeholder (needs no space)
+                with contextlib.suppress(OSError):
+                    self.dir.trial(number).result_json.unlink(missing_ok=True)
+        # best effort: a storage that refuses this leaves the trial RUNNING there, and resuming marks
+        # it interrupted (_recover)
+        with contextlib.suppress(optuna.exceptions.OptunaError, RuntimeError, ValueError):
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _storage_failure(self, exc: optuna.exceptions.StorageInternalError) -> WriteError:
+        """The one-line error for a storage that refused a write (its password masked)."""
+        cause = getattr(exc.__cause__, "orig", None) or exc.__cause__ or exc
+        text = " ".join(str(cause).split()) or type(cause).__name__
+        url = self.cfg.storage_url or f"sqlite:///{self.dir.db_path}"
+        return WriteError(
+            f"cannot write the study storage {self.cfg.secrets.redact_url(url)}: {self.cfg.secrets.mask(text)[:200]}",
+            hint="Free space or fix the storage's permissions, then run the same command again to resume",
+        )
 
     def _default_choice(self, is_baseline: bool, queued: bool) -> dict[str, Any]:
         """Why a configuration the strategy did not explain was run."""
@@ -846,8 +924,7 @@ class Study:
         time_left_s: float | None,
     ) -> TrialResult:
         number = trial.number
-        trial_dir = self.dir.trial_dir(number)
-        trial_dir.mkdir(parents=True, exist_ok=True)
+        trial_dir = self.dir.own_dir(self.dir.trial_dir(number))
         ctx = self._context(trial_dir, master_port=free_port())
         derived = self.backend.derive(params, ctx)
         spec = TrialSpec(number=number, params=params, derived=derived, is_baseline=is_baseline)
@@ -885,6 +962,24 @@ class Study:
             if breakdown is not None:
                 result = result.model_copy(update={"estimate": breakdown})
         return result
+
+
+def _storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
+    """The one-line error for a storage that cannot be opened: a URL no driver knows, a missing
+    directory, a driver not installed, a server out of reach (the URL's password masked)."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    text = lines[0] if lines else type(cause).__name__
+    if isinstance(exc, ImportError) or "DB access module" in text:
+        module = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None)
+        text = "the database driver for this URL is not installed" + (
+            f" (no module {module})" if module else ""
+        )
+    return UsageError(
+        f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}",
+        hint="Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
+        "directory or server exists",
+    )
 
 
 #: the name of the value Optuna records (``study.set_metric_names``)

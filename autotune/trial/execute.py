@@ -15,9 +15,10 @@ from typing import Any
 
 from autotune.backends import Backend, TrialContext
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
+from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
 from autotune.trial.failure_phase import trial_failure_phase
-from autotune.trial.outcome import classify, health_check, live_health
+from autotune.trial.outcome import classify, health_check, host_oom_reason, live_health
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
 from autotune.trial.steady import steady_estimate
 
@@ -95,6 +96,8 @@ class Executor:
         stop_event: set by the CLI on Ctrl-C; the running trial ends as INTERRUPTED.
         beta: the KL coefficient of the job (health gate: kl must move when beta > 0).
         baseline_steps: step records of the baseline (health gate: degenerate rollouts).
+        secrets: the secret rule (:mod:`autotune.secrets`): no file of a trial holds a secret, and a
+            result's reason and evidence (a log line) have the trial's secret values masked.
     """
 
     backend: Backend
@@ -107,6 +110,7 @@ class Executor:
     baseline_steps: list[StepMetrics] | None = None
     model_flops_per_step: Callable[[TrialSpec], float | None] | None = None
     peak_flops: float | None = None
+    secrets: SecretRule = field(default_factory=SecretRule)
     _run: Callable[..., RunRecord] = field(default=run_trial, repr=False)
 
     def execute(
@@ -159,6 +163,7 @@ class Executor:
             samplers=self.samplers,
             stop_event=self.stop_event,
             patterns=patterns,
+            secrets=self.secrets,
         )
         steps = list(record.steps)
         steady = steady_estimate(steps, ctx.global_batch)
@@ -176,6 +181,7 @@ class Executor:
             if record.stopped_by == "pruned":  # stopped for its health: what the live check saw counts
                 health += [p for p in observer.problems if p not in health]
         verdict = classify(record, patterns=patterns, health=health)
+        mask = self.secrets.learning(plan.argv, plan.env)
         status = verdict.status
         failed_phase = trial_failure_phase(record, status, self.backend.phase_frames())
         if (
@@ -197,6 +203,13 @@ class Executor:
             by_index = {g["index"]: g for g in summary["gpus"]}
             peaks = [by_index.get(g.index, {}).get("peak_mem_bytes") for g in self.hardware.gpus]
         host_peak = (summary or {}).get("host", {}).get("peak_rss_bytes") if summary else None
+        reason = verdict.reason
+        if status is TrialStatus.HOST_OOM:  # the figures must not contradict the reason
+            reason = host_oom_reason(
+                reason,
+                (summary or {}).get("host", {}).get("min_available_bytes") if summary else None,
+                self.hardware.host.ram_total_bytes,
+            )
         fw_mem = [s.values["memory_gib"] for s in steps if s.values.get("memory_gib") is not None]
         n_gpus = max(1, len(self.hardware.gpus))
         if spec.is_baseline and status is TrialStatus.COMPLETE:
@@ -207,8 +220,8 @@ class Executor:
             derived=spec.derived,
             is_baseline=spec.is_baseline,
             status=status,
-            reason=verdict.reason,
-            evidence=verdict.evidence,
+            reason=mask.mask(reason),
+            evidence=mask.mask(verdict.evidence) if verdict.evidence is not None else None,
             exit_code=record.exit_code,
             signal=record.signal,
             steps=len(steps),

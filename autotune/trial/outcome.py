@@ -30,6 +30,8 @@ __all__ = [
     "Verdict",
     "classify",
     "health_check",
+    "host_memory_note",
+    "host_oom_reason",
     "last_error_line",
     "live_health",
     "LIVE_HEALTH_MIN_STEPS",
@@ -284,7 +286,7 @@ def _killed_or_stuck(facts: _Facts) -> Verdict | None:
         )
         return Verdict(
             TrialStatus.HOST_OOM,
-            f"killed by SIGKILL that autotune did not send ({how}): most likely the host ran out of RAM",
+            f"killed by SIGKILL that autotune did not send ({how}){_LIKELY_HOST_OOM}",
             None,
         )
     for status in ("HOST_OOM", "HANG"):
@@ -292,6 +294,39 @@ def _killed_or_stuck(facts: _Facts) -> Verdict | None:
             pattern, line = facts.found[status]
             return facts.by_pattern(status, f"{pattern.reason}{_rank_of(line)}")
     return None
+
+
+_LIKELY_HOST_OOM = ": most likely the host ran out of RAM"
+# A host that kept this much memory available in every sample did not visibly run out.
+HOST_AMPLE_FRACTION = 0.10
+HOST_AMPLE_MIN_BYTES = 1 << 30
+
+
+def host_memory_note(min_available_bytes: int | None, ram_total_bytes: int | None) -> str | None:
+    """What to say of a HOST_OOM trial whose own host samples contradict "the host ran out of RAM".
+
+    None when they do not: memory unknown, or available fell under 10 % of RAM (or 1 GiB). Otherwise one
+    clause quoting the figures and the other causes of a SIGKILL nobody in autotune sent. The samplers
+    read every fraction of a second, so a spike between two samples is still possible: the note says the
+    figures, never that memory was fine.
+    """
+    if min_available_bytes is None or not ram_total_bytes:
+        return None
+    ample = max(HOST_AMPLE_FRACTION * ram_total_bytes, HOST_AMPLE_MIN_BYTES)
+    if min_available_bytes < ample:
+        return None
+    gib = 1 << 30
+    return (
+        f"yet host memory available never fell below {min_available_bytes / gib:.1f} GiB of "
+        f"{ram_total_bytes / gib:.1f} GiB in the samples: a container's or cgroup's memory limit, another "
+        "process, or a spike between samples sent it"
+    )
+
+
+def host_oom_reason(reason: str, min_available_bytes: int | None, ram_total_bytes: int | None) -> str:
+    """A HOST_OOM trial's reason made consistent with its host samples (:func:`host_memory_note`)."""
+    note = host_memory_note(min_available_bytes, ram_total_bytes)
+    return _one_line(f"{reason.replace(_LIKELY_HOST_OOM, '')}; {note}") if note else reason
 
 
 def _other_backend_status(facts: _Facts) -> Verdict | None:

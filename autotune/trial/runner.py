@@ -32,12 +32,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TextIO, runtime_checkable
+from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from autotune.backends._base import FailurePattern, StepParser
-from autotune.errors import BackendError, UsageError
+from autotune.errors import BackendError, UsageError, WriteError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
-from autotune.studydir import TrialDir
+from autotune.secrets import SecretRule
+from autotune.studydir import TrialDir, create_file, write_json_atomic, write_text_atomic
 from autotune.trial.early import (
     EarlyCall,
     EarlyCallConfig,
@@ -192,7 +193,7 @@ class RunRecord:
         signal: the signal that ended the process, when one did.
         stopped_by: None when the process ended on its own, else who stopped it: "hang",
             "startup_timeout", "timeout", "fatal_output" (it printed a fatal line and kept running),
-            "early_stop", "pruned" or "interrupt".
+            "early_stop", "pruned", "interrupt" or "write_error" (a file of the trial could not be written).
         stop_reason: one line saying why we stopped it.
         steps: every step record, in arrival order.
         stdout_tail, stderr_tail: the last :data:`TAIL_LINES` segments of each stream.
@@ -249,10 +250,20 @@ class RunRecord:
 _Segment = tuple[str, str | None, float, float]
 
 
-def _pump(fd: int, stream: str, log_path: Path, out: queue.SimpleQueue[_Segment]) -> None:
-    """Copy a pipe to its log file and put every \\n- or \\r-separated segment on ``out``."""
+def _pump(
+    fd: int,
+    stream: str,
+    log: BinaryIO,
+    out: queue.SimpleQueue[_Segment],
+    failed: Callable[[OSError], None],
+) -> None:
+    """Copy a pipe to its log file and put every \\n- or \\r-separated segment on ``out``.
+
+    A write to the log that fails (disk full, read-only) is reported once through ``failed`` and the
+    log is given up, but the pipe is still drained to its end, so the trial never blocks on a full pipe.
+    """
     buf = b""
-    with open(log_path, "ab", buffering=0) as log:
+    try:
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -261,7 +272,12 @@ def _pump(fd: int, stream: str, log_path: Path, out: queue.SimpleQueue[_Segment]
             if not chunk:
                 break
             t_mono, t_wall = time.monotonic(), time.time()
-            log.write(chunk)
+            if not log.closed:
+                try:
+                    log.write(chunk)
+                except OSError as exc:
+                    _close_quietly(log)
+                    failed(exc)
             parts = _SPLIT.split(buf + chunk)
             buf = parts.pop()
             if len(buf) > _MAX_SEGMENT_BYTES:
@@ -272,7 +288,17 @@ def _pump(fd: int, stream: str, log_path: Path, out: queue.SimpleQueue[_Segment]
                     out.put((stream, part.decode("utf-8", "replace"), t_mono, t_wall))
         if buf:
             out.put((stream, buf.decode("utf-8", "replace"), time.monotonic(), time.time()))
-    out.put((stream, None, time.monotonic(), time.time()))
+    finally:
+        _close_quietly(log)
+        out.put((stream, None, time.monotonic(), time.time()))
+
+
+def _close_quietly(fh: Any) -> None:
+    """Close a file whose writes already failed (closing may flush and fail again)."""
+    try:
+        fh.close()
+    except OSError:
+        pass
 
 
 def _write_timeline(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -285,12 +311,6 @@ def _write_timeline(path: Path, rows: list[dict[str, Any]]) -> None:
         pd.DataFrame(rows).to_parquet(path, index=False)
         return
     write_timeline(path, rows)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _step_json(step: StepMetrics) -> str:
@@ -393,8 +413,13 @@ class TrialRun:
         samplers: Callable[[int], Sequence[Sampler]] | None = None,
         stop_event: threading.Event | None = None,
         patterns: Sequence[FailurePattern] = (),
+        secrets: SecretRule | None = None,
     ) -> None:
         self.plan = _effective_plan(plan)
+        # the rule, knowing this trial's own secret values (masked wherever they would be written)
+        self.secrets = (secrets or SecretRule()).learning(self.plan.argv, self.plan.env)
+        self.write_failure: WriteError | None = None  # the first write that failed (the trial is ended)
+        self.logs: dict[str, BinaryIO] = {}
         self.parser = parser
         self.files = TrialDir(Path(trial_dir))
         self.global_batch = global_batch
@@ -413,7 +438,7 @@ class TrialRun:
         self.segments: queue.SimpleQueue[_Segment] = queue.SimpleQueue()
         self.readers: list[threading.Thread] = []
         self.active_samplers: list[Sampler] = []
-        self.metrics_file: TextIO | None = None
+        self.metrics_file: BinaryIO | None = None
         self.exited_mono: float | None = None  # when the process was seen ending by itself
         self._next_scan_mono = 0.0
         self.fatal_lines = FatalLines((*self.patterns, *COMMON_PATTERNS))
@@ -425,6 +450,7 @@ class TrialRun:
 
         Raises:
             BackendError: argv[0] cannot be started (not found, not executable).
+            WriteError: a file of the trial could not be written; raised once the trial is cleaned up.
         """
         self.prepare_files()
         self.launch()
@@ -447,6 +473,8 @@ class TrialRun:
         self.finish_output()
         rows = self.stop_samplers()
         self.write_records(rows)
+        if self.write_failure is not None:  # the trial is ended and cleaned up; the study stops
+            raise self.write_failure
         return self.record(survivors=survivors, timeline_rows=len(rows), exited_mono=exited_mono)
 
     # -- 1-3: before and right after launch ---------------------------------------------------------
@@ -460,12 +488,16 @@ class TrialRun:
         common ones).
         """
         files = self.files
-        files.path.mkdir(parents=True, exist_ok=True)
-        files.launch_json.write_text(self.plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        files.command_sh.write_text(self.plan.to_shell(), encoding="utf-8")
-        files.command_sh.chmod(0o755)
-        for log in (files.stdout_log, files.stderr_log):
-            log.write_bytes(b"")
+        try:
+            files.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteError.of(files.path, exc) from None
+        # the files hold the plan with its secrets masked; the process gets the real values (launch)
+        write_text_atomic(
+            files.launch_json, self.plan.redacted(self.secrets).model_dump_json(indent=2) + "\n"
+        )
+        write_text_atomic(files.command_sh, self.plan.to_shell(self.secrets), mode=0o755)
+        self.logs = {"stdout": create_file(files.stdout_log), "stderr": create_file(files.stderr_log)}
         own_metrics = {Path(self.plan.cwd, p).resolve() for p in self.plan.metrics_paths}
         self.write_metrics = files.metrics_jsonl.resolve() not in own_metrics
         if not self.write_metrics:
@@ -499,6 +531,8 @@ class TrialRun:
                 bufsize=0,
             )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            for log in self.logs.values():
+                _close_quietly(log)
             raise BackendError(
                 f"cannot start {plan.argv[0]!r} in {plan.cwd}: {exc.strerror or exc}",
                 hint="Check the command (its first word must be an executable on PATH or a path)",
@@ -530,8 +564,12 @@ class TrialRun:
             ("stderr", self.proc.stderr, self.files.stderr_log),
         )
         self.readers = [
-            threading.Thread(target=_pump, args=(stream.fileno(), name, log, self.segments), daemon=True)
-            for name, stream, log in streams
+            threading.Thread(
+                target=_pump,
+                args=(stream.fileno(), name, self.logs[name], self.segments, self._failed_writing(path)),
+                daemon=True,
+            )
+            for name, stream, path in streams
             if stream is not None
         ]
         for reader in self.readers:
@@ -544,7 +582,10 @@ class TrialRun:
         closes it.
         """
         if self.write_metrics:
-            self.metrics_file = open(self.files.metrics_jsonl, "w", encoding="utf-8")  # noqa: SIM115
+            try:
+                self.metrics_file = create_file(self.files.metrics_jsonl)
+            except WriteError as exc:  # the trial runs already: the watch ends it
+                self.write_failure = self.write_failure or exc
 
     def start_samplers(self) -> None:
         """Make the samplers for the trial's pid and start them; one that fails is a note, not a failure.
@@ -606,15 +647,20 @@ class TrialRun:
                 return
 
     def _drain(self, *, deciding: bool, wait_s: float) -> None:
-        """Handle queued output; wait up to ``wait_s`` for the first segment."""
+        """Handle queued output; wait up to ``wait_s`` for the first segment.
+
+        While deciding, returns after a poll interval of handling even if more is queued, so a trial
+        that prints faster than it can be read still gets its watchdog turn (and is stopped in time).
+        """
         try:
             item = self.segments.get(timeout=wait_s) if wait_s > 0 else self.segments.get_nowait()
         except queue.Empty:
             return
+        turn_ends = time.monotonic() + self.watchdog.poll_interval_s
         while True:
             self._handle_segment(item, deciding=deciding)
-            if deciding and self.live.stopped_by is not None:
-                return  # stop now; the rest is handled after the group is ended
+            if deciding and (self.live.stopped_by is not None or time.monotonic() >= turn_ends):
+                return  # stop now (or let the watchdog look); the rest is handled later
             try:
                 item = self.segments.get_nowait()
             except queue.Empty:
@@ -651,8 +697,12 @@ class TrialRun:
             if live.first_step_mono is None:
                 live.first_step_mono = min(now, step.t_mono_s) if step.t_mono_s >= self.launched_mono else now
             if self.metrics_file is not None:
-                self.metrics_file.write(_step_json(step) + "\n")
-                self.metrics_file.flush()
+                try:
+                    self.metrics_file.write((_step_json(step) + "\n").encode("utf-8"))
+                except OSError as exc:
+                    _close_quietly(self.metrics_file)
+                    self.metrics_file = None
+                    self._failed_writing(self.files.metrics_jsonl)(exc)
             if deciding and live.stopped_by is None:
                 self._decide(step)
         durations, _, _ = step_durations(live.steps)
@@ -690,6 +740,9 @@ class TrialRun:
         """Set a stop reason for the user's interrupt, the wall budget, an early call from evidence
         (:mod:`autotune.trial.early`), the start-up budget or a hang."""
         live, watchdog = self.live, self.watchdog
+        if self.write_failure is not None:
+            live.stopped_by, live.stop_reason = "write_error", self.write_failure.message
+            return
         if self.stop_event is not None and self.stop_event.is_set():
             live.stopped_by, live.stop_reason = "interrupt", "stopped by the user"
             return
@@ -855,7 +908,10 @@ class TrialRun:
         says the trial ended, with its exit code and every descendant seen.
         """
         if rows:
-            _write_timeline(self.files.timeline_parquet, rows)
+            try:
+                _write_timeline(self.files.timeline_parquet, rows)
+            except OSError as exc:
+                self._failed_writing(self.files.timeline_parquet)(exc)
         self.proc_info.update({"ended": True, "exit_code": self.proc.returncode, "ended_wall_s": time.time()})
         self._write_proc()
 
@@ -924,12 +980,28 @@ class TrialRun:
 
     def _close_metrics(self) -> None:
         if self.metrics_file is not None:
-            self.metrics_file.close()
+            _close_quietly(self.metrics_file)
+        if not self.readers:  # the readers close the logs; without readers they are closed here
+            for log in self.logs.values():
+                _close_quietly(log)
+
+    def _failed_writing(self, path: Path) -> Callable[[OSError], None]:
+        """What a failed write of ``path`` calls: the first failure is kept, and the watch ends the trial
+        on its next turn (:meth:`_check_watchdog`); :meth:`run` raises it once the trial is cleaned up."""
+
+        def failed(exc: OSError) -> None:
+            if self.write_failure is None:
+                self.write_failure = WriteError.of(path, exc)
+
+        return failed
 
     def _write_proc(self) -> None:
         """Write ``proc.json`` with every descendant known so far (what :func:`reap_orphan` reads)."""
         self.proc_info["descendants"] = {str(p): t for p, t in self.known.items() if p != self.pid}
-        _write_json(self.files.proc_json, self.proc_info)
+        try:
+            write_json_atomic(self.files.proc_json, self.proc_info)
+        except WriteError as exc:  # the trial may run already: the watch ends it
+            self.write_failure = self.write_failure or exc
 
 
 def run_trial(
@@ -944,6 +1016,7 @@ def run_trial(
     samplers: Callable[[int], Sequence[Sampler]] | None = None,
     stop_event: threading.Event | None = None,
     patterns: Sequence[FailurePattern] = (),
+    secrets: SecretRule | None = None,
 ) -> RunRecord:
     """Run one trial to its end (or ours) and return what was observed.
 
@@ -974,9 +1047,14 @@ def run_trial(
         stop_event: set by another thread to end the trial cleanly as interrupted.
         patterns: extra failure patterns to keep as evidence (the backend's), on top of the common ones;
             with ``watchdog.early_calls`` a line matching any of them is fatal.
+        secrets: the secret rule (:mod:`autotune.secrets`): ``launch.json`` and ``command.sh`` never
+            hold a secret (the process itself gets the real values).
 
     Raises:
         BackendError: argv[0] cannot be started (not found, not executable).
+        WriteError: a file of the trial could not be written (disk full, read-only, no permission):
+            the trial is ended and cleaned up first (the pipes are drained meanwhile), then this is
+            raised; the study stops.
     """
     return TrialRun(
         plan,
@@ -989,4 +1067,5 @@ def run_trial(
         samplers=samplers,
         stop_event=stop_event,
         patterns=patterns,
+        secrets=secrets,
     ).run()

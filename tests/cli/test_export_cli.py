@@ -25,7 +25,8 @@ def test_default_format_is_the_studys_backend_printed_to_stdout(study: Path) -> 
     assert proc.stdout.startswith("#!/usr/bin/env bash\n# Written by autotune export (--format swift)")
     assert "swift rlhf" in proc.stdout and "--deepspeed zero3" in proc.stdout
     assert "hf_FixtureSecretToken" not in proc.stdout + proc.stderr
-    assert "note: --hub_token left out: it holds a secret" in proc.stderr
+    assert "note: --hub_token is a secret: scripts read it from $HUB_TOKEN" in proc.stderr
+    assert '--hub_token "${HUB_TOKEN}"' in proc.stdout
 
 
 def test_multi_file_format_names_the_other_files(study: Path) -> None:

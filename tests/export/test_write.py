@@ -81,17 +81,32 @@ def test_secrets_never_reach_an_export(fixture_study: Path) -> None:
                 assert secret not in text, fmt
     assert seen == 5
     swift = export_study(fixture_study, "swift")
-    assert any("--hub_token left out" in note for note in swift.notes)
-    assert "--hub_token left out: it holds a secret" in swift.files["command.sh"]
+    assert any("--hub_token is a secret" in note for note in swift.notes)
+    # the script reads it from the environment and says what to export
+    assert '--hub_token "${HUB_TOKEN}"' in swift.files["command.sh"]
+    assert "export HUB_TOKEN before running" in swift.files["command.sh"]
 
 
-def test_a_secret_looking_value_is_left_out_whatever_its_name(fixture_study: Path) -> None:
+def test_a_secret_looking_value_is_read_from_the_environment_whatever_its_name(fixture_study: Path) -> None:
     from tests.export.conftest import edit_settings
 
     fixed = json.loads((fixture_study / "study.json").read_text())["fixed"]
     edit_settings(fixture_study, fixed={**fixed, "vllm_server_base_url": "http://user:pa55word@host:8000"})
     text = export_study(fixture_study, "swift").files["command.sh"]
-    assert "pa55word" not in text and "--vllm_server_base_url left out" in text
+    assert "pa55word" not in text
+    assert '--vllm_server_base_url http://user:"${VLLM_SERVER_BASE_URL_PASSWORD}"@host:8000' in text
+
+
+def test_a_name_the_user_declares_secret_is_never_exported(fixture_study: Path) -> None:
+    from autotune.app.export import export_winner
+    from autotune.export import load_winner
+    from tests.export.conftest import edit_settings
+
+    fixed = json.loads((fixture_study / "study.json").read_text())["fixed"]
+    edit_settings(fixture_study, fixed={**fixed, "run_label": "s3cr3t-label"})
+    winner = load_winner(fixture_study, secret_names=("run-label",))
+    for fmt in ("swift", "json"):
+        assert all("s3cr3t-label" not in text for text in export_winner(winner, fmt).files.values()), fmt
 
 
 def test_write_error_is_one_line(tmp_path: Path) -> None:

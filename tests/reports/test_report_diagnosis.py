@@ -352,3 +352,18 @@ def test_trials_without_timelines_are_diagnosed_without_error(tmp_path: Path) ->
     findings = diagnose(ctx)
     assert {f.rule for f in findings} == {"other_failures"}
     assert ctx.data.trial(9).status is TrialStatus.PRUNED
+
+
+def test_host_memory_never_says_the_host_ran_out_when_its_figures_show_plenty(tmp_path: Path) -> None:
+    """A SIGKILL nobody in autotune sent, while the host kept 60 GB of its 192 GiB available throughout."""
+    import dataclasses
+
+    plenty = [
+        dataclasses.replace(seg, host_available_bytes=60e9) if seg.host_available_bytes < 60e9 else seg
+        for seg in mf.spec(11).segs
+    ]
+    f = rule_host_memory(study(tmp_path, dataclasses.replace(mf.spec(11), segs=plenty)))
+    assert f is not None and f.title == "Killed by SIGKILL with host memory to spare"
+    assert "Killed by the kernel for host memory" not in f.text
+    assert "never fell below 55.9 GiB of 192.0 GiB" in f.text and "cgroup" in f.text
+    assert f.evidence["memory_to_spare"] == [11]

@@ -521,3 +521,15 @@ def test_a_hang_called_from_evidence_keeps_its_evidence() -> None:
     assert verdict.evidence is not None and verdict.evidence.startswith("weight_sync_log: ")
     plain = record(exit_code=-15, signal=15, stopped_by="hang", stop_reason="no step for 61 s", steps=3)
     assert classify(plain).evidence is None  # the plain watchdog's call stays as it was
+
+
+def test_a_host_oom_reason_agrees_with_the_host_figures() -> None:
+    from autotune.trial.outcome import host_oom_reason
+
+    reason = "killed by SIGKILL that autotune did not send (exit -9): most likely the host ran out of RAM"
+    gib = 1 << 30
+    assert host_oom_reason(reason, int(0.3 * gib), 64 * gib) == reason  # memory did run out: as it was
+    assert host_oom_reason(reason, None, 64 * gib) == reason  # nothing known: as it was
+    amended = host_oom_reason(reason, 22 * gib, 64 * gib)
+    assert "most likely the host ran out of RAM" not in amended
+    assert "never fell below 22.0 GiB of 64.0 GiB" in amended and amended.startswith("killed by SIGKILL")

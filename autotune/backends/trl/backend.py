@@ -35,7 +35,9 @@ from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError
 from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
+from autotune.secrets import SecretRule, env_name
 from autotune.space import SearchSpace
+from autotune.studydir import write_text_atomic
 
 __all__ = ["TrlBackend", "TrlMetricsParser", "ds_config", "MIN_TRL_VERSION"]
 
@@ -80,6 +82,21 @@ _OWNED = frozenset(
         "deepspeed",
     }
 )
+
+
+def _secrets_to_env(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """``GRPOConfig`` arguments without their secrets (:mod:`autotune.secrets`), and each secret's
+    environment variable and value: the worker reads them from its environment, so the trial's config
+    file never holds one."""
+    rule = SecretRule()
+    clean: dict[str, Any] = {}
+    moved: dict[str, tuple[str, str]] = {}
+    for name, value in kwargs.items():
+        if isinstance(value, str) and (rule.is_secret_name(name) or rule.looks_secret(value)):
+            moved[name] = (f"AUTOTUNE_SECRET_{env_name(name)}", value)
+        else:
+            clean[name] = value
+    return clean, moved
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -465,18 +482,21 @@ class TrlBackend(Backend):
                 offload_param=bool(self._value(params, "offload_param")),
                 cpu_only=ctx.cpu_only,
             )
-            trial_path(ctx, DS_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            write_text_atomic(trial_path(ctx, DS_CONFIG_FILE), json.dumps(config, indent=2) + "\n")
         rewards = ctx.fixed.get("reward_funcs") or ["autotune"]
+        grpo_config, secret_env = _secrets_to_env(self.grpo_kwargs(params, derived, ctx))
         worker_config = {
             "model": ctx.model.path_or_id,
             "dataset": dataset,
             "metrics_path": str(trial_path(ctx, METRICS_FILE)),
             "samples_per_step": ctx.global_batch,
             "reward_funcs": [rewards] if isinstance(rewards, str) else list(rewards),
-            "grpo_config": self.grpo_kwargs(params, derived, ctx),
+            "grpo_config": grpo_config,
+            # secret arguments (a hub token) reach the worker through its environment, never this file
+            "secret_env": {name: var for name, (var, _) in secret_env.items()},
         }
         config_path = trial_path(ctx, CONFIG_FILE)
-        config_path.write_text(json.dumps(worker_config, indent=2, default=str) + "\n", encoding="utf-8")
+        write_text_atomic(config_path, json.dumps(worker_config, indent=2, default=str) + "\n")
 
         worker = ["-m", "autotune.backends.trl_worker", str(config_path)]
         if world > 1 or zero > 0:
@@ -499,7 +519,7 @@ class TrlBackend(Backend):
             argv = [sys.executable, *worker]
         return LaunchPlan(
             argv=tuple(argv),
-            env=self._env(ctx, world, zero),
+            env={**self._env(ctx, world, zero), **dict(secret_env.values())},
             cwd=str(ctx.trial_dir),
             metrics_paths=(str(trial_path(ctx, METRICS_FILE)),),
             world_size=world,

@@ -42,7 +42,7 @@ from autotune.backends._vocab import SHARED_ARGS
 from autotune.backends.swift.backend import SwiftBackend
 from autotune.backends.swift.config import TRL_NAMES, list_value
 from autotune.errors import UsageError
-from autotune.export._common import MARKER, Export, drop_secrets, json_text, refuse, shell_script
+from autotune.export._common import MARKER, Export, json_text, mask_secrets, refuse, shell_script
 from autotune.export._job import demo_prompts, header, precision, user_dataset, uses_demo_reward
 from autotune.export._winner import Winner
 from autotune.export.deepspeed import DS_CONFIG, config_for
@@ -270,7 +270,7 @@ def export_trl(w: Winner) -> Export:
     """
     if w.backend not in ("swift", "trl"):
         raise refuse(f"a study of the {w.backend or 'unknown'} backend", "trl", "command")
-    fixed, notes = drop_secrets(w.fixed)
+    fixed, notes = mask_secrets(w.fixed, w.secrets)
     k = w.config
     _check_knobs(k)
     bf16, fp16 = precision(w, fixed)
@@ -353,6 +353,7 @@ def export_trl(w: Winner) -> Export:
         [["trl", "grpo"], ["--config", CONFIG]],
         env=env,
         setup=['cd "$(dirname "$0")"'],
+        secrets=w.secrets,
     )
     return Export(
         format="trl",

@@ -49,10 +49,11 @@ from typing import Any
 from autotune.backends._values import as_float, typed
 from autotune.backends.swift.config import TRL_NAMES
 from autotune.errors import UsageError
-from autotune.export._common import MARKER, Export, ShellWord, drop_secrets, refuse, shell_script
+from autotune.export._common import MARKER, Export, ShellWord, mask_secrets, refuse, shell_script
 from autotune.export._job import header, user_dataset, uses_demo_reward
 from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
+from autotune.secrets import MASK
 
 __all__ = ["FIXED_TO_VERL", "REWARD_FILE", "SCRIPT", "export_verl", "overrides_of", "reward_source"]
 
@@ -194,7 +195,11 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
     instead = w.backend
     k = w.config
     _check(k, instead)
-    fixed, notes = drop_secrets(w.fixed)
+    fixed, _ = mask_secrets(w.fixed, w.secrets)
+    # verl has no setting for a secret of the trainer's (a hub token): left out, the notes say so
+    secret = [k for k, v in fixed.items() if MASK in str(v)]
+    notes = [f"--{k} left out: a secret verl has no setting for" for k in secret]
+    fixed = {k: v for k, v in fixed.items() if k not in secret}
     model = w.settings.get("model") or {}
     gb = int(w.setting("global_batch", 16))
     g = int(w.setting("num_generations", 4))
@@ -334,12 +339,12 @@ def _from_verl_study(w: Winner) -> Export:
             f"trial {w.number} of the verl study was never launched (no launch.json)",
             hint="Pick a trial that ran with --trial N",
         )
-    fixed, notes = drop_secrets(w.fixed)
-    secret = set(w.fixed) - set(fixed)
+    # launch.json holds secrets masked; the script reads them from variables (shell_script)
+    fixed, notes = mask_secrets(w.fixed, w.secrets)
     items = [a.partition("=") for a in w.launch.argv[3:]]
     command: list[list[str | ShellWord]] = [["python3", "-m", "verl.trainer.main_ppo"]]
     for key, _, value in items:
-        if key in secret or (key in _TRIAL_ONLY and key not in fixed):
+        if key in _TRIAL_ONLY and key not in fixed:
             continue
         text = _value(typed(fixed[key])) if key in _TRIAL_ONLY else value
         command.append([f"{key}={text}"])
@@ -355,7 +360,7 @@ def _from_verl_study(w: Winner) -> Export:
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in w.gpu_indices)} if not w.cpu_only else {}
     return Export(
         format="verl",
-        files={SCRIPT: shell_script(comments, command, env=env)},
+        files={SCRIPT: shell_script(comments, command, env=env, secrets=w.secrets)},
         main=SCRIPT,
         trial=w.number,
         executable=frozenset({SCRIPT}),
@@ -387,7 +392,7 @@ def export_verl(w: Winner) -> Export:
     )
     comments += notes
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in w.gpu_indices)} if not w.cpu_only else {}
-    files = {SCRIPT: shell_script(comments, command, env=env, setup=setup)}
+    files = {SCRIPT: shell_script(comments, command, env=env, setup=setup, secrets=w.secrets)}
     if ships_reward:
         files[REWARD_FILE] = reward_source()
     return Export(

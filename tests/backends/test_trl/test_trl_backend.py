@@ -715,3 +715,19 @@ def test_zero_stage_is_fixed_off_without_deepspeed(monkeypatch: pytest.MonkeyPat
     if real_find_spec("deepspeed") is not None:
         same, none = backend.adapt_space(space)
         assert same is space and none == []
+
+
+def test_a_secret_argument_reaches_the_worker_through_its_environment_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = TrlBackend()
+    token = "hf_" + "t0k3n" * 6
+    ctx = make_ctx(tmp_path, fixed={"hub_token": token, "learning_rate": 1e-5})
+    plan, config = render(b, ctx, {"per_device_train_batch_size": 4})
+    assert token not in (ctx.trial_dir / "trial_config.json").read_text()
+    assert "hub_token" not in config["grpo_config"] and config["grpo_config"]["learning_rate"] == 1e-5
+    assert config["secret_env"] == {"hub_token": "AUTOTUNE_SECRET_HUB_TOKEN"}
+    assert plan.env["AUTOTUNE_SECRET_HUB_TOKEN"] == token  # the process gets it ...
+    assert token not in plan.redacted().model_dump_json() and token not in plan.to_shell()  # ... no file
+    monkeypatch.setenv("AUTOTUNE_SECRET_HUB_TOKEN", token)
+    assert WorkerConfig.load(ctx.trial_dir / "trial_config.json").grpo_config["hub_token"] == token

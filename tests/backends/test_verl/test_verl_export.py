@@ -209,8 +209,12 @@ def test_a_verl_study_exports_the_overrides_its_trial_ran_with(tmp_path: Path, v
     study = verl_study(tmp_path, fixed)
     export = export_study(study, "verl")
     text = export.files["command.sh"]
-    assert "abcdef" not in text and any("left out" in n for n in export.notes)
-    cfg = compose(verl_python, overrides(text, tmp_path))
+    # the secret override is read from a variable the user exports (autotune.secrets)
+    assert "abcdef" not in text and 'trainer.wandb_api_key="${TRAINER_WANDB_API_KEY}"' in text
+    assert any("trainer.wandb_api_key is a secret" in n for n in export.notes)
+    cfg = compose(
+        verl_python, [o for o in overrides(text, tmp_path) if not o.startswith("trainer.wandb_api_key=")]
+    )
     trainer, ar = cfg["trainer"], cfg["actor_rollout_ref"]
     assert trainer["save_freq"] == 50  # the user's own, not the trial's -1
     assert trainer["total_training_steps"] is None and trainer["val_before_train"] is True  # verl's defaults

@@ -3,8 +3,7 @@
 # Measured 1.71 completions/s, 1400 tokens/s, peak GPU memory 20.3 GiB at a global batch of 32 completions (8 per prompt) on 4x NVIDIA A10, with ms-swift 4.6.0.
 # Verdict: 1.52× the baseline (trial 0) from one run of each (not re-measured).
 # The trial's own command; arguments given to this script are passed on.
-# $HF_TOKEN left out: it holds a secret; set it in your environment or add it by hand
-# $WANDB_API_KEY left out: it holds a secret; set it in your environment or add it by hand
+# Secrets are not written here: export HF_TOKEN WANDB_API_KEY before running (autotune never stores them).
 set -euo pipefail
 export NPROC_PER_NODE=4
 export CUDA_VISIBLE_DEVICES=0,1,2,3

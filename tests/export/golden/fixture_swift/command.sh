@@ -4,7 +4,8 @@
 # Verdict: 1.52× the baseline (trial 0) from one run of each (not re-measured).
 # Flags for ms-swift 4.6.0; arguments given to this script are passed on (--max_steps 2).
 # --reward_funcs autotune_demo is autotune's demo reward: replace it with your own.
-# --hub_token left out: it holds a secret; set it in your environment or add it by hand
+# --hub_token is a secret: scripts read it from $HUB_TOKEN, other files show ***
+# Secrets are not written here: export HUB_TOKEN before running (autotune never stores them).
 set -euo pipefail
 export NPROC_PER_NODE=4
 export CUDA_VISIBLE_DEVICES=0,1,2,3
@@ -32,4 +33,5 @@ swift rlhf \
   --use_vllm true \
   --vllm_mode colocate \
   --max_prompt_length 512 \
+  --hub_token "${HUB_TOKEN}" \
   "$@"

@@ -5,7 +5,7 @@
 # Translated to verl 0.9.1's hydra overrides; settings not written here take verl's defaults. Arguments given to this script are passed on as more overrides.
 # verl reads rows with a 'prompt' chat list, 'data_source' and 'reward_model.ground_truth' (see verl's examples/data_preprocess); data.val_files repeats the training file: set your own.
 # autotune_verl_reward.py is autotune's demo reward (the study used it): replace it with your own.
-# --hub_token left out: it holds a secret; set it in your environment or add it by hand
+# --hub_token left out: a secret verl has no setting for
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=0,1,2,3
 HERE="$(cd "$(dirname "$0")" && pwd)"
