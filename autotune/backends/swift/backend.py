@@ -26,7 +26,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from importlib.resources import as_file, files
@@ -43,6 +42,7 @@ from autotune.backends._base import (
     TrialContext,
 )
 from autotune.backends._values import as_bool, as_int
+from autotune.backends._versions import installed_versions
 from autotune.backends.swift._args import (
     MIN_VERSION,
     SwiftFlags,
@@ -106,17 +106,6 @@ _TINY_DEFAULTS: dict[str, Any] = {
     "check_model": False,
     "tuner_type": "full",
 }
-
-_VERSIONS_SCRIPT = """
-import importlib.metadata as m, json
-out = {}
-for name in ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch"):
-    try:
-        out[name] = m.version(name)
-    except m.PackageNotFoundError:
-        out[name] = None
-print("AUTOTUNE_VERSIONS " + json.dumps(out))
-"""
 
 
 def _is_vllm_only(name: str) -> bool:
@@ -235,7 +224,12 @@ class SwiftBackend(Backend):
         """
         exe = self._find_executable()
         python = self._python or _shebang_python(exe) or sys.executable
-        versions = self._installed_versions(python)
+        versions = installed_versions(
+            python,
+            ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch"),
+            framework="ms-swift",
+            hint=INSTALL_HINT,
+        )
         version = self._version or versions.get("ms-swift")
         if not version:
             raise BackendError(
@@ -273,30 +267,6 @@ class SwiftBackend(Backend):
         if beside.is_file() and os.access(beside, os.X_OK):
             return str(beside)
         raise BackendError("ms-swift's `swift` command is not on PATH", hint=INSTALL_HINT)
-
-    @staticmethod
-    def _installed_versions(python: str) -> dict[str, str | None]:
-        names = ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch")
-        if Path(python).resolve() == Path(sys.executable).resolve():
-            out: dict[str, str | None] = {}
-            for n in names:
-                try:
-                    out[n] = importlib.metadata.version(n)
-                except importlib.metadata.PackageNotFoundError:
-                    out[n] = None
-            return out
-        try:
-            proc = subprocess.run(
-                [python, "-c", _VERSIONS_SCRIPT], capture_output=True, text=True, timeout=60, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BackendError(
-                f"cannot run {python} to read the ms-swift version: {exc}", hint=INSTALL_HINT
-            ) from None
-        for line in proc.stdout.splitlines():
-            if line.startswith("AUTOTUNE_VERSIONS "):
-                return json.loads(line.split(" ", 1)[1])
-        raise BackendError(f"cannot read the ms-swift version with {python}", hint=INSTALL_HINT)
 
     def flags(self) -> SwiftFlags:
         """The flag vocabulary of the ms-swift version trials are rendered for.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from autotune.backends._base import (
     TrialContext,
 )
 from autotune.backends._values import as_bool, as_int, none_like
+from autotune.backends._versions import installed_versions
 from autotune.backends.verl._log import FAILURE_PATTERNS, VerlLogParser
 from autotune.backends.verl.config import (
     AR,
@@ -100,17 +100,6 @@ _SHAPE = (
     f"{AR}.rollout.n",
     "data.max_response_length",
 )
-
-_VERSION_SCRIPT = """
-import importlib.metadata as m, json
-out = {}
-for name in ("verl", "vllm", "sglang", "ray", "torch"):
-    try:
-        out[name] = m.version(name)
-    except m.PackageNotFoundError:
-        out[name] = None
-print("AUTOTUNE_VERSIONS " + json.dumps(out))
-"""
 
 
 def parse_overrides(argv: Sequence[str]) -> dict[str, Any]:
@@ -240,18 +229,9 @@ class VerlBackend(Backend):
             BackendError: verl is not installed there, or is older than 0.9.
         """
         python = self._interpreter()
-        try:
-            proc = subprocess.run(
-                [python, "-c", _VERSION_SCRIPT], capture_output=True, text=True, timeout=60, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BackendError(
-                f"cannot run {python} to read the verl version: {exc}", hint=INSTALL_HINT
-            ) from None
-        versions: dict[str, str | None] = {}
-        for line in proc.stdout.splitlines():
-            if line.startswith("AUTOTUNE_VERSIONS "):
-                versions = json.loads(line.split(" ", 1)[1])
+        versions = installed_versions(
+            python, ("verl", "vllm", "sglang", "ray", "torch"), framework="verl", hint=INSTALL_HINT
+        )
         version = versions.get("verl")
         if not version:
             raise BackendError(f"verl is not installed for {python}", hint=INSTALL_HINT)
