@@ -29,6 +29,7 @@ from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
 from autotune.study.recommend import Recommendation, headroom_bytes, recommend
+from autotune.study.storage import storage_error
 from autotune.study.verdict import METHOD, headline, judge, not_remeasured
 from autotune.studydir import StudyDir
 
@@ -368,7 +369,7 @@ class Study:
                 load_if_exists=True,
             )
         except Exception as exc:  # noqa: BLE001 - Optuna and SQLAlchemy raise many kinds; all are one line
-            raise _storage_error(url, exc, self.cfg.secrets) from None
+            raise storage_error(url, exc, self.cfg.secrets) from None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([METRIC_NAME])
@@ -962,24 +963,6 @@ class Study:
             if breakdown is not None:
                 result = result.model_copy(update={"estimate": breakdown})
         return result
-
-
-def _storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
-    """The one-line error for a storage that cannot be opened: a URL no driver knows, a missing
-    directory, a driver not installed, a server out of reach (the URL's password masked)."""
-    cause = getattr(exc, "orig", None) or exc
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-    text = lines[0] if lines else type(cause).__name__
-    if isinstance(exc, ImportError) or "DB access module" in text:
-        module = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None)
-        text = "the database driver for this URL is not installed" + (
-            f" (no module {module})" if module else ""
-        )
-    return UsageError(
-        f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}",
-        hint="Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
-        "directory or server exists",
-    )
 
 
 #: the name of the value Optuna records (``study.set_metric_names``)
