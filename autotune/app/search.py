@@ -7,6 +7,7 @@ what the directory already holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import signal
 import sys
@@ -44,6 +45,10 @@ class SearchRequest:
     time_budget: str | None = None
     search: str = "auto"
     storage: str | None = None
+    # the Optuna study to join (workers of one study share it through --storage)
+    study_name: str | None = None
+    # GPUs per trial: a host with more runs that many trials at once on disjoint GPU sets
+    gpus_per_trial: int | None = None
     global_batch: int = 16
     num_generations: int = 4
     max_steps: int = 20
@@ -230,6 +235,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             f"--global-batch {req.global_batch} is not a multiple of --num-generations {req.num_generations}",
             hint="Every prompt needs all its completions in one batch: pick a multiple",
         )
+    _check_workers(req)
     backend = backend_class(req.backend).from_cli(
         command=req.command, space=req.space, metrics_file=req.metrics_file, executable=req.executable
     )
@@ -243,6 +249,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             f"{backend.display_name} needs a GPU to train and this machine has none it can use ({seen})",
             hint=f"Run the search on a GPU machine; `autotune plan --backend {req.backend}` works without one",
         )
+    gpu_slices(hardware.gpus, req.gpus_per_trial)  # checked now: nothing is touched yet
     info = backend.probe()
     space_src: Any = req.space or backend.default_space()
     space = load_space(space_src, backend=req.backend, known_knobs=backend.knob_names).with_roles(
@@ -356,6 +363,45 @@ def _check_pins_hold(pins: Mapping[str, Any], baseline: Mapping[str, Any], where
             )
 
 
+def _check_workers(req: SearchRequest) -> None:
+    """--study-name and --gpus-per-trial, checked before anything is touched."""
+    import re
+
+    if req.study_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", req.study_name):
+        raise UsageError(
+            f"--study-name {req.study_name!r} is not a study name",
+            hint="Use letters, digits, '.', '_' and '-' (at most 128), e.g. --study-name qwen7b-grpo",
+        )
+    if req.gpus_per_trial is not None and req.gpus_per_trial < 1:
+        raise UsageError(
+            f"--gpus-per-trial must be at least 1, got {req.gpus_per_trial}",
+            hint="Give the GPUs one trial uses, e.g. --gpus-per-trial 4 on an 8-GPU host",
+        )
+
+
+def gpu_slices(gpus: tuple[Any, ...], per_trial: int | None) -> list[tuple[Any, ...]]:
+    """The disjoint GPU sets trials run on at once: consecutive groups of ``per_trial`` GPUs (one set of
+    every GPU without ``per_trial``).
+
+    Raises:
+        UsageError: more GPUs per trial than the host has, or a CPU-only host.
+    """
+    if per_trial is None:
+        return [gpus]
+    if not gpus:
+        raise UsageError(
+            "--gpus-per-trial needs GPUs and none is detected or declared here",
+            hint="Drop --gpus-per-trial on a CPU-only host, or declare GPUs with --gpus N --gpu-type A10",
+        )
+    if per_trial > len(gpus):
+        raise UsageError(
+            f"--gpus-per-trial {per_trial} is more than the {len(gpus)} GPU(s) of this study",
+            hint=f"Use --gpus-per-trial {len(gpus)} or fewer",
+        )
+    n = len(gpus) // per_trial
+    return [tuple(gpus[i * per_trial : (i + 1) * per_trial]) for i in range(n)]
+
+
 def _signed_duration(text: str, flag: str) -> float:
     if text.strip().startswith("-"):
         raise UsageError(
@@ -390,11 +436,21 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         )
     if not hardware.gpus:
         console.print("note: no GPU detected: trials run on the CPU", markup=False, style="yellow")
+    slices = gpu_slices(hardware.gpus, req.gpus_per_trial)
+    if req.gpus_per_trial is not None and len(slices) * req.gpus_per_trial < len(hardware.gpus):
+        idle = len(hardware.gpus) - len(slices) * req.gpus_per_trial
+        console.print(
+            f"note: {idle} GPU(s) left idle: {len(hardware.gpus)} is not a multiple of "
+            f"--gpus-per-trial {req.gpus_per_trial}",
+            markup=False,
+            style="yellow",
+        )
+    shared = req.study_name is not None or req.storage is not None or len(slices) > 1
     cfg = StudyConfig(
         study_dir=out,
         backend=req.backend,
         model=prep.model,
-        hardware=hardware,
+        hardware=hardware.model_copy(update={"gpus": slices[0]}),
         global_batch=req.global_batch,
         num_generations=req.num_generations,
         max_steps=req.max_steps,
@@ -412,43 +468,58 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         backend_version=prep.info.version,
         confirm_runs=req.confirm_runs,
         secret_args=req.secret_args,
+        study_name=req.study_name,
+        shared=shared,
     )
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
-    beta = backend.describe(space.defaults(), {}, _job(req, fixed_args), len(hardware.gpus)).beta
-    executor = Executor(
-        backend=backend,
-        hardware=hardware,
-        watchdog=prep.watchdog,
-        early_stop=EarlyStopConfig(enabled=req.early_stop),
-        samplers=make_samplers(hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
-        stop_event=stop_event,
-        beta=beta,
-        secrets=secrets,
-    )
-    memory_gate = _memory_gate(hardware, prep.model, req, fixed_args, backend, out)
+    beta = backend.describe(space.defaults(), {}, _job(req, fixed_args), len(cfg.hardware.gpus)).beta
     view.use_labels({k.name: k.short for k in space.knobs})
-    study = Study(
-        cfg,
-        backend,
-        space,
-        executor,
-        memory_gate=memory_gate,
-        view=view,
-        reaper=reap_orphan,
-        hygiene=_hygiene(hardware, out),
-        interrupted=stop_event.is_set,
-    )
+
+    def worker(slot: int, gpus: tuple[Any, ...]) -> Study:
+        """One worker: its GPU set, its probes, its memory gate and hygiene, the study's everything else."""
+        hw = hardware.model_copy(update={"gpus": gpus})
+        executor = Executor(
+            backend=backend,
+            hardware=hw,
+            watchdog=prep.watchdog,
+            early_stop=EarlyStopConfig(enabled=req.early_stop),
+            samplers=make_samplers(hw, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
+            stop_event=stop_event,
+            beta=beta,
+            secrets=secrets,
+        )
+        return Study(
+            dataclasses.replace(cfg, hardware=hw, worker_slot=slot if len(slices) > 1 else None),
+            backend,
+            space,
+            executor,
+            memory_gate=_memory_gate(hw, prep.model, req, fixed_args, backend, out),
+            view=view,
+            reaper=reap_orphan,
+            hygiene=_hygiene(hw, out),
+            interrupted=stop_event.is_set,
+        )
+
+    studies = [worker(i, gpus) for i, gpus in enumerate(slices)]
+    if len(studies) > 1:
+        sets = "; ".join(",".join(str(g.index) for g in gpus) for gpus in slices)
+        console.print(f"{len(studies)} trials at a time, on GPUs {sets}", markup=False)
     from autotune.study.lock import StudyLock
 
     # how to resume, its secrets read from variables (never printed nor stored)
     resume = secrets.mask(req.command_line) if req.command_line else _resume_line(secrets, argv)
-    # held from here to the report: a second run on this study is refused, naming this one
-    with StudyLock(out), _stop_on_signals(stop_event, console):
+    # held from here to the report: a second run on this study is refused, naming this one (workers of
+    # a shared study hold it together)
+    with StudyLock(out, shared=shared), _stop_on_signals(stop_event, console):
         try:
-            outcome = study.run()
+            outcome = _run_workers(studies, stop_event)
         finally:
             view.close()
+        if shared and req.storage is not None:  # the other workers' trials too, for the report
+            from autotune.study.mirror import pull
+
+            pull(req.storage, cfg.name, out, secrets)
         summary = SearchSummary(
             out=out,
             outcome=outcome,
@@ -460,6 +531,44 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     if outcome.stopped == "interrupted":
         console.print(f"resume with: {resume}", markup=False)
     return summary
+
+
+def _run_workers(studies: list[Any], stop_event: threading.Event) -> Any:
+    """Run the workers (one in this thread; several each in its own) and return the study's outcome:
+    the one of the worker that ended the study.
+
+    The main thread only waits, so it keeps taking stop signals; a forced stop (KeyboardInterrupt) waits
+    for the workers to end their trials (they see the stop) and is raised again.
+    """
+    if len(studies) == 1:
+        return studies[0].run()
+    outcomes: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = studies[i].run()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+            errors[i] = exc
+            stop_event.set()  # one worker failing (storage, disk) stops the others cleanly
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"worker-{i}") for i in range(len(studies))]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.2)
+    except KeyboardInterrupt:
+        stop_event.set()
+        for t in threads:
+            t.join()
+        raise
+    if errors:
+        raise errors[min(errors)]
+    final = [o for o in outcomes.values() if o.final]
+    last = (final or sorted(outcomes.values(), key=lambda o: len(o.results)))[-1]
+    return dataclasses.replace(last, trials_run_now=sum(o.trials_run_now for o in outcomes.values()))
 
 
 def _resume_line(secrets: Any, argv: list[str]) -> str:

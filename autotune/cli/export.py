@@ -15,6 +15,14 @@ def register(app: typer.Typer) -> None:
         directory: Path = typer.Argument(
             ..., help="A study directory (runs/<study>) written by autotune search."
         ),
+        storage: str | None = typer.Option(
+            None,
+            "--storage",
+            help="Read the study from this Optuna storage (with --study-name) into DIR first: any host, any worker.",
+        ),
+        study_name: str | None = typer.Option(
+            None, "--study-name", help="The study in --storage that autotune search workers joined."
+        ),
         fmt: str | None = typer.Option(
             None,
             "--format",
@@ -57,6 +65,9 @@ def register(app: typer.Typer) -> None:
                 f"unknown export format {fmt!r}",
                 hint=f"Use --format with one of: {', '.join(EXPORT_FORMATS)}",
             )
+        from autotune.app.pull import pull_if_asked
+
+        pull_if_asked(directory, storage, study_name)
         if not directory.is_dir():
             raise UsageError(
                 f"{directory} is not a directory",

@@ -15,6 +15,14 @@ def register(app: typer.Typer) -> None:
         directory: Path = typer.Argument(
             ..., help="A study directory (runs/<study>) or an autotune profile directory."
         ),
+        storage: str | None = typer.Option(
+            None,
+            "--storage",
+            help="Read the study from this Optuna storage (with --study-name) into DIR first: any host, any worker.",
+        ),
+        study_name: str | None = typer.Option(
+            None, "--study-name", help="The study in --storage that autotune search workers joined."
+        ),
         out: Path | None = typer.Option(None, "--out", help="Write the reports here instead of into DIR."),
         no_png: bool = typer.Option(False, "--no-png", help="Skip the markdown's PNG charts (faster)."),
         as_json: bool = typer.Option(
@@ -26,10 +34,12 @@ def register(app: typer.Typer) -> None:
         Exits 3 (after writing the reports) when DIR is a study with nothing to recommend."""
         import json
 
+        from autotune.app.pull import pull_if_asked
         from autotune.cli._console import notice, say
         from autotune.errors import EXIT_NOTHING_TO_RECOMMEND, UsageError
         from autotune.reports import is_profile_dir, is_study_dir, render_profile, render_study
 
+        pull_if_asked(directory, storage, study_name)
         if not directory.is_dir():
             raise UsageError(
                 f"{directory} is not a directory",

@@ -80,7 +80,25 @@ def register(app: typer.Typer) -> None:
         ] = None,
         search_kind: Annotated[str, typer.Option("--search", help="auto, random or grid.")] = "auto",
         storage: Annotated[
-            str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")
+            str | None,
+            typer.Option(
+                "--storage",
+                help="Optuna storage URL (default sqlite in --out); postgresql://… for workers on many hosts.",
+            ),
+        ] = None,
+        study_name: Annotated[
+            str | None,
+            typer.Option(
+                "--study-name",
+                help="Join this study in --storage as one of its workers (default: --out's name, alone).",
+            ),
+        ] = None,
+        gpus_per_trial: Annotated[
+            int | None,
+            typer.Option(
+                "--gpus-per-trial",
+                help="GPUs one trial uses; a host with more runs trials at once on disjoint GPU sets.",
+            ),
         ] = None,
         global_batch: Annotated[
             int, typer.Option("--global-batch", help="Completions per optimizer step, fixed for every trial.")
@@ -186,6 +204,8 @@ def register(app: typer.Typer) -> None:
             time_budget=time_budget,
             search=search_kind,
             storage=storage,
+            study_name=study_name,
+            gpus_per_trial=gpus_per_trial,
             global_batch=global_batch,
             num_generations=num_generations,
             max_steps=max_steps,

@@ -308,8 +308,13 @@ class SearchStrategy:
         self._analysis: _Analysis | None = None
 
     # -- Optuna sampler -------------------------------------------------------------------------
-    def sampler(self) -> optuna.samplers.BaseSampler:
-        """The Optuna sampler for this kind (grid and auto proposals are enqueued by the study)."""
+    def sampler(self, *, parallel: bool = False) -> optuna.samplers.BaseSampler:
+        """The Optuna sampler for this kind (grid and auto proposals are enqueued by the study).
+
+        ``parallel``: other workers run trials of the same study at the same time; TPE then counts
+        their running trials as if they had done badly (Optuna's constant liar), so concurrent draws
+        spread out instead of piling on one region.
+        """
         if self.kind in ("random", "grid"):
             return optuna.samplers.RandomSampler(seed=self.seed)
         with warnings.catch_warnings():
@@ -317,7 +322,7 @@ class SearchStrategy:
             # Failures reach TPE as infeasible through the trial constraints the study sets on tell
             # (optuna 5 reads ``trial.constraints``; ``constraints_func`` is deprecated).
             return optuna.samplers.TPESampler(
-                seed=self.seed, multivariate=True, group=True, n_startup_trials=4
+                seed=self.seed, multivariate=True, group=True, n_startup_trials=4, constant_liar=parallel
             )
 
     # -- the space -------------------------------------------------------------------------------

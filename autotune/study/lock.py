@@ -12,10 +12,12 @@ directory.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +32,7 @@ __all__ = ["StudyLock", "holder_alive"]
 # Locks this process holds, by resolved path → how many ``with`` blocks hold it: a run that takes the
 # lock in the application and again in the study loop holds it once (flock would refuse the second).
 _HELD: dict[Path, int] = {}
+_HELD_LOCK = threading.Lock()
 
 
 def holder_alive(holder: dict[str, Any]) -> bool | None:
@@ -38,13 +41,17 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
 
 
 class StudyLock:
-    """Exclusive lock on a study directory for the length of a ``with`` block.
+    """Lock on a study directory for the length of a ``with`` block.
 
     Args:
         study_dir: the study directory (created if missing).
+        shared: a worker of a shared study (``--study-name``, ``--storage``, ``--gpus-per-trial``):
+            workers hold the lock together (the storage keeps them apart); a run that is no worker
+            (exclusive) is refused while any worker holds it, and the other way round.
     """
 
-    def __init__(self, study_dir: Path) -> None:
+    def __init__(self, study_dir: Path, *, shared: bool = False) -> None:
+        self.shared = shared
         self.path = StudyDir(Path(study_dir)).lock_path
         self._fd: int | None = None
         self._key = self.path.parent.resolve() / self.path.name
@@ -60,12 +67,15 @@ class StudyLock:
 
     def acquire(self) -> None:
         """Take the lock or raise a UsageError naming the run that holds it."""
-        import psutil
+        with _HELD_LOCK:
+            if _HELD.get(self._key):
+                _HELD[self._key] += 1
+                self._fd = -1  # held by an outer block of this process (or another worker thread)
+                return
+            self._take()
 
-        if _HELD.get(self._key):
-            _HELD[self._key] += 1
-            self._fd = -1  # held by an outer block of this process
-            return
+    def _take(self) -> None:
+        import psutil
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,11 +87,19 @@ class StudyLock:
                 hint="Choose a writable --out that holds no link named study.lock",
             ) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError:
             holder = self._read_holder(fd)
             os.close(fd)
-            raise UsageError(_busy_message(self.path.parent, holder), hint=_busy_hint(holder)) from None
+            raise UsageError(
+                _busy_message(self.path.parent, holder, self.shared), hint=_busy_hint(holder, self.shared)
+            ) from None
+        if self.shared:  # workers do not name themselves here (the storage lists them); no run holds it
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            self._fd = fd
+            _HELD[self._key] = 1
+            return
         previous = self._read_holder(fd)
         if previous and holder_alive(previous) is not True:
             self.took_over = previous
@@ -99,17 +117,23 @@ class StudyLock:
 
     def release(self) -> None:
         """Give the lock up (the file stays; the next run overwrites who holds it)."""
-        if self._fd is None:
-            return
-        _HELD[self._key] = _HELD.get(self._key, 1) - 1
-        if self._fd == -1:
-            self._fd = None
-            return
-        _HELD.pop(self._key, None)
-        try:
-            os.ftruncate(self._fd, 0)
-        except OSError:
-            pass
+        with _HELD_LOCK:
+            if self._fd is None:
+                return
+            _HELD[self._key] = _HELD.get(self._key, 1) - 1
+            if self._fd == -1:
+                self._fd = None
+                return
+            _HELD.pop(self._key, None)
+            self._give_up()
+
+    def _give_up(self) -> None:
+        assert self._fd is not None
+        if not self.shared:
+            try:
+                os.ftruncate(self._fd, 0)
+            except OSError:
+                pass
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
@@ -124,9 +148,10 @@ class StudyLock:
         self.release()
 
 
-def _busy_message(study: Path, holder: dict[str, Any]) -> str:
+def _busy_message(study: Path, holder: dict[str, Any], shared: bool = False) -> str:
     if not holder:
-        return f"the study in {study} is in use by another autotune run"
+        who = "workers of a shared study (--study-name/--storage)" if not shared else "another autotune run"
+        return f"the study in {study} is in use by {who}"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started_wall_s") or 0)))
     return (
         f"the study in {study} is in use by autotune pid {holder.get('pid')} on {holder.get('host')} "
@@ -134,7 +159,9 @@ def _busy_message(study: Path, holder: dict[str, Any]) -> str:
     )
 
 
-def _busy_hint(holder: dict[str, Any]) -> str:
+def _busy_hint(holder: dict[str, Any], shared: bool = False) -> str:
+    if not holder:
+        return "Wait for them to end, join them with the same --study-name and --storage, or choose another --out"
     pid = holder.get("pid")
     stop = f"stop it (kill {pid}) and run again to resume" if pid else "stop it and run again to resume"
     return f"Wait for that run to end or {stop}, or choose another --out for a separate study"

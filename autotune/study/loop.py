@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import socket
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
 from autotune.study.recommend import Recommendation, headroom_bytes, recommend
-from autotune.study.storage import storage_error
+from autotune.study.storage import Heartbeat, Worker, fail_stale, live_workers, open_storage, storage_error
 from autotune.study.verdict import METHOD, headline, judge, not_remeasured
 from autotune.studydir import StudyDir
 
@@ -68,6 +70,18 @@ class StudyConfig:
     confirm_runs: int = 0
     # argument names the user declared secret (``--secret-arg``), on top of autotune's rule
     secret_args: tuple[str, ...] = ()
+    # the Optuna study's name (``--study-name``; default: the study directory's name)
+    study_name: str | None = None
+    # a worker of a study other workers may share (``--study-name``, ``--storage``, ``--gpus-per-trial``):
+    # results and the queue live in the storage, a dead worker is found by its heartbeat
+    shared: bool = False
+    # this worker's slot when one process runs several (``--gpus-per-trial``)
+    worker_slot: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The Optuna study's name."""
+        return self.study_name or self.study_dir.name
 
     @property
     def secrets(self) -> SecretRule:
@@ -99,6 +113,8 @@ class StudyOutcome:
         trials_run_now: trials launched by this run (a resumed study counts only its own).
         trials_run: trials launched in the whole study.
         budget_trials: the trial budget.
+        final: whether this run ended the study (False: another worker was still running trials, and
+            the last one to finish re-measures and writes the outcome).
     """
 
     results: list[TrialResult]
@@ -108,6 +124,7 @@ class StudyOutcome:
     trials_run_now: int
     trials_run: int = 0
     budget_trials: int = 0
+    final: bool = True
 
 
 class StudyView(Protocol):
@@ -234,6 +251,9 @@ class _Loop:
         run_now: trials launched by this run.
         duplicates: asks in a row that returned a configuration already tried.
         choices: why the strategy proposed each pending configuration (canonical key → choice).
+        running: other workers' running trials (number → canonical key), from the storage.
+        queued: canonical keys of configurations waiting in the storage's queue for any worker.
+        heartbeat: this worker's heartbeat (the running trial's, and the worker's own).
     """
 
     study: optuna.Study
@@ -245,6 +265,9 @@ class _Loop:
     run_now: int = 0
     duplicates: int = 0
     choices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    running: dict[int, str] = field(default_factory=dict)
+    queued: set[str] = field(default_factory=set)
+    heartbeat: Heartbeat | None = None
 
 
 class Study:
@@ -276,10 +299,13 @@ class Study:
         self.interrupted = interrupted
         self.clock = clock
         self.dir = StudyDir(cfg.study_dir)
+        self.worker = Worker.this(cfg.worker_slot)
+        # workers of one study draw differently (the same seed would make them propose alike)
+        seed = cfg.seed + (zlib.crc32(self.worker.name.encode()) % 100_000 if cfg.shared else 0)
         self.strategy = strategy or SearchStrategy(
             space,
             cfg.search,
-            seed=cfg.seed,
+            seed=seed,
             rank=memory_gate.rank if memory_gate else None,
             # a gate that can split its prediction by phase (the estimator's) enables the phase model
             phase_prior=getattr(memory_gate, "phase_times", None),
@@ -290,12 +316,14 @@ class Study:
         )
         self.pruner = SlowerThanBest()
         self._results: dict[int, TrialResult] = {}
+        self._storage: optuna.storages.BaseStorage | None = None
+        self._stale: list[optuna.trial.FrozenTrial] = []  # trials whose worker died, to requeue
 
     # -- settings -----------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
         c = self.cfg
         return {
-            "name": c.study_dir.name,
+            "name": c.name,
             "created_wall_s": time.time(),
             "backend": c.backend,
             "backend_version": c.backend_version,
@@ -357,25 +385,40 @@ class Study:
     def _open(self) -> optuna.Study:
         url = self.cfg.storage_url or f"sqlite:///{self.dir.db_path}"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial results
+        # still land in the study directory, but Optuna's own history does not persist
+        self._storage = open_storage(url, self.cfg.secrets, on_stale=lambda _s, t: self._stale.append(t))
         try:
             study = optuna.create_study(
-                # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial
-                # results still land in the study directory, but Optuna's own history does not persist
-                storage=None if url == ":memory:" else url,
-                study_name=self.cfg.study_dir.name,
+                storage=self._storage,
+                study_name=self.cfg.name,
                 direction="maximize",
-                sampler=self.strategy.sampler(),
+                sampler=self.strategy.sampler(parallel=self.cfg.shared),
                 pruner=self.pruner,
                 load_if_exists=True,
             )
         except Exception as exc:  # noqa: BLE001 - Optuna and SQLAlchemy raise many kinds; all are one line
             raise storage_error(url, exc, self.cfg.secrets) from None
+        self._check_same_definition(study, url)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([METRIC_NAME])
         for key, value in self._study_attrs().items():
             study.set_user_attr(key, value)
         return study
+
+    def _check_same_definition(self, study: optuna.Study, url: str) -> None:
+        """A study name already in the storage must hold the same study (its identity attribute)."""
+        stored = study.user_attrs.get("identity")
+        if not isinstance(stored, dict):
+            return
+        differences = identity_differences(stored, self.identity())
+        if differences:
+            raise UsageError(
+                f"the study {self.cfg.name!r} in {self.cfg.secrets.redact_url(url)} has a different "
+                f"definition: {'; '.join(differences)}",
+                hint="Join it with the same arguments as its other workers, or choose another --study-name",
+            )
 
     def _study_attrs(self) -> dict[str, Any]:
         """What Optuna's tools show about the study: hardware, model, backend and versions."""
@@ -391,6 +434,7 @@ class Study:
             "hardware": c.hardware.model_dump(mode="json"),
             "versions": dict(c.versions),
             "pinned": dict(self.space.pinned),
+            "identity": self.identity(),
         }
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
@@ -405,6 +449,9 @@ class Study:
         infeasible = result.status.is_failure or (result.status is TrialStatus.PRUNED and result.steps == 0)
         for key, value in trial_attrs(result).items():
             trial.set_user_attr(key, value)
+        if result.number == trial.number:  # a duplicate is told with its twin's result, not stored again
+            for key, value in stored_attrs(result, self.dir).items():
+                trial.set_user_attr(key, value)
         trial.set_constraint("infeasible", 1.0 if infeasible else 0.0)
         if result.status is TrialStatus.COMPLETE and result.throughput is not None:
             study.tell(trial, result.throughput)
@@ -514,7 +561,15 @@ class Study:
         )
 
     def _recover(self, study: optuna.Study) -> list[dict[str, Any]]:
-        """Mark trials left RUNNING by a killed tuner as interrupted; return their params to re-run."""
+        """Mark trials left RUNNING by a killed tuner as interrupted; return their params to re-run.
+
+        A shared study's running trials may be other workers' live ones: only those whose worker
+        stopped beating are recovered (:meth:`_recover_stale`), and they are queued in the storage for
+        any worker.
+        """
+        if self.cfg.shared:
+            self._recover_stale(study)
+            return []
         rerun: list[dict[str, Any]] = []
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             trial_dir = self.dir.trial_dir(t.number)
@@ -541,6 +596,109 @@ class Study:
             rerun.append(params)
         return rerun
 
+    def _recover_stale(self, study: optuna.Study) -> None:
+        """Fail the trials of workers that stopped beating, mark them interrupted and queue them again."""
+        fail_stale(study)
+        while self._stale:
+            t = self._stale.pop(0)
+            worker = (t.user_attrs.get("worker") or {}).get("name", "a worker")
+            trial_dir = self.dir.trial_dir(t.number)
+            note = self.reaper(trial_dir) if self.reaper and trial_dir.is_dir() else None
+            params = self.space.active(t.params)
+            reason = f"its worker ({worker}) stopped beating; it says nothing about the configuration"
+            if note:
+                reason += f" ({note})"
+            result = TrialResult(
+                number=t.number,
+                params=params,
+                status=TrialStatus.INTERRUPTED,
+                reason=reason,
+                is_baseline=bool(t.user_attrs.get("is_baseline")),
+            )
+            if trial_dir.is_dir():
+                existing = self.dir.read_result(t.number)
+                if existing is None or existing.status is TrialStatus.RUNNING:
+                    self.dir.write_result(result)
+            self._results[t.number] = result
+            if params:
+                study.enqueue_trial(
+                    params,
+                    user_attrs={"is_baseline": result.is_baseline, "requeued_from": t.number},
+                    skip_if_exists=False,
+                )
+            self.view.notice(
+                f"trial {t.number} of worker {worker}, which stopped beating: marked interrupted, queued again"
+            )
+
+    def _sync(self, loop: _Loop) -> None:
+        """Take in what the other workers of a shared study did: their finished trials' results (from
+        the storage), their running trials and the queue; recover the trials of dead workers.
+
+        The budget counts the study's trials, the running ones included, and the time budget counts from
+        the start of the oldest live worker.
+        """
+        if not self.cfg.shared:
+            return
+        self._recover_stale(loop.study)
+        running: dict[int, str] = {}
+        queued: set[str] = set()
+        for t in loop.study.get_trials(deepcopy=False):
+            if t.state is optuna.trial.TrialState.RUNNING:
+                if t.params:
+                    running[t.number] = canonical_key(self.space.active(t.params))
+                continue
+            if t.state is optuna.trial.TrialState.WAITING:
+                if t.params:
+                    queued.add(canonical_key(self.space.active(t.params)))
+                continue
+            have = self._results.get(t.number)
+            if "duplicate_of" in t.user_attrs or (
+                have is not None and have.status is not TrialStatus.RUNNING
+            ):
+                continue
+            result = _stored_result(t)
+            if result is None and t.state is optuna.trial.TrialState.FAIL and t.params:
+                result = TrialResult(
+                    number=t.number,
+                    params=self.space.active(t.params),
+                    status=TrialStatus.INTERRUPTED,
+                    reason="its worker ended before recording it; it says nothing about the configuration",
+                    is_baseline=bool(t.user_attrs.get("is_baseline")),
+                )
+            if result is not None:
+                self._results[t.number] = result
+                if self.memory_gate is not None:
+                    self.memory_gate.observe(result)
+        loop.running, loop.queued = running, queued
+        loop.visited = {
+            canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
+        } | set(running.values())
+        loop.launched_total = sum(1 for r in self._results.values() if _counts(r)) + len(running)
+        started = [float(w.get("started_wall_s") or 0) for w in live_workers(loop.study)]
+        if loop.heartbeat is not None:
+            started.append(loop.heartbeat.started_wall_s)
+        loop.start_s = self.clock() - max(0.0, time.time() - min(started))
+
+    def _twin_elsewhere(self, study: optuna.Study, number: int, key: str) -> int | None:
+        """Another trial of a shared study that runs or ran this configuration, or None.
+
+        Every worker writes its trial's configuration before it looks, so of two workers that drew the
+        same configuration at once the later look sees the other's: at most one runs it.
+        """
+        if not self.cfg.shared:
+            return None
+        for t in study.get_trials(deepcopy=False):
+            if t.number == number or not t.params or "duplicate_of" in t.user_attrs:
+                continue
+            if canonical_key(self.space.active(t.params)) != key:
+                continue
+            if t.state is optuna.trial.TrialState.RUNNING:
+                return t.number
+            done = self._results.get(t.number) or _stored_result(t)
+            if done is not None and done.status not in (TrialStatus.INTERRUPTED, TrialStatus.RUNNING):
+                return t.number
+        return None
+
     def run(self) -> StudyOutcome:
         """Run (or resume) the study until a budget ends, it converges, or the user interrupts.
 
@@ -553,7 +711,7 @@ class Study:
                 no permission): the running trial was ended and is left INTERRUPTED (never RUNNING),
                 every finished trial is kept, and running the same command again resumes.
         """
-        with StudyLock(self.cfg.study_dir) as lock:
+        with StudyLock(self.cfg.study_dir, shared=self.cfg.shared) as lock:
             if lock.took_over:
                 self.view.notice(
                     f"the run that held this study (pid {lock.took_over.get('pid')} on "
@@ -561,11 +719,15 @@ class Study:
                 )
             try:
                 loop = self._resume()
-                self.view.study_started(self.cfg, loop.launched_total, self.cfg.n_trials)
-                stop: _Stop | None = None
-                while stop is None:
-                    stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
-                return self._finish(loop, stop)
+                with Heartbeat(loop.study, self._storage, self.worker) as heartbeat:
+                    loop.heartbeat = heartbeat
+                    self._sync(loop)
+                    self.view.study_started(self.cfg, loop.launched_total, self.cfg.n_trials)
+                    stop: _Stop | None = None
+                    while stop is None:
+                        self._sync(loop)
+                        stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
+                    return self._finish(loop, stop)
             except optuna.exceptions.StorageInternalError as exc:
                 raise self._storage_failure(exc) from None
 
@@ -584,6 +746,8 @@ class Study:
         study = self._open()  # a storage that cannot be opened leaves the study directory as it was
         self.dir.own_dir(self.dir.trials_dir)
         self.dir.write_settings(settings)
+        if "settings" not in study.user_attrs:  # what `autotune report --storage` shows before the end
+            study.set_user_attr("settings", settings)
         for r in self.dir.results():
             self._results[r.number] = r
         if self.memory_gate is not None:
@@ -660,7 +824,7 @@ class Study:
 
         Stops the study when the strategy says it has converged, or when a grid has nothing left.
         """
-        if loop.pending or not baseline_done_or(self._results):
+        if loop.pending or loop.queued or not baseline_done_or(self._results):
             return None
         history = list(self._results.values())
         reason = self.strategy.converged(history, self.cfg.n_trials - loop.launched_total, loop.visited)
@@ -679,19 +843,36 @@ class Study:
         return None
 
     def _next_trial(self, loop: _Loop) -> _Stop | None:
-        """Ask → pre-screen → launch → tell one trial (the next pending configuration, else the sampler's)."""
+        """Ask → pre-screen → launch → tell one trial (the next queued configuration, else the sampler's).
+
+        The queue is the storage's (Optuna's waiting trials): in a shared study any worker may run what
+        another queued, so whether a configuration is the baseline travels with it.
+        """
         fixed_params, is_baseline = loop.pending.pop(0) if loop.pending else (None, False)
         if fixed_params is not None:
-            loop.study.enqueue_trial(fixed_params, skip_if_exists=False)
-        trial = loop.study.ask()
+            loop.study.enqueue_trial(
+                fixed_params, user_attrs={"is_baseline": is_baseline}, skip_if_exists=False
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with Study.optimize"
+            trial = loop.study.ask()
+        trial.set_user_attr("worker", self.worker.to_dict())
+        if loop.heartbeat is not None:
+            loop.heartbeat.beat_for(trial._trial_id)
+        queued = fixed_params is not None or "is_baseline" in trial.user_attrs
+        is_baseline = bool(trial.user_attrs.get("is_baseline", False))
         params = self.space.suggest(trial)
         key = canonical_key(params)
-        if key in loop.visited:
-            return self._duplicate(loop, trial, key)
+        twin = self._twin_elsewhere(loop.study, trial.number, key)
+        if key in loop.visited or twin is not None:
+            stop = self._duplicate(loop, trial, key, twin)
+            if loop.heartbeat is not None:
+                loop.heartbeat.beat_for(None)
+            return stop
         loop.duplicates = 0
         trial.set_user_attr("is_baseline", is_baseline)
         loop.visited.add(key)
-        choice = loop.choices.pop(key, None) or self._default_choice(is_baseline, fixed_params is not None)
+        choice = loop.choices.pop(key, None) or self._default_choice(is_baseline, queued)
         result = self._prescreen(trial.number, params, is_baseline)
         try:
             if result is None:
@@ -706,6 +887,9 @@ class Study:
         except (WriteError, optuna.exceptions.StorageInternalError) as exc:
             self._abandon(loop.study, trial, params, is_baseline, exc)
             raise
+        finally:
+            if loop.heartbeat is not None:
+                loop.heartbeat.beat_for(None)
         if result.status is TrialStatus.INTERRUPTED and self.interrupted():
             return _Stop("interrupted", f"stopped by the user during trial {result.number}")
         return None
@@ -767,13 +951,20 @@ class Study:
         # unvisited configuration after duplicates; otherwise the Optuna sampler chose it
         return {"mode": "requeued" if queued else "sampler"}
 
-    def _duplicate(self, loop: _Loop, trial: optuna.Trial, key: str) -> _Stop | None:
+    def _duplicate(
+        self, loop: _Loop, trial: optuna.Trial, key: str, elsewhere: int | None = None
+    ) -> _Stop | None:
         """Tell a configuration already tried with its twin's result instead of running it again.
 
         After two duplicates in a row the next unvisited configuration is queued; none left stops the
-        study.
+        study. A twin that another worker is still running (``elsewhere``) leaves this trial FAIL.
         """
         twin = next((r for r in self._results.values() if canonical_key(r.params) == key), None)
+        if twin is None and elsewhere is not None:
+            trial.set_user_attr("duplicate_of", elsewhere)
+            loop.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            time.sleep(random.uniform(0.0, 0.5))  # two workers that drew alike draw again apart
+            return None
         trial.set_user_attr("duplicate_of", twin.number if twin else -1)
         if twin is not None and twin.status is not TrialStatus.INTERRUPTED:
             self._tell(loop.study, trial, twin)
@@ -834,11 +1025,17 @@ class Study:
     def _finish(self, loop: _Loop, stop: _Stop) -> StudyOutcome:
         """Decide the recommendation, re-measure it (unless the user stopped the study) and store it in
         ``study.json`` with the outcome."""
+        self._sync(loop)
+        final = not loop.running
         results = sorted(self._results.values(), key=lambda r: r.number)
         rec = recommend(results, self.cfg.hardware, min_headroom_frac=self.cfg.min_headroom_frac)
         if rec is not None:
             if stop.stopped == "interrupted":
                 rec = not_remeasured(rec, "the study was stopped before the re-measurement")
+            elif not final:
+                rec = not_remeasured(
+                    rec, "other workers were still running trials: the last one to finish re-measures"
+                )
             else:
                 rec, interrupted = self._confirm(loop, rec, results)
                 if interrupted:
@@ -862,6 +1059,8 @@ class Study:
         if self.memory_gate is not None:
             settings["calibration"] = self.memory_gate.state()
         self.dir.write_settings(settings)
+        if final:
+            loop.study.set_user_attr("settings", settings)
         return StudyOutcome(
             results=results,
             recommendation=rec,
@@ -870,6 +1069,7 @@ class Study:
             trials_run_now=loop.run_now,
             trials_run=loop.launched_total,
             budget_trials=self.cfg.n_trials,
+            final=final,
         )
 
     def _confirm(
@@ -993,6 +1193,29 @@ def trial_attrs(result: TrialResult) -> dict[str, Any]:
     }
     attrs.update({k: v for k, v in measured.items() if v is not None})
     return attrs
+
+
+def stored_attrs(result: TrialResult, study_dir: StudyDir) -> dict[str, Any]:
+    """What a trial keeps in the storage so that any host can report the study and export its winner:
+    its whole result and its launch plan (both as on disk: no secret in either)."""
+    attrs: dict[str, Any] = {"result": result.model_dump_json()}
+    launch = study_dir.trial(result.number).launch_json
+    with contextlib.suppress(OSError):
+        if launch.is_file() and not launch.is_symlink():
+            attrs["launch"] = launch.read_text(encoding="utf-8")
+    return attrs
+
+
+def _stored_result(trial: optuna.trial.FrozenTrial) -> TrialResult | None:
+    """The result a worker stored in a trial (:func:`stored_attrs`), or None."""
+    raw = trial.user_attrs.get("result")
+    if not isinstance(raw, str):
+        return None
+    try:
+        result = TrialResult.model_validate_json(raw)
+    except ValueError:
+        return None
+    return result if result.number == trial.number else None
 
 
 def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:

@@ -7,10 +7,39 @@ shown goes through :meth:`SecretRule.redact_url`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
 from autotune.errors import UsageError
 from autotune.secrets import SecretRule
 
-__all__ = ["storage_error"]
+__all__ = [
+    "HEARTBEAT_ENV",
+    "Heartbeat",
+    "Worker",
+    "fail_stale",
+    "grace_s",
+    "heartbeat_s",
+    "live_workers",
+    "open_storage",
+    "storage_error",
+    "workers_of",
+]
+
+log = logging.getLogger(__name__)
 
 
 def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
@@ -29,3 +58,185 @@ def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
         hint="Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
         "directory or server exists",
     )
+
+
+#: seconds between a worker's heartbeats (``AUTOTUNE_HEARTBEAT_S`` changes it, e.g. for a test)
+HEARTBEAT_ENV = "AUTOTUNE_HEARTBEAT_S"
+_DEFAULT_HEARTBEAT_S = 10
+#: a running trial whose worker has not beaten for this many heartbeats is stale (its worker is gone)
+_GRACE_BEATS = 3
+
+
+def heartbeat_s() -> int:
+    """Seconds between heartbeats (Optuna counts them in whole seconds)."""
+    raw = os.environ.get(HEARTBEAT_ENV, "")
+    try:
+        return max(1, int(float(raw))) if raw.strip() else _DEFAULT_HEARTBEAT_S
+    except ValueError:
+        return _DEFAULT_HEARTBEAT_S
+
+
+def grace_s() -> int:
+    """Seconds after its last heartbeat before a worker counts as gone."""
+    return _GRACE_BEATS * heartbeat_s()
+
+
+def open_storage(
+    url: str,
+    secrets: SecretRule,
+    on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+) -> optuna.storages.BaseStorage | None:
+    """The Optuna storage behind ``url``, with heartbeats (None for ``":memory:"``: this process only).
+
+    Every relational storage (SQLite, PostgreSQL, MySQL) records a heartbeat for each running trial, so
+    a worker that died (``kill -9``, a lost node) is told apart from a live one: its trial goes stale
+    after :func:`grace_s` and ``on_stale`` is called for it (Optuna's failed-trial callback).
+
+    Raises:
+        UsageError: the URL names no storage Optuna knows, its driver is not installed, the server or
+            directory cannot be reached (one line, the password masked).
+    """
+    if url == ":memory:":
+        return None
+    try:
+        if url.split(":", 1)[0].split("+", 1)[0] not in _RDB_SCHEMES:
+            return optuna.storages.get_storage(url)
+        # SQLite serialises writers: several workers on one file wait for each other, not fail
+        engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        for attempt in range(_CREATE_ATTEMPTS):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat's
+                    return optuna.storages.RDBStorage(
+                        url,
+                        engine_kwargs=engine,
+                        heartbeat_interval=heartbeat_s(),
+                        grace_period=grace_s(),
+                        heartbeat_stale_trial_callback=on_stale,
+                    )
+            except Exception as exc:  # noqa: BLE001 - see below
+                # workers that start together on an empty database race to create its tables: the
+                # losers find them made and open again
+                if attempt + 1 == _CREATE_ATTEMPTS or not _CREATE_RACE.search(str(exc)):
+                    raise
+                time.sleep(0.2 + random.random())
+        raise AssertionError("unreachable")
+    except Exception as exc:  # noqa: BLE001 - Optuna and SQLAlchemy raise many kinds; all are one line
+        raise storage_error(url, exc, secrets) from None
+
+
+_CREATE_ATTEMPTS = 5
+# what SQLite and PostgreSQL say when another worker created the same table or version row first
+_CREATE_RACE = re.compile(r"already exists|UNIQUE constraint|duplicate key|database is locked", re.IGNORECASE)
+
+
+_RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "oracle", "mssql")
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail the trials whose worker stopped beating (their ``on_stale`` callback runs)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """Who runs trials in a study: a process on a host (and its slot when one process runs several)."""
+
+    host: str
+    pid: int
+    slot: int | None = None
+
+    @classmethod
+    def this(cls, slot: int | None = None) -> Worker:
+        return cls(host=socket.gethostname(), pid=os.getpid(), slot=slot)
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.pid}" + (f":{self.slot}" if self.slot is not None else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid, "slot": self.slot, "name": self.name}
+
+
+_WORKER_ATTR = "worker:"
+
+
+class Heartbeat:
+    """A worker's heartbeat while it runs: the running trial's (Optuna's heartbeat, which tells a dead
+    worker's trial from a live one) and the worker's own in the study's attributes (when it started,
+    when last seen: the study's clock and the report's list of workers).
+
+    Use as a context manager around the worker's run; :meth:`beat_for` points it at a trial.
+    """
+
+    def __init__(
+        self, study: optuna.Study, storage: optuna.storages.BaseStorage | None, worker: Worker
+    ) -> None:
+        self._study = study
+        self._storage = storage
+        self._worker = worker
+        self._trial_id: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.started_wall_s = time.time()
+        self.error: Exception | None = None
+
+    def beat_for(self, trial_id: int | None) -> None:
+        """Beat for this trial from now on (None: no trial running); beats once at once."""
+        with self._lock:
+            self._trial_id = trial_id
+        self._beat()
+
+    def _beat(self) -> None:
+        with self._lock:
+            trial_id = self._trial_id
+        record_heartbeat = getattr(self._storage, "record_heartbeat", None)
+        if trial_id is not None and record_heartbeat is not None:
+            record_heartbeat(trial_id)
+        record = {**self._worker.to_dict(), "started_wall_s": self.started_wall_s, "seen_wall_s": time.time()}
+        self._study.set_user_attr(_WORKER_ATTR + self._worker.name, record)
+
+    def _run(self) -> None:
+        while not self._stop.wait(heartbeat_s()):
+            try:
+                self._beat()
+            except Exception as exc:  # noqa: BLE001 - a lost beat is retried; the last error is kept
+                self.error = exc
+                log.debug("heartbeat failed: %s", exc)
+
+    def __enter__(self) -> Heartbeat:
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self._worker.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            record = self._study.user_attrs.get(_WORKER_ATTR + self._worker.name) or {}
+            self._study.set_user_attr(
+                _WORKER_ATTR + self._worker.name, {**record, "ended_wall_s": time.time()}
+            )
+
+
+def live_workers(study: optuna.Study, now_wall_s: float | None = None) -> list[dict[str, Any]]:
+    """The workers of a study seen within the grace period and not ended, oldest first."""
+    now = time.time() if now_wall_s is None else now_wall_s
+    out = []
+    for key, rec in study.user_attrs.items():
+        if not key.startswith(_WORKER_ATTR) or not isinstance(rec, dict) or rec.get("ended_wall_s"):
+            continue
+        if now - float(rec.get("seen_wall_s") or 0) <= grace_s():
+            out.append(rec)
+    return sorted(out, key=lambda r: float(r.get("started_wall_s") or 0))
+
+
+def workers_of(study: optuna.Study) -> list[dict[str, Any]]:
+    """Every worker that ever joined the study, oldest first."""
+    recs = [r for k, r in study.user_attrs.items() if k.startswith(_WORKER_ATTR) and isinstance(r, dict)]
+    return sorted(recs, key=lambda r: float(r.get("started_wall_s") or 0))

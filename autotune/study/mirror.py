@@ -1,0 +1,124 @@
+"""A study's files rebuilt from its storage, on any host: what ``report`` and ``export`` read.
+
+Workers on several hosts each keep their own trial directories; the storage holds what every worker
+recorded (:func:`autotune.study.loop.stored_attrs`: each trial's result and launch plan, and the
+study's settings with its outcome). :func:`pull` writes these into a study directory so that the
+usual report and export run on it. Files already on disk are kept, except a result still marked
+RUNNING that the storage has since finished, and a ``study.json`` the storage's outcome is newer than.
+Timelines stay with the worker that sampled them: a pulled study's report has no timeline charts for
+trials that ran elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.errors import UsageError
+from autotune.records import TrialResult, TrialStatus
+from autotune.secrets import SecretRule
+from autotune.study.storage import open_storage, workers_of
+from autotune.studydir import StudyDir, write_json_atomic, write_text_atomic
+
+__all__ = ["Pulled", "pull"]
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What :func:`pull` wrote: the trials it wrote a result for, and the workers the study had."""
+
+    directory: Path
+    trials_written: tuple[int, ...]
+    trials_in_storage: int
+    workers: tuple[str, ...]
+
+
+def pull(url: str, study_name: str, directory: Path, secrets: SecretRule | None = None) -> Pulled:
+    """Write the study ``study_name`` of the storage ``url`` into ``directory``.
+
+    Raises:
+        UsageError: the storage cannot be opened, or holds no study of that name (the names it holds
+            are listed), or the study holds no settings (no autotune worker ever ran in it).
+    """
+    rule = secrets or SecretRule()
+    storage = open_storage(url, rule)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)] if storage else []
+        raise UsageError(
+            f"no study named {study_name!r} in {rule.redact_url(url)}",
+            hint=f"Pass one of its studies with --study-name: {', '.join(names) or 'it holds none'}",
+        ) from None
+    settings = study.user_attrs.get("settings")
+    if not isinstance(settings, dict):
+        raise UsageError(
+            f"the study {study_name!r} in {rule.redact_url(url)} was not written by autotune search",
+            hint="Pass the --study-name that autotune search workers joined",
+        )
+    sd = StudyDir(directory)
+    sd.own_dir(sd.trials_dir)
+    _write_settings(sd, settings)
+    written: list[int] = []
+    trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        if "duplicate_of" in t.user_attrs or t.state is optuna.trial.TrialState.WAITING:
+            continue
+        result = _result_of(t)
+        if result is None:
+            continue
+        on_disk = sd.read_result(t.number)
+        if on_disk is not None and not (
+            on_disk.status is TrialStatus.RUNNING and result.status is not TrialStatus.RUNNING
+        ):
+            continue
+        sd.write_result(result)
+        launch = t.user_attrs.get("launch")
+        path = sd.trial(t.number).launch_json
+        if isinstance(launch, str) and not path.exists():
+            write_text_atomic(path, launch)
+        written.append(t.number)
+    names = tuple(str(w.get("name")) for w in workers_of(study))
+    return Pulled(
+        directory=sd.root, trials_written=tuple(written), trials_in_storage=len(trials), workers=names
+    )
+
+
+def _result_of(t: optuna.trial.FrozenTrial) -> TrialResult | None:
+    raw = t.user_attrs.get("result")
+    if isinstance(raw, str):
+        try:
+            result = TrialResult.model_validate_json(raw)
+        except ValueError:
+            result = None
+        if result is not None and result.number == t.number:
+            return result
+    if t.state is optuna.trial.TrialState.RUNNING:
+        status, reason = TrialStatus.RUNNING, "running on another worker"
+    elif t.state is optuna.trial.TrialState.FAIL:
+        status, reason = TrialStatus.INTERRUPTED, "its worker ended before recording it"
+    else:
+        return None
+    return TrialResult(
+        number=t.number,
+        params=dict(t.params),
+        status=status,
+        reason=reason,
+        is_baseline=bool(t.user_attrs.get("is_baseline")),
+    )
+
+
+def _write_settings(sd: StudyDir, settings: dict[str, Any]) -> None:
+    """The storage's settings, unless the directory's own are as new (a worker's own --out)."""
+    if sd.study_json.exists():
+        try:
+            mine = json.loads(sd.study_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            mine = {}
+        if float(mine.get("finished_wall_s") or 0) >= float(settings.get("finished_wall_s") or 0):
+            return
+    write_json_atomic(sd.study_json, settings)
