@@ -666,9 +666,10 @@ class Study:
                 if t.params:
                     running[t.number] = canonical_key(self.space.active(t.params))
                 continue
-            if t.state is optuna.trial.TrialState.WAITING:
-                if t.params:
-                    queued.add(canonical_key(self.space.active(t.params)))
+            if t.state is optuna.trial.TrialState.WAITING:  # enqueued: its configuration is a system attr
+                fixed = t.system_attrs.get("fixed_params")
+                if isinstance(fixed, dict) and fixed:
+                    queued.add(canonical_key(self.space.active(fixed)))
                 continue
             have = self._results.get(t.number)
             if "duplicate_of" in t.user_attrs or (
@@ -867,7 +868,9 @@ class Study:
         The queue is the storage's (Optuna's waiting trials): in a shared study any worker may run what
         another queued, so whether a configuration is the baseline travels with it.
         """
-        fixed_params, is_baseline = loop.pending.pop(0) if loop.pending else (None, False)
+        # what the storage's queue holds runs first (another worker's, or a dead worker's trial)
+        take = bool(loop.pending) and not loop.queued
+        fixed_params, is_baseline = loop.pending.pop(0) if take else (None, False)
         if fixed_params is not None:
             loop.study.enqueue_trial(
                 fixed_params, user_attrs={"is_baseline": is_baseline}, skip_if_exists=False
