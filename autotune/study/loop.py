@@ -310,7 +310,16 @@ class Study:
         self.dir = StudyDir(cfg.study_dir)
         self.worker = Worker.this(cfg.worker_slot)
         # workers of one study draw differently (the same seed would make them propose alike)
-        seed = cfg.seed + (zlib.crc32(self.worker.name.encode()) % 100_000 if cfg.shared else 0)
+        # (a slot of this process by its number, reproducibly; a worker of its own by host and pid)
+        seed = cfg.seed + (
+            (
+                cfg.worker_slot
+                if cfg.worker_slot is not None
+                else zlib.crc32(self.worker.name.encode()) % 100_000
+            )
+            if cfg.shared
+            else 0
+        )
         self.strategy = strategy or SearchStrategy(
             space,
             cfg.search,
@@ -1023,7 +1032,15 @@ class Study:
             loop.visited.discard(key)  # an interrupted trial says nothing: its configuration may run again
         if self.memory_gate is not None:
             self.memory_gate.observe(result)
-        self._tell(loop.study, trial, result)
+        try:
+            self._tell(loop.study, trial, result)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # another worker took this one for dead (its heartbeat lapsed: a stalled host or database)
+            # and queued its configuration again; the result stays in the study directory
+            self.view.notice(
+                f"trial {result.number} was failed in the storage by another worker while it ran (its "
+                f"heartbeat lapsed for over {grace_s()}s); its result is kept in {self.dir.root}"
+            )
         self.view.trial_finished(result)
         for note in result.notes:
             self.view.notice(f"trial {result.number}: {note}")
@@ -1169,7 +1186,10 @@ class Study:
             self.view.trial_step(number, step, throughput)
             if throughput is None or is_baseline:
                 return None
-            trial.report(optimistic, step)
+            try:
+                trial.report(optimistic, step)
+            except optuna.exceptions.UpdateFinishedTrialError:  # failed by another worker: see _record
+                return None
             if trial.should_prune():
                 best = study.best_value if _has_complete(study) else None
                 return (

@@ -64,7 +64,7 @@ def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
 HEARTBEAT_ENV = "AUTOTUNE_HEARTBEAT_S"
 _DEFAULT_HEARTBEAT_S = 10
 #: a running trial whose worker has not beaten for this many heartbeats is stale (its worker is gone)
-_GRACE_BEATS = 3
+_GRACE_BEATS = 4
 
 
 def heartbeat_s() -> int:
