@@ -412,7 +412,7 @@ def _finished_then_died(facts: _Facts, steps_expected: int | None, health: Seque
     if raised_error_line(record.stderr_tail) or raised_error_line(record.stdout_tail):
         return None  # the program raised after its last step: a failure of its own, not of teardown
     sig = _fatal_signal(facts)
-    rank = next((m.group(1) for x in facts.lines if (m := _TORCHRUN_RANK.match(strip_rank_prefix(x)))), None)
+    rank = _root_cause_rank(facts.lines)
     who = f"rank {rank}" if rank is not None else "the process"
     if sig == signal_mod.SIGABRT:
         how = "aborted at exit (SIGABRT)"
@@ -423,6 +423,18 @@ def _finished_then_died(facts: _Facts, steps_expected: int | None, health: Seque
     what = f"finished all {len({s.step for s in record.steps})} steps; {who} then {how}"
     verdict = _complete_or_unhealthy(_one_line(what), health)
     return replace(verdict, note=f"{what}: the steps are measured, the trial counts as finished")
+
+
+def _root_cause_rank(lines: Sequence[str]) -> str | None:
+    """The rank torchrun names as the root cause of a failed run (the other ranks it lists are the
+    ones it then stopped itself), or the first rank it names when there is no such block."""
+    start = max((i for i, x in enumerate(lines) if "Root Cause" in x), default=0)
+    for part in (lines[start:], lines):
+        for line in part:
+            m = _TORCHRUN_RANK.match(strip_rank_prefix(line))
+            if m:
+                return m.group(1)
+    return None
 
 
 def _fatal_signal(facts: _Facts) -> int | None:

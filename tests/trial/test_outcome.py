@@ -317,6 +317,45 @@ def torchrun_child_failed(*, rank: int, exitcode: int) -> str:
     )
 
 
+# torchrun 2.13's report when rank 1 aborted at exit and torchrun then stopped rank 0 (a real run's)
+TORCHRUN_RANK1_ABORTED = """terminate called without an active exception
+W1123 20:28:11.059000 16935 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 17083 closing signal SIGTERM
+E1123 20:28:11.124000 16935 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1 (pid: 17084) of binary: /venv/bin/python
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+autotune.backends.trl_worker FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_20:28:11
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 17083)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 17083
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_20:28:11
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 17084)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 17084
+======================================================="""
+
+
+def test_the_rank_named_is_torchruns_root_cause_not_the_rank_it_stopped() -> None:
+    v = classify(record(exit_code=1, steps=3, stderr=TORCHRUN_RANK1_ABORTED), steps_expected=3)
+    assert v.status is TrialStatus.COMPLETE
+    assert v.reason == "finished all 3 steps; rank 1 then aborted at exit (SIGABRT)"
+    crashed = classify(record(exit_code=1, steps=2, stderr=TORCHRUN_RANK1_ABORTED), steps_expected=3)
+    assert crashed.status is TrialStatus.CRASH and crashed.reason.startswith("killed by SIGABRT at step 2")
+
+
 def test_every_step_then_sigabrt_at_exit_is_complete_with_a_note() -> None:
     v = classify(record(exit_code=-6, signal=6, steps=4, stderr=TERMINATE), steps_expected=4)
     assert v.status is TrialStatus.COMPLETE

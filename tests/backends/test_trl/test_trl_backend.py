@@ -566,8 +566,10 @@ def run_real(
         patterns=b.failure_patterns(),
     )
     elapsed = time.monotonic() - t0
-    print(f"\n{params}: {elapsed:.1f} s, exit {rec.exit_code}, {len(rec.steps)} steps")
-    return rec, classify(rec, patterns=b.failure_patterns()), elapsed
+    # judged as the executor judges a trial: a rank that dies at exit after the last step does not crash it
+    verdict = classify(rec, patterns=b.failure_patterns(), steps_expected=ctx.max_steps)
+    print(f"\n{params}: {elapsed:.1f} s, exit {rec.exit_code}, {len(rec.steps)} steps: {verdict.reason}")
+    return rec, verdict, elapsed
 
 
 def check_learning_run(rec: Any, verdict: Any, trial_dir: Path, steps: int = 3) -> None:
