@@ -174,7 +174,8 @@ def classify(
        error`` lines do not count) → COMPLETE, or UNHEALTHY by ``health``; the reason and the
        verdict's ``note`` say how it died (e.g. "finished all 4 steps; rank 1 then aborted at exit
        (SIGABRT)": gloo's threads calling ``std::terminate`` while the interpreter shuts down). The
-       work measured is all there; what failed is the teardown, which a tuned run does not repeat.
+       work measured is all there; what failed is the teardown, which says nothing of the
+       configuration's speed or memory.
     10. CRASH with the last meaningful error line: the final ``SomethingError: ...`` line of a
         traceback, or the fatal signal's name (SIGSEGV, SIGABRT, ...).
 
@@ -419,7 +420,7 @@ def _finished_then_died(facts: _Facts, steps_expected: int | None, health: Seque
     elif sig is not None:
         how = f"died at exit ({_signal_name(sig)})"
     else:
-        how = f"exited with code {record.exit_code} at exit"
+        how = f"exited with code {record.exit_code}"
     what = f"finished all {len({s.step for s in record.steps})} steps; {who} then {how}"
     verdict = _complete_or_unhealthy(_one_line(what), health)
     return replace(verdict, note=f"{what}: the steps are measured, the trial counts as finished")

@@ -379,7 +379,7 @@ def test_every_step_then_another_death_at_exit_says_which() -> None:
     code = classify(record(exit_code=1, steps=3), steps_expected=3)
     assert (code.status, code.reason) == (
         TrialStatus.COMPLETE,
-        "finished all 3 steps; the process then exited with code 1 at exit",
+        "finished all 3 steps; the process then exited with code 1",
     )
 
 
