@@ -230,7 +230,7 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
 def _shutdown_distributed() -> None:
     """End the process group cleanly: without it, gloo's threads abort the interpreter at exit on some
     ranks ("terminate called without an active exception", SIGABRT), which would turn a finished
-    multi-process trial into a crash."""
+    multi-process trial into a crash. Not enough on its own: see :func:`_exit_at_once`."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -253,5 +253,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit_at_once(code: int) -> None:
+    """End a rank of a multi-process run that finished without finalizing the interpreter.
+
+    Once DDP has run over gloo (torch 2.13), ``destroy_process_group`` leaves gloo's threads
+    (``pt_gloo_runloop``, ``gloo_tcp_loop``) running, even with the model released; they are then torn
+    down with the interpreter, and a rank sometimes aborts there ("terminate called without an active
+    exception", SIGABRT) after every step is done. Nothing is left to run at that point (the metrics
+    file is closed, phase markers are written line by line), so the rank flushes its output and exits
+    with ``code`` at once. A single process exits normally.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(code)
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_at_once(main())

@@ -11,7 +11,14 @@ from collections.abc import Iterable, Sequence
 
 from autotune.backends._base import FailurePattern
 
-__all__ = ["COMMON_PATTERNS", "EXCEPTION_LINE", "last_error_line", "match_patterns", "strip_rank_prefix"]
+__all__ = [
+    "COMMON_PATTERNS",
+    "EXCEPTION_LINE",
+    "last_error_line",
+    "match_patterns",
+    "raised_error_line",
+    "strip_rank_prefix",
+]
 
 COMMON_PATTERNS: tuple[FailurePattern, ...] = (
     # PyTorch's CUDA allocator: torch.OutOfMemoryError (2.x), torch.cuda.OutOfMemoryError (1.13-2.0),
@@ -119,3 +126,19 @@ def last_error_line(lines: Sequence[str]) -> str | None:
         else:
             wrapper = line
     return best or wrapper
+
+
+def raised_error_line(lines: Sequence[str]) -> str | None:
+    """The final exception line the program itself raised (``SomethingError: ...``), rank prefix dropped.
+
+    Unlike :func:`last_error_line`, a launcher's wrapper (torchrun's ``ChildFailedError``, which only
+    says a child died) and the interpreter's fatal errors (``Fatal Python error: Aborted``, the report
+    of a fatal signal) never count: None when the output holds nothing else.
+    """
+    found: str | None = None
+    for raw in lines:
+        line = strip_rank_prefix(raw)
+        m = EXCEPTION_LINE.match(line)
+        if m and m.group(1) not in _WRAPPER_EXC:
+            found = line
+    return found

@@ -18,7 +18,7 @@ from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, Tria
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
 from autotune.trial.failure_phase import trial_failure_phase
-from autotune.trial.outcome import classify, health_check, host_oom_reason, live_health
+from autotune.trial.outcome import classify, health_check, host_oom_reason, live_health, ran_every_step
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
 from autotune.trial.steady import steady_estimate
 
@@ -168,8 +168,11 @@ class Executor:
         steps = list(record.steps)
         steady = steady_estimate(steps, ctx.global_batch)
         health: list[str] = []
-        ended_well = record.stopped_by in ("early_stop", "pruned") or (
-            record.stopped_by is None and record.exit_code == 0
+        # a run that died at exit after its last step finished its work: its health counts too
+        ended_well = (
+            record.stopped_by in ("early_stop", "pruned")
+            or (record.stopped_by is None and record.exit_code == 0)
+            or ran_every_step(record, ctx.max_steps)
         )
         if ended_well and steps:
             health = health_check(
@@ -180,7 +183,7 @@ class Executor:
             )
             if record.stopped_by == "pruned":  # stopped for its health: what the live check saw counts
                 health += [p for p in observer.problems if p not in health]
-        verdict = classify(record, patterns=patterns, health=health)
+        verdict = classify(record, patterns=patterns, health=health, steps_expected=ctx.max_steps)
         mask = self.secrets.learning(plan.argv, plan.env)
         status = verdict.status
         failed_phase = trial_failure_phase(record, status, self.backend.phase_frames())
@@ -238,7 +241,7 @@ class Executor:
             startup_s=record.startup_s,
             gpu_seconds=record.duration_s * n_gpus,
             failed_phase=failed_phase,
-            notes=list(record.notes),
+            notes=[*record.notes, *([verdict.note] if verdict.note else [])],
         )
 
     @staticmethod

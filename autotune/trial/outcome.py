@@ -12,7 +12,7 @@ import re
 import signal as signal_mod
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.backends._base import FailurePattern
 from autotune.records import StepMetrics, TrialStatus
@@ -21,6 +21,7 @@ from autotune.trial.evidence import (
     EXCEPTION_LINE,
     last_error_line,
     match_patterns,
+    raised_error_line,
     strip_rank_prefix,
 )
 from autotune.trial.runner import RunRecord
@@ -36,6 +37,7 @@ __all__ = [
     "live_health",
     "LIVE_HEALTH_MIN_STEPS",
     "match_patterns",
+    "ran_every_step",
     "strip_rank_prefix",
 ]
 
@@ -43,6 +45,7 @@ _MAX_REASON_CHARS = 300
 _RANK = re.compile(r"\[(?:rank|default)(\d+)\]:")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
 _TORCHRUN_SIGNAL = re.compile(r"exitcode\s*:\s*-(\d+)\b")
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\b")  # the "Root Cause" block of a failed child
 _CONFIG_FRAME = re.compile(r"config|arg|param|option|setting|__post_init__|parse", re.IGNORECASE)
 _SHELL_SIGNAL_BASE = 128
 
@@ -55,11 +58,14 @@ class Verdict:
         status: how the trial ended.
         reason: one line saying why, with the numbers.
         evidence: the output line (or watchdog fact) the decision rests on, when there is one.
+        note: something the user should see although the status does not say it (a finished run
+            that died at exit), for ``TrialResult.notes``; None when there is nothing.
     """
 
     status: TrialStatus
     reason: str
     evidence: str | None = None
+    note: str | None = None
 
 
 def _signal_name(signum: int) -> str:
@@ -132,6 +138,7 @@ def classify(
     patterns: Sequence[FailurePattern] = (),
     health: Sequence[str] = (),
     steps_required: bool = True,
+    steps_expected: int | None = None,
 ) -> Verdict:
     """Decide a trial's status from the evidence in ``record``.
 
@@ -161,8 +168,16 @@ def classify(
     8. A CRASH pattern's text → CRASH with its reason; exit 0 without a step → CRASH ("exited without
        a step"), or COMPLETE when ``steps_required`` is False (``autotune profile``: a run that prints no
        step records is still a finished run, profiled as a whole).
-    9. CRASH with the last meaningful error line: the final ``SomethingError: ...`` line of a
-       traceback, or the fatal signal's name (SIGSEGV, SIGABRT, ...).
+    9. Finished, then died at exit: the process ended on its own, non-zero or by a signal, after
+       recording every one of ``steps_expected`` steps, with no failure text (rules 3-8 found none)
+       and no exception the program raised (a launcher's ``ChildFailedError`` and ``Fatal Python
+       error`` lines do not count) → COMPLETE, or UNHEALTHY by ``health``; the reason and the
+       verdict's ``note`` say how it died (e.g. "finished all 4 steps; rank 1 then aborted at exit
+       (SIGABRT)": gloo's threads calling ``std::terminate`` while the interpreter shuts down). The
+       work measured is all there; what failed is the teardown, which says nothing of the
+       configuration's speed or memory.
+    10. CRASH with the last meaningful error line: the final ``SomethingError: ...`` line of a
+        traceback, or the fatal signal's name (SIGSEGV, SIGABRT, ...).
 
     Each rule is one function below, called in this order.
 
@@ -171,6 +186,8 @@ def classify(
         patterns: the backend's own failure patterns (:meth:`Backend.failure_patterns`).
         health: problems found by :func:`health_check` (empty = healthy).
         steps_required: whether a clean exit must have made a step (a trial's) or not (a profile's).
+        steps_expected: the steps the run was asked for (a trial's ``max_steps``); None (a profile's)
+            turns rule 9 off.
     """
     ours = _stopped_by_us_or_done(record, health)
     if ours is not None:
@@ -183,6 +200,7 @@ def classify(
         or _other_backend_status(facts)
         or _rejected_arguments(facts)
         or _crash_text_or_no_step(facts, steps_required)
+        or _finished_then_died(facts, steps_expected, health)
         or _crash(facts)
     )
 
@@ -379,17 +397,63 @@ def _crash_text_or_no_step(facts: _Facts, steps_required: bool = True) -> Verdic
     return None
 
 
+def ran_every_step(record: RunRecord, steps_expected: int | None) -> bool:
+    """Whether the process ended on its own after recording ``steps_expected`` distinct steps (so
+    whatever went wrong after that happened once its work was done)."""
+    if not steps_expected or steps_expected <= 0 or record.stopped_by is not None:
+        return False
+    return len({s.step for s in record.steps}) >= steps_expected
+
+
+def _finished_then_died(facts: _Facts, steps_expected: int | None, health: Sequence[str]) -> Verdict | None:
+    """Rule 9: every expected step recorded, then a death at exit with no failure text nor exception."""
+    record = facts.record
+    if record.exit_code in (None, 0) or facts.found or not ran_every_step(record, steps_expected):
+        return None
+    if raised_error_line(record.stderr_tail) or raised_error_line(record.stdout_tail):
+        return None  # the program raised after its last step: a failure of its own, not of teardown
+    sig = _fatal_signal(facts)
+    rank = _root_cause_rank(facts.lines)
+    who = f"rank {rank}" if rank is not None else "the process"
+    if sig == signal_mod.SIGABRT:
+        how = "aborted at exit (SIGABRT)"
+    elif sig is not None:
+        how = f"died at exit ({_signal_name(sig)})"
+    else:
+        how = f"exited with code {record.exit_code}"
+    what = f"finished all {len({s.step for s in record.steps})} steps; {who} then {how}"
+    verdict = _complete_or_unhealthy(_one_line(what), health)
+    return replace(verdict, note=f"{what}: the steps are measured, the trial counts as finished")
+
+
+def _root_cause_rank(lines: Sequence[str]) -> str | None:
+    """The rank torchrun names as the root cause of a failed run (the other ranks it lists are the
+    ones it then stopped itself), or the first rank it names when there is no such block."""
+    start = max((i for i, x in enumerate(lines) if "Root Cause" in x), default=0)
+    for part in (lines[start:], lines):
+        for line in part:
+            m = _TORCHRUN_RANK.match(strip_rank_prefix(line))
+            if m:
+                return m.group(1)
+    return None
+
+
+def _fatal_signal(facts: _Facts) -> int | None:
+    """The signal that ended the run: its own, a shell's 128 + n, or the one torchrun reports."""
+    record = facts.record
+    if record.signal is not None:
+        return record.signal
+    if facts.shell_signal is not None:
+        return facts.shell_signal
+    m = next((_TORCHRUN_SIGNAL.search(x) for x in reversed(facts.lines) if _TORCHRUN_SIGNAL.search(x)), None)
+    return int(m.group(1)) if m else None
+
+
 def _crash(facts: _Facts) -> Verdict:
-    """Rule 9: CRASH named by the fatal signal, else by the traceback's last error line, else the tail."""
+    """Rule 10: CRASH named by the fatal signal, else by the traceback's last error line, else the tail."""
     record = facts.record
     last = last_error_line(record.stderr_tail) or last_error_line(record.stdout_tail)
-    fatal_sig = record.signal if record.signal is not None else facts.shell_signal
-    if fatal_sig is None:
-        m = next(
-            (_TORCHRUN_SIGNAL.search(x) for x in reversed(facts.lines) if _TORCHRUN_SIGNAL.search(x)), None
-        )
-        if m:
-            fatal_sig = int(m.group(1))
+    fatal_sig = _fatal_signal(facts)
     at = facts.at_step
     if fatal_sig is not None:
         name = _signal_name(fatal_sig)

@@ -300,6 +300,149 @@ def test_exit_code_counts_even_without_text() -> None:
     assert v.reason == "exit code 3 at step 5"
 
 
+# A run that finished its work and died at exit (gloo's threads: std::terminate, SIGABRT)
+
+TERMINATE = "terminate called without an active exception"
+
+
+def torchrun_child_failed(*, rank: int, exitcode: int) -> str:
+    """What torchrun prints when one child ended badly (its "Root Cause" block), for ``rank``."""
+    name = {-6: "SIGABRT", -11: "SIGSEGV"}.get(exitcode, "")
+    return (
+        fault.TORCHRUN_SIGKILL.replace(
+            "rank      : 1 (local_rank: 1)", f"rank      : {rank} (local_rank: {rank})"
+        )
+        .replace("exitcode  : -9 (pid: 48213) SIGKILL", f"exitcode  : {exitcode} (pid: 48213) {name}")
+        .replace("Signal 9 (SIGKILL)", f"Signal {-exitcode} ({name})")
+    )
+
+
+# torchrun 2.13's report when rank 1 aborted at exit and torchrun then stopped rank 0 (a real run's)
+TORCHRUN_RANK1_ABORTED = """terminate called without an active exception
+W1123 20:28:11.059000 16935 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 17083 closing signal SIGTERM
+E1123 20:28:11.124000 16935 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1 (pid: 17084) of binary: /venv/bin/python
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+autotune.backends.trl_worker FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_20:28:11
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 17083)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 17083
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_20:28:11
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 17084)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 17084
+======================================================="""
+
+
+def test_the_rank_named_is_torchruns_root_cause_not_the_rank_it_stopped() -> None:
+    v = classify(record(exit_code=1, steps=3, stderr=TORCHRUN_RANK1_ABORTED), steps_expected=3)
+    assert v.status is TrialStatus.COMPLETE
+    assert v.reason == "finished all 3 steps; rank 1 then aborted at exit (SIGABRT)"
+    crashed = classify(record(exit_code=1, steps=2, stderr=TORCHRUN_RANK1_ABORTED), steps_expected=3)
+    assert crashed.status is TrialStatus.CRASH and crashed.reason.startswith("killed by SIGABRT at step 2")
+
+
+def test_every_step_then_sigabrt_at_exit_is_complete_with_a_note() -> None:
+    v = classify(record(exit_code=-6, signal=6, steps=4, stderr=TERMINATE), steps_expected=4)
+    assert v.status is TrialStatus.COMPLETE
+    assert v.reason == "finished all 4 steps; the process then aborted at exit (SIGABRT)"
+    assert v.note is not None and v.note.startswith(v.reason)
+
+
+def test_every_step_then_a_rank_aborted_under_torchrun_names_the_rank() -> None:
+    stderr = f"[rank1]: {TERMINATE}\n" + torchrun_child_failed(rank=1, exitcode=-6)
+    v = classify(record(exit_code=1, steps=5, stderr=stderr), steps_expected=5)
+    assert v.status is TrialStatus.COMPLETE
+    assert v.reason == "finished all 5 steps; rank 1 then aborted at exit (SIGABRT)"
+
+
+def test_every_step_then_another_death_at_exit_says_which() -> None:
+    segv = classify(record(exit_code=-11, signal=11, steps=3), steps_expected=3)
+    assert (segv.status, segv.reason) == (
+        TrialStatus.COMPLETE,
+        "finished all 3 steps; the process then died at exit (SIGSEGV)",
+    )
+    code = classify(record(exit_code=1, steps=3), steps_expected=3)
+    assert (code.status, code.reason) == (
+        TrialStatus.COMPLETE,
+        "finished all 3 steps; the process then exited with code 1",
+    )
+
+
+def test_every_step_then_failure_text_keeps_the_failure() -> None:
+    oom = record(exit_code=-6, signal=6, steps=4, stderr=traceback(fault.OOM_TEXT["current"], rank=1))
+    assert classify(oom, steps_expected=4).status is TrialStatus.OOM
+    nccl = record(exit_code=-6, signal=6, steps=4, stderr=fault.NCCL_TEXT)
+    assert classify(nccl, steps_expected=4).status is TrialStatus.HANG
+    vllm = record(exit_code=1, steps=4, stderr=fault.VLLM_TEXT["blocks"])
+    assert classify(vllm, steps_expected=4).status is TrialStatus.VLLM_INIT
+    killed = record(exit_code=-9, signal=9, steps=4)
+    assert classify(killed, steps_expected=4).status is TrialStatus.HOST_OOM
+    own = FailurePattern("CRASH", r"Segment fault in reward server", "the reward server crashed")
+    crash = record(exit_code=-6, signal=6, steps=4, stderr="Segment fault in reward server")
+    assert classify(crash, patterns=[own], steps_expected=4).reason == "the reward server crashed"
+
+
+def test_every_step_then_an_exception_the_program_raised_is_a_crash() -> None:
+    stderr = (
+        traceback("RuntimeError: could not save the model", rank=0)
+        + "\n"
+        + torchrun_child_failed(rank=0, exitcode=1)
+    )
+    v = classify(record(exit_code=1, steps=4, stderr=stderr), steps_expected=4)
+    assert v.status is TrialStatus.CRASH
+    assert "RuntimeError: could not save the model" in v.reason and v.note is None
+
+
+def test_a_fatal_python_error_at_exit_is_not_an_exception_of_the_program() -> None:
+    stderr = f"{TERMINATE}\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):"
+    v = classify(record(exit_code=-6, signal=6, steps=4, stderr=stderr), steps_expected=4)
+    assert v.status is TrialStatus.COMPLETE
+
+
+def test_fewer_steps_then_sigabrt_stays_a_crash() -> None:
+    v = classify(record(exit_code=-6, signal=6, steps=3, stderr=TERMINATE), steps_expected=4)
+    assert v.status is TrialStatus.CRASH
+    assert v.reason == "killed by SIGABRT at step 3" and v.note is None
+
+
+def test_a_repeated_step_record_is_not_a_step_made() -> None:
+    steps = [step(1), step(2), step(3), step(3)]
+    v = classify(record(exit_code=-6, signal=6, steps=steps), steps_expected=4)
+    assert v.status is TrialStatus.CRASH
+
+
+def test_without_an_expected_step_count_a_death_at_exit_is_a_crash() -> None:
+    """A profile (``steps_expected`` None) cannot tell a finished run from one that died early."""
+    assert classify(record(exit_code=-6, signal=6, steps=4)).status is TrialStatus.CRASH
+
+
+def test_a_run_we_stopped_is_not_finished_by_its_step_count() -> None:
+    hang = record(exit_code=-15, signal=15, stopped_by="hang", stop_reason="no step for 60 s", steps=4)
+    assert classify(hang, steps_expected=4).status is TrialStatus.HANG
+
+
+def test_health_still_applies_to_a_run_that_died_at_exit() -> None:
+    problems = ["grad_norm is 0 on all 4 steps: the model is never updated."]
+    v = classify(record(exit_code=-6, signal=6, steps=4), health=problems, steps_expected=4)
+    assert v.status is TrialStatus.UNHEALTHY and v.reason == problems[0]
+    assert v.note is not None and "aborted at exit (SIGABRT)" in v.note
+
+
 def test_our_stops_and_the_users() -> None:
     early = classify(
         record(exit_code=-15, signal=15, stopped_by="early_stop", stop_reason="steady after 7 steps", steps=7)

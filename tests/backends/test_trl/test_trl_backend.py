@@ -566,8 +566,10 @@ def run_real(
         patterns=b.failure_patterns(),
     )
     elapsed = time.monotonic() - t0
-    print(f"\n{params}: {elapsed:.1f} s, exit {rec.exit_code}, {len(rec.steps)} steps")
-    return rec, classify(rec, patterns=b.failure_patterns()), elapsed
+    # judged as the executor judges a trial: a rank that dies at exit after the last step does not crash it
+    verdict = classify(rec, patterns=b.failure_patterns(), steps_expected=ctx.max_steps)
+    print(f"\n{params}: {elapsed:.1f} s, exit {rec.exit_code}, {len(rec.steps)} steps: {verdict.reason}")
+    return rec, verdict, elapsed
 
 
 def check_learning_run(rec: Any, verdict: Any, trial_dir: Path, steps: int = 3) -> None:
@@ -620,6 +622,33 @@ def test_real_trial_zero2_under_torchrun(
         monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(default_cache_dir() / "torch_extensions"))
     rec, verdict, _ = run_real(tmp_path, tiny_model, {"per_device_train_batch_size": 4, "zero_stage": 2})
     check_learning_run(rec, verdict, tmp_path / "study" / "trials" / "1")
+
+
+@pytest.mark.parametrize(("world_size", "finalized"), [("2", False), ("1", True)])
+def test_a_worker_rank_of_a_multi_process_run_exits_without_finalizing(
+    world_size: str, finalized: bool
+) -> None:
+    """Its output is flushed and its exit code kept; only a rank of several skips the interpreter's
+    teardown (where gloo's leftover threads can abort it)."""
+    script = (
+        "import atexit, sys\n"
+        "from autotune.backends.trl_worker import _exit_at_once\n"
+        "atexit.register(lambda: print('finalized', flush=True))\n"
+        "print('trained', end='')\n"
+        "sys.stderr.write('no newline')\n"
+        "_exit_at_once(3)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "WORLD_SIZE": world_size},
+    )
+    assert proc.returncode == 3
+    assert proc.stdout == ("trainedfinalized\n" if finalized else "trained")
+    assert proc.stderr == "no newline"
 
 
 def test_worker_usage_message() -> None:
