@@ -20,7 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "postgres.sh"
 URL_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
-HOW = f"set {URL_ENV}=postgresql://USER:PASSWORD@HOST:PORT/DB, or let the tests start one: scripts/postgres.sh"
+HOW = (
+    f"set {URL_ENV}=postgresql://USER:PASSWORD@HOST:PORT/DB, or let the tests start one: scripts/postgres.sh"
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
