@@ -10,6 +10,7 @@ import os
 import platform
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -17,7 +18,7 @@ from autotune.errors import HardwareError
 from autotune.probes.nvml import GpuDetection, NvmlUnavailable, detect_gpus
 from autotune.records import GpuInfo, Hardware, HostInfo
 
-__all__ = ["host_info", "detect", "resolve_hardware"]
+__all__ = ["host_info", "detect", "resolve_hardware", "visible_devices"]
 
 GIB = 1024**3
 
@@ -62,6 +63,37 @@ def _declared(n: int, gpu_type: str | None, gpu_memory_gib: float | None) -> tup
     )
 
 
+def visible_devices(devices: tuple[Any, ...], cuda_visible: str | None) -> tuple[Any, ...]:
+    """The detected GPUs this process may use: those ``CUDA_VISIBLE_DEVICES`` names, in its order.
+
+    NVML lists every GPU of the host whatever ``CUDA_VISIBLE_DEVICES`` says, so a worker started on GPUs
+    4–7 (by hand, by Slurm) would otherwise take GPUs 0–3. Entries are NVML indices (the numbers of
+    ``nvidia-smi``) or GPU UUIDs (``GPU-…``, a prefix is enough); unset: every GPU; empty: none.
+
+    Raises:
+        HardwareError: an entry names no detected GPU.
+    """
+    if cuda_visible is None:
+        return devices
+    chosen = []
+    for entry in (e.strip() for e in cuda_visible.split(",")):
+        if not entry:
+            continue
+        if entry.isdigit():
+            match = [d for d in devices if d.index == int(entry)]
+        else:
+            match = [d for d in devices if d.uuid and d.uuid.startswith(entry)]
+        if not match:
+            known = ", ".join(str(d.index) for d in devices) or "none"
+            raise HardwareError(
+                f"CUDA_VISIBLE_DEVICES names GPU {entry!r}, which NVML does not list (it lists {known})",
+                hint="Set CUDA_VISIBLE_DEVICES to NVML indices (nvidia-smi's numbers) or GPU UUIDs, or unset it",
+            )
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return tuple(chosen)
+
+
 def resolve_hardware(
     gpus: int | None,
     *,
@@ -92,7 +124,7 @@ def resolve_hardware(
             f"--gpu-memory-gib must be positive, got {gpu_memory_gib}", hint="Give the memory per GPU in GiB"
         )
     detection, note = detect(detector)
-    detected = detection.devices if detection else ()
+    detected = visible_devices(detection.devices, os.environ.get("CUDA_VISIBLE_DEVICES")) if detection else ()
     host = host_info()
     declared = gpu_type is not None or gpu_memory_gib is not None
     if gpus is None and not declared:

@@ -67,3 +67,20 @@ def test_declared_gpus_by_memory() -> None:
 def test_zero_gpus_is_an_error(n: int) -> None:
     with pytest.raises(HardwareError, match="at least 1"):
         resolve_hardware(n, detector=lambda: detect_gpus(no_driver()))
+
+
+def test_cuda_visible_devices_selects_the_gpus_a_worker_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    hw = resolve_hardware(None, detector=lambda: detect_gpus(fake_nvml(8)))
+    assert [g.index for g in hw.gpus] == [4, 5, 6, 7]
+    assert [g.index for g in resolve_hardware(2, detector=lambda: detect_gpus(fake_nvml(8))).gpus] == [4, 5]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-h3,1")  # UUIDs (or their prefix) too, in that order
+    assert [g.index for g in resolve_hardware(None, detector=lambda: detect_gpus(fake_nvml(8))).gpus] == [
+        3,
+        1,
+    ]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert resolve_hardware(None, detector=lambda: detect_gpus(fake_nvml(8))).gpus == ()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "9")
+    with pytest.raises(HardwareError, match="names GPU '9'"):
+        resolve_hardware(None, detector=lambda: detect_gpus(fake_nvml(8)))

@@ -62,3 +62,35 @@ def test_holder_on_another_host_is_unknown_and_a_dead_pid_is_dead() -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     assert holder_alive({"pid": dead.pid, "host": socket.gethostname(), "create_time": 1.0}) is False
+
+
+HOLD_SHARED = """
+import sys, time
+from autotune.study.lock import StudyLock
+with StudyLock(sys.argv[1], shared=True):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_workers_share_the_lock_and_a_lone_run_is_kept_out(tmp_path: Path) -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SHARED, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "held"
+        with StudyLock(tmp_path, shared=True):  # a second worker joins
+            pass
+        with pytest.raises(UsageError) as err, StudyLock(tmp_path):  # a run that is no worker does not
+            pass
+        assert "workers of a shared study" in str(err.value)
+        assert "--study-name" in str(err.value.hint)
+    finally:
+        worker.kill()
+        worker.wait()
+    # and while a lone run holds it, a worker is refused, naming that run
+    with StudyLock(tmp_path):
+        lone = subprocess.run(
+            [sys.executable, "-c", HOLD_SHARED, str(tmp_path)], capture_output=True, text=True
+        )
+        assert lone.returncode != 0 and f"pid {os.getpid()}" in lone.stderr
