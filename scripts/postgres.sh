@@ -19,6 +19,7 @@ shift || true
 install=0
 if [ "${1:-}" = "--install" ]; then install=1; shift; fi
 STATE=${1:-$ROOT/.pg}
+case "$STATE" in /*) ;; *) STATE=$PWD/$STATE ;; esac  # the server's user resolves it too
 DB=autotune_test
 USER_NAME=autotune
 

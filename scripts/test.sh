@@ -32,15 +32,17 @@ setup_verl() {
   .venv-verl/bin/pip install -q hydra-core omegaconf
 }
 # The PostgreSQL server starts (installed first if it is missing) while the environments install.
-# Stopped when this script exits, however it exits; one that cannot start makes its tests skip.
+# Stopped when this script exits, however it exits; one that cannot start makes its tests skip. Its
+# own state folder: a server a developer started in .pg/ is left alone.
+PG_STATE=.pg-tests
 start_postgres() {
   local t0=$SECONDS
-  bash scripts/postgres.sh start --install > /dev/null 2> .setup-postgres.log || return 1
+  bash scripts/postgres.sh start --install "$PG_STATE" > /dev/null 2> .setup-postgres.log || return 1
   echo "PostgreSQL test server started in $((SECONDS - t0)) s" >> .setup-postgres.log
 }
 start_postgres & pg_pid=$!
 # a start still under way is let finish, so the stop finds what it started
-trap 'wait "$pg_pid" 2>/dev/null; bash scripts/postgres.sh stop || true' EXIT
+trap 'wait "$pg_pid" 2>/dev/null; bash scripts/postgres.sh stop "$PG_STATE" || true' EXIT
 
 # The three environments install side by side (mostly download and unpack time).
 setup_main > .setup-main.log 2>&1 & main_pid=$!
@@ -59,11 +61,12 @@ export AUTOTUNE_CACHE_DIR=${AUTOTUNE_CACHE_DIR:-$PWD/.cache/autotune}
 export AUTOTUNE_SWIFT_PYTHON=$PWD/.venv-swift/bin/python
 export AUTOTUNE_VERL_PYTHON=$PWD/.venv-verl/bin/python
 if wait "$pg_pid"; then
-  AUTOTUNE_TEST_POSTGRES_URL=$(bash scripts/postgres.sh url)
+  AUTOTUNE_TEST_POSTGRES_URL=$(bash scripts/postgres.sh url "$PG_STATE")
   export AUTOTUNE_TEST_POSTGRES_URL
   tail -n 1 .setup-postgres.log
 else
-  echo "note: no PostgreSQL test server ($(grep -m1 '^note:' .setup-postgres.log || echo 'see .setup-postgres.log')); its tests will skip"
+  why=$(sed -n 's/^note: PostgreSQL test server: //p' .setup-postgres.log | head -n 1)
+  echo "note: no PostgreSQL test server (${why:-see .setup-postgres.log}); its tests will skip"
 fi
 
 status=0
