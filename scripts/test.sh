@@ -4,6 +4,7 @@
 #   .venv-swift  autotune + ms-swift (it pins its own trl/transformers, so it gets its own environment)
 #   .venv-verl   verl's config files + hydra, to compose exported overrides (no training)
 # Chromium (Debian) renders report.html in the report tests.
+# A throwaway PostgreSQL (Debian's, scripts/postgres.sh) holds the studies that workers share.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,7 +18,7 @@ fi
 setup_main() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e '.[trl,deepspeed,dev]'
+  .venv/bin/pip install -q -e '.[trl,deepspeed,dev,postgres]'
 }
 setup_swift() {
   [ -x .venv-swift/bin/python ] || "$PY" -m venv .venv-swift
@@ -30,6 +31,19 @@ setup_verl() {
   .venv-verl/bin/pip install -q verl==0.9.1 --no-deps
   .venv-verl/bin/pip install -q hydra-core omegaconf
 }
+# The PostgreSQL server starts (installed first if it is missing) while the environments install.
+# Stopped when this script exits, however it exits; one that cannot start makes its tests skip. Its
+# own state folder: a server a developer started in .pg/ is left alone.
+PG_STATE=.pg-tests
+start_postgres() {
+  local t0=$SECONDS
+  bash scripts/postgres.sh start --install "$PG_STATE" > /dev/null 2> .setup-postgres.log || return 1
+  echo "PostgreSQL test server started in $((SECONDS - t0)) s" >> .setup-postgres.log
+}
+start_postgres & pg_pid=$!
+# a start still under way is let finish, so the stop finds what it started
+trap 'wait "$pg_pid" 2>/dev/null; bash scripts/postgres.sh stop "$PG_STATE" || true' EXIT
+
 # The three environments install side by side (mostly download and unpack time).
 setup_main > .setup-main.log 2>&1 & main_pid=$!
 setup_swift > .setup-swift.log 2>&1 & swift_pid=$!
@@ -46,6 +60,14 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export AUTOTUNE_CACHE_DIR=${AUTOTUNE_CACHE_DIR:-$PWD/.cache/autotune}
 export AUTOTUNE_SWIFT_PYTHON=$PWD/.venv-swift/bin/python
 export AUTOTUNE_VERL_PYTHON=$PWD/.venv-verl/bin/python
+if wait "$pg_pid"; then
+  AUTOTUNE_TEST_POSTGRES_URL=$(bash scripts/postgres.sh url "$PG_STATE")
+  export AUTOTUNE_TEST_POSTGRES_URL
+  tail -n 1 .setup-postgres.log
+else
+  why=$(sed -n 's/^note: PostgreSQL test server: //p' .setup-postgres.log | head -n 1)
+  echo "note: no PostgreSQL test server (${why:-see .setup-postgres.log}); its tests will skip"
+fi
 
 status=0
 # The type checker reads the package as pip installs it (probes, reports and search_spaces under

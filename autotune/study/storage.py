@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -44,20 +44,104 @@ log = logging.getLogger(__name__)
 
 def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
     """The one-line error for a storage that cannot be opened: a URL no driver knows, a missing
-    directory, a driver not installed, a server out of reach (the URL's password masked)."""
+    directory, a driver not installed, a server out of reach or refusing the login (the URL's password
+    masked)."""
     cause = getattr(exc, "orig", None) or exc
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     text = lines[0] if lines else type(cause).__name__
+    hint = (
+        "Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
+        "directory or server exists"
+    )
+    backend = _backend(url)
     if isinstance(exc, ImportError) or "DB access module" in text:
         module = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None)
-        text = "the database driver for this URL is not installed" + (
-            f" (no module {module})" if module else ""
-        )
+        text, hint = _driver_missing(backend, module)
+    elif backend in _SERVERS:
+        text, hint = _server_failure(url, backend, text, hint)
     return UsageError(
-        f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}",
-        hint="Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
-        "directory or server exists",
+        f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}", hint=hint
     )
+
+
+class _Server(NamedTuple):
+    name: str  # as a person says it
+    port: int  # its default port
+    drivers: tuple[str, ...]  # the driver modules our extra installs (SQLAlchemy's default among them)
+    install: str | None  # how to install them
+
+
+#: database servers Optuna's RDB storage talks to
+_SERVERS = {
+    "postgresql": _Server(
+        "PostgreSQL", 5432, ("psycopg", "psycopg2"), "pip install 'autotune-grpo[postgres]'"
+    ),
+    "mysql": _Server("MySQL", 3306, (), None),
+}
+
+
+def _backend(url: str) -> str:
+    """The database a URL names (``postgresql+psycopg2://…`` → ``postgresql``)."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    return "postgresql" if scheme == "postgres" else scheme
+
+
+def _driver_missing(backend: str, module: str | None) -> tuple[str, str]:
+    """What to say when the URL's driver cannot be imported."""
+    server = _SERVERS.get(backend)
+    missing = f" (no module {module})" if module else ""
+    if server is not None and server.install is not None and (module is None or module in server.drivers):
+        return f"the {server.name} driver is not installed{missing}", f"Install it: {server.install}"
+    what = f"the {server.name if server else 'database'} driver for this URL is not installed{missing}"
+    todo = f"Install the module {module}" if module else "Install its driver"
+    if server is not None and server.install is not None:
+        todo += f", or use a {backend}:// URL ({server.install})"
+    return what, todo
+
+
+# what libpq (PostgreSQL) and the MySQL drivers say when they never reach the server or it says no
+_UNREACHABLE = re.compile(
+    r"connection refused|could not translate host name|name or service not known|timeout expired|"
+    r"no route to host|network is unreachable|can't connect to mysql server|could not connect to server",
+    re.IGNORECASE,
+)
+_LOGIN = re.compile(r"authentication failed|access denied|no password supplied", re.IGNORECASE)
+_NO_DATABASE = re.compile(r'database "?[^"]*"? does not exist|unknown database', re.IGNORECASE)
+
+
+def _server_failure(url: str, backend: str, text: str, hint: str) -> tuple[str, str]:
+    """The error of a database server that cannot be used, naming it by host:port."""
+    from sqlalchemy.engine import make_url  # optuna's dependency; only a server URL needs it
+
+    server = _SERVERS[backend]
+    if "Can't load plugin" in text:  # SQLAlchemy knows postgresql://, not postgres://
+        return text, f"Write the URL as {backend}://… or {backend}+DRIVER://… in --storage"
+    try:
+        parsed = make_url(url)
+        where = f"{parsed.host or 'localhost'}:{parsed.port or server.port}"
+    except Exception:  # noqa: BLE001 - an unparsable URL keeps the driver's own words
+        return text, hint
+    # libpq: '[connection failed: ]connection to server at "h", port p failed: FATAL:  the reason'
+    reason = re.sub(r"^.*\bfailed:\s*", "", text)
+    reason = re.sub(r"^(FATAL|ERROR):\s*", "", reason).strip() or text
+    name = server.name
+    if _UNREACHABLE.search(text):
+        return (
+            f"cannot reach the {name} server at {where} ({reason})",
+            "Start the server, or fix the host and port in --storage; it must accept TCP connections "
+            "from this host",
+        )
+    if _LOGIN.search(text):
+        return (
+            f"the {name} server at {where} refused the login ({reason})",
+            f"Check the user name and password in --storage ({backend}://USER:PASSWORD@HOST:PORT/DB)",
+        )
+    if _NO_DATABASE.search(text):
+        return (
+            f"the {name} server at {where} has no such database ({reason})",
+            "Create it first (createdb NAME) or name an existing database in --storage",
+        )
+    return f"the {name} server at {where}: {reason}", hint
 
 
 #: seconds between a worker's heartbeats (``AUTOTUNE_HEARTBEAT_S`` changes it, e.g. for a test)
