@@ -17,7 +17,8 @@ trials (the rest is the tuner and waiting); the regret of the recommendation (1 
 throughput / the surface's true optimum); trials launched; simulated GPU-hours of all trials (the cost
 of parallelism: workers choose with less history); and, summed over seeds, configurations run twice
 (by more than one non-duplicate trial) and trials lost (left RUNNING or WAITING in the storage, or
-RUNNING on disk). The last two must be 0: the bench exits 1 otherwise.
+RUNNING on disk), and studies a worker's error ended. The last three must be 0: the bench exits 1
+otherwise.
 
 A worker's sampler seed mixes in its host, pid and slot (workers of one study must draw apart), so
 the search differs between runs of the bench even for the same ``--first-seed``.
@@ -138,6 +139,7 @@ class ParRun:
     run_twice: int
     lost: int
     stopped: str
+    error: str | None = None  # what ended the study when a worker raised (the product's bug)
 
 
 def runs_twice(results: Sequence[TrialResult]) -> int:
@@ -211,7 +213,11 @@ def run_study(
 
     studies = [worker(slot) for slot in range(workers)]
     t0 = time.perf_counter()
-    outcome = _run_workers(studies, stop)
+    error: str | None = None
+    try:
+        outcome = _run_workers(studies, stop)
+    except Exception as exc:  # noqa: BLE001 - a worker's failure is a finding: counted, not fatal
+        outcome, error = None, f"{type(exc).__name__}: {exc}"
     wall = time.perf_counter() - t0
 
     results = StudyDir(study_dir).results()  # every worker's trials: they share the study directory
@@ -220,7 +226,7 @@ def run_study(
     if storage_url is not None:  # a shared server keeps nothing of the bench
         optuna.delete_study(study_name=name, storage=url)
     regret = 1.0
-    rec = outcome.recommendation
+    rec = outcome.recommendation if outcome is not None else None
     if rec is not None:
         chosen = next(r for r in results if r.number == rec.trial)
         regret = 1 - surface.usable_throughput(chosen.params) / optimum
@@ -237,7 +243,8 @@ def run_study(
         gpu_h=sum(r.gpu_seconds for r in results) / 3600,
         run_twice=runs_twice(results),
         lost=lost_trials(results, states),
-        stopped=outcome.stopped,
+        stopped=outcome.stopped if outcome is not None else "error",
+        error=error,
     )
 
 
@@ -274,8 +281,8 @@ def render(runs: Sequence[ParRun], budget: int, seeds: Sequence[int], hour_s: fl
             _TITLE[kind],
             "",
             f"| {'surface':<32} | {'workers':>7} | {'wall s':>6} | {'speedup':>7} | {'in trials':>9} | "
-            f"{'regret':>6} | {'trials run':>10} | {'GPU-h (sim)':>11} | {'run twice':>9} | {'lost':>4} |",
-            f"|{'-' * 34}|{'-' * 9}|{'-' * 8}|{'-' * 9}|{'-' * 11}|{'-' * 8}|{'-' * 12}|{'-' * 13}|{'-' * 11}|{'-' * 6}|",
+            f"{'regret':>6} | {'trials run':>10} | {'GPU-h (sim)':>11} | {'run twice':>9} | {'lost':>4} | {'errors':>6} |",
+            f"|{'-' * 34}|{'-' * 9}|{'-' * 8}|{'-' * 9}|{'-' * 11}|{'-' * 8}|{'-' * 12}|{'-' * 13}|{'-' * 11}|{'-' * 6}|{'-' * 8}|",
         ]
         for setting in dict.fromkeys(r.setting for r in of_kind):
             for workers in sorted({r.workers for r in of_kind if r.setting == setting}):
@@ -287,7 +294,7 @@ def render(runs: Sequence[ParRun], budget: int, seeds: Sequence[int], hour_s: fl
                     f"{_median([r.regret for r in rows]):>6.1%} | "
                     f"{_median([float(r.trials_run) for r in rows]):>10g} | "
                     f"{_median([r.gpu_h for r in rows]):>11.1f} | {sum(r.run_twice for r in rows):>9} | "
-                    f"{sum(r.lost for r in rows):>4} |"
+                    f"{sum(r.lost for r in rows):>4} | {sum(r.error is not None for r in rows):>6} |"
                 )
     return "\n".join(lines)
 
@@ -371,15 +378,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if args.verbose:
                         print(
                             f"  {run.setting} seed {seed} x{workers}: {run.wall_s:.1f}s regret={run.regret:.1%} "
-                            f"run={run.trials_run} twice={run.run_twice} lost={run.lost} stopped={run.stopped}",
+                            f"run={run.trials_run} twice={run.run_twice} lost={run.lost} stopped={run.stopped} error={run.error}",
                             file=sys.stderr,
                             flush=True,
                         )
     print(render(runs, args.trials, seeds, args.hour_s, storage))
+    for r in runs:
+        if r.error is not None:
+            print(f"error: {r.setting} seed {r.seed} x{r.workers}: {r.error}", file=sys.stderr)
     twice, lost = sum(r.run_twice for r in runs), sum(r.lost for r in runs)
+    errors = sum(r.error is not None for r in runs)
     print(f"\n(bench wall time {time.perf_counter() - t_start:.0f}s, {len(runs)} studies)")
-    if twice or lost:
-        print(f"FAILED: {twice} configuration(s) run twice, {lost} trial(s) lost", file=sys.stderr)
+    if twice or lost or errors:
+        print(
+            f"FAILED: {twice} configuration(s) run twice, {lost} trial(s) lost, {errors} study(ies) ended by "
+            "a worker's error",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

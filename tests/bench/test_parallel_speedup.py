@@ -113,7 +113,7 @@ def test_two_workers_finish_one_budget_with_nothing_run_twice_or_lost(
     setting, space, table = narrowed
     runs = [ps.run_study(setting, space, table, 100, workers, 6, 0.5, tmp_path, None) for workers in (1, 2)]
     for run in runs:
-        assert run.run_twice == 0 and run.lost == 0
+        assert run.run_twice == 0 and run.lost == 0 and run.error is None
         assert run.trials_run >= 1 and 0.0 <= run.regret <= 1.0 and run.gpu_h > 0
     assert runs[1].workers == 2 and runs[1].stopped in ("budget", "converged")
     table_text = ps.render(runs, 6, [100], 0.5, "SQLite")
