@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from autotune.errors import UsageError
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
+from autotune.study.recommend import baseline_of
 from autotune.studydir import StudyDir, TrialDir
 
 __all__ = [
@@ -146,7 +147,8 @@ class StudyData:
 
     @property
     def baseline(self) -> TrialData | None:
-        return next((t for t in self.trials if t.result.is_baseline), None)
+        chosen = baseline_of([t.result for t in self.trials])
+        return self.trial(chosen.number) if chosen is not None else None
 
     @property
     def results(self) -> list[TrialResult]:

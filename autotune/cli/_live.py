@@ -73,7 +73,7 @@ class RichView:
     # StudyView protocol ---------------------------------------------------------------------
     def study_started(self, cfg: Any, done: int, budget: int) -> None:
         self.progress.update(self.task, total=max(budget, done), completed=done)
-        if self.console.is_terminal:
+        if self.console.is_terminal and self.live is None:  # workers of one process share one view
             self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
             self.live.start()
 
@@ -140,8 +140,9 @@ class RichView:
 
     def _render(self) -> Group:
         table = Table("#", "knobs", "status", "steps", "completions/s", "peak mem", expand=False)
-        for n in sorted(self.rows)[-20:]:
-            row = self.rows[n]
+        rows = dict(self.rows)  # worker threads add rows while this draws
+        for n in sorted(rows)[-20:]:
+            row = rows[n]
             status: TrialStatus = row["status"]
             tp = f"{row['tp']:.3g}" if row["tp"] else "—"
             mem = f"{row['mem'] / 2**30:.2f} GiB" if row["mem"] else "—"

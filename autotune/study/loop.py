@@ -8,6 +8,7 @@ runner's record and the timeline summary.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import random
 import socket
@@ -31,7 +32,15 @@ from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
 from autotune.study.recommend import Recommendation, headroom_bytes, recommend
-from autotune.study.storage import Heartbeat, Worker, fail_stale, live_workers, open_storage, storage_error
+from autotune.study.storage import (
+    Heartbeat,
+    Worker,
+    fail_stale,
+    grace_s,
+    live_workers,
+    open_storage,
+    storage_error,
+)
 from autotune.study.verdict import METHOD, headline, judge, not_remeasured
 from autotune.studydir import StudyDir
 
@@ -599,6 +608,16 @@ class Study:
     def _recover_stale(self, study: optuna.Study) -> None:
         """Fail the trials of workers that stopped beating, mark them interrupted and queue them again."""
         fail_stale(study)
+        # a running trial no worker claimed (left by an autotune before workers, or by a worker killed
+        # between asking for it and naming itself) never beats: stale once its grace has passed
+        cutoff = datetime.datetime.now() - datetime.timedelta(seconds=grace_s())
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if "worker" not in t.user_attrs and t.datetime_start is not None and t.datetime_start < cutoff:
+                with contextlib.suppress(
+                    optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError
+                ):
+                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                    self._stale.append(t)
         while self._stale:
             t = self._stale.pop(0)
             worker = (t.user_attrs.get("worker") or {}).get("name", "a worker")
@@ -647,9 +666,10 @@ class Study:
                 if t.params:
                     running[t.number] = canonical_key(self.space.active(t.params))
                 continue
-            if t.state is optuna.trial.TrialState.WAITING:
-                if t.params:
-                    queued.add(canonical_key(self.space.active(t.params)))
+            if t.state is optuna.trial.TrialState.WAITING:  # enqueued: its configuration is a system attr
+                fixed = t.system_attrs.get("fixed_params")
+                if isinstance(fixed, dict) and fixed:
+                    queued.add(canonical_key(self.space.active(fixed)))
                 continue
             have = self._results.get(t.number)
             if "duplicate_of" in t.user_attrs or (
@@ -848,7 +868,9 @@ class Study:
         The queue is the storage's (Optuna's waiting trials): in a shared study any worker may run what
         another queued, so whether a configuration is the baseline travels with it.
         """
-        fixed_params, is_baseline = loop.pending.pop(0) if loop.pending else (None, False)
+        # what the storage's queue holds runs first (another worker's, or a dead worker's trial)
+        take = bool(loop.pending) and not loop.queued
+        fixed_params, is_baseline = loop.pending.pop(0) if take else (None, False)
         if fixed_params is not None:
             loop.study.enqueue_trial(
                 fixed_params, user_attrs={"is_baseline": is_baseline}, skip_if_exists=False

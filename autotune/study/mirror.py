@@ -46,10 +46,15 @@ def pull(url: str, study_name: str, directory: Path, secrets: SecretRule | None 
     """
     rule = secrets or SecretRule()
     storage = open_storage(url, rule)
+    if storage is None:
+        raise UsageError(
+            "a study in ':memory:' lives only in the process that ran it",
+            hint="Pass the --storage URL the workers shared (sqlite:////path.db, postgresql://…)",
+        )
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)] if storage else []
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise UsageError(
             f"no study named {study_name!r} in {rule.redact_url(url)}",
             hint=f"Pass one of its studies with --study-name: {', '.join(names) or 'it holds none'}",
@@ -82,9 +87,9 @@ def pull(url: str, study_name: str, directory: Path, secrets: SecretRule | None 
         if isinstance(launch, str) and not path.exists():
             write_text_atomic(path, launch)
         written.append(t.number)
-    names = tuple(str(w.get("name")) for w in workers_of(study))
+    workers = tuple(str(w.get("name")) for w in workers_of(study))
     return Pulled(
-        directory=sd.root, trials_written=tuple(written), trials_in_storage=len(trials), workers=names
+        directory=sd.root, trials_written=tuple(written), trials_in_storage=len(trials), workers=workers
     )
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from autotune.records import Hardware, Recommendation, TrialResult, TrialStatus
 
-__all__ = ["Recommendation", "recommend", "headroom_bytes"]
+__all__ = ["Recommendation", "baseline_of", "recommend", "headroom_bytes"]
 
 
 def headroom_bytes(result: TrialResult, hardware: Hardware | None) -> list[int | None]:
@@ -33,7 +33,7 @@ def recommend(
     is the ratio of the two trials' single runs; the study re-measures it before it is reported
     (:func:`autotune.study.verdict.judge`).
     """
-    baseline = next((r for r in results if r.is_baseline), None)
+    baseline = baseline_of(results)
     base_tp = baseline.throughput if baseline and baseline.status is TrialStatus.COMPLETE else None
     ranked = sorted(
         (r for r in results if r.status is TrialStatus.COMPLETE and r.throughput),
@@ -69,3 +69,11 @@ def recommend(
             skipped=skipped,
         )
     return None
+
+
+def baseline_of(results: Sequence[TrialResult]) -> TrialResult | None:
+    """The study's baseline trial: the last run of it that was not interrupted (an interrupted
+    baseline runs again), else the first."""
+    runs = [r for r in results if r.is_baseline]
+    said = [r for r in runs if r.status is not TrialStatus.INTERRUPTED]
+    return said[-1] if said else (runs[0] if runs else None)

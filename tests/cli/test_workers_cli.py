@@ -84,7 +84,11 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
 
 def _ran(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials that ran a configuration (not those a worker gave up as another's duplicate)."""
-    return [t for t in study.get_trials() if "duplicate_of" not in t.user_attrs]
+    return [
+        t
+        for t in study.get_trials()
+        if "duplicate_of" not in t.user_attrs and t.state is not optuna.trial.TrialState.WAITING
+    ]
 
 
 def _key(t: optuna.trial.FrozenTrial) -> str:
