@@ -677,6 +677,15 @@ def verdict(metrics: Sequence[RunMetrics], budget: int) -> list[str]:
     return out
 
 
+def select_settings(surfaces: str) -> list[int]:
+    """Indices into SETTINGS of the surfaces named by ``surfaces``: comma-separated substrings of their
+    names or kinds (estimator, independent); empty: all."""
+    wanted = [w.strip() for w in surfaces.split(",") if w.strip()]
+    return [
+        i for i, s in enumerate(SETTINGS) if not wanted or any(w in s.name or w == s.kind for w in wanted)
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20, help="seeds per surface (default 20)")
@@ -715,10 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown strategy {sorted(unknown)[0]!r}; choose from {', '.join(STRATEGIES)}")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    wanted = [w.strip() for w in args.surfaces.split(",") if w.strip()]
-    chosen = [
-        i for i, s in enumerate(SETTINGS) if not wanted or any(w in s.name or w == s.kind for w in wanted)
-    ]
+    chosen = select_settings(args.surfaces)
     if not chosen:
         parser.error(f"no surface matches {args.surfaces!r}")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
