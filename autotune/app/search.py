@@ -445,7 +445,9 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
             markup=False,
             style="yellow",
         )
-    shared = req.study_name is not None or req.storage is not None or len(slices) > 1
+    # a worker of a study others may join: --study-name, or several GPU sets here (one run alone on its
+    # --out keeps the study to itself: what a killed run left RUNNING is recovered at once on resume)
+    shared = req.study_name is not None or len(slices) > 1
     cfg = StudyConfig(
         study_dir=out,
         backend=req.backend,

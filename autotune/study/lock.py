@@ -45,7 +45,7 @@ class StudyLock:
 
     Args:
         study_dir: the study directory (created if missing).
-        shared: a worker of a shared study (``--study-name``, ``--storage``, ``--gpus-per-trial``):
+        shared: a worker of a shared study (``--study-name``, ``--gpus-per-trial``):
             workers hold the lock together (the storage keeps them apart); a run that is no worker
             (exclusive) is refused while any worker holds it, and the other way round.
     """
@@ -150,7 +150,7 @@ class StudyLock:
 
 def _busy_message(study: Path, holder: dict[str, Any], shared: bool = False) -> str:
     if not holder:
-        who = "workers of a shared study (--study-name/--storage)" if not shared else "another autotune run"
+        who = "workers of a shared study (--study-name)" if not shared else "another autotune run"
         return f"the study in {study} is in use by {who}"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started_wall_s") or 0)))
     return (

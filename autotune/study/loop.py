@@ -81,7 +81,7 @@ class StudyConfig:
     secret_args: tuple[str, ...] = ()
     # the Optuna study's name (``--study-name``; default: the study directory's name)
     study_name: str | None = None
-    # a worker of a study other workers may share (``--study-name``, ``--storage``, ``--gpus-per-trial``):
+    # a worker of a study other workers may share (``--study-name``, ``--gpus-per-trial``):
     # results and the queue live in the storage, a dead worker is found by its heartbeat
     shared: bool = False
     # this worker's slot when one process runs several (``--gpus-per-trial``)

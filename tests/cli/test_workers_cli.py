@@ -31,6 +31,16 @@ record = {"cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": time.time(), "
 with open(os.path.join(trial_dir, "started.json"), "w") as f:
     json.dump(record, f)
 step_s = float(sys.argv[2])
+# a barrier (``sys.argv[3]``): wait until that many trials have started anywhere in the test (at most
+# 120 s), so workers that exist really run at the same time however loaded the host is
+need = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+root = os.path.dirname(os.path.dirname(os.path.dirname(trial_dir)))  # the test's tmp_path
+deadline = time.time() + 120
+while need and time.time() < deadline:
+    started = [p for d, _, files in os.walk(root) for p in files if p == "started.json"]
+    if len(started) >= need:
+        break
+    time.sleep(0.1)
 for step in range(1, 6):
     time.sleep(step_s)
     print(json.dumps({"step": step, "samples": 16, "t_mono_s": time.monotonic(), "loss": 1.0}), flush=True)
@@ -65,11 +75,12 @@ def _worker_args(
     *extra: str,
     trials: int = 6,
     step_s: float = 0.2,
+    barrier: int = 0,
 ) -> list[str]:
     return [
         "search", "--backend", "command", "--space", str(space), "--out", str(out), "--trials", str(trials),
-        "--confirm-runs", "0", "--startup-timeout", "60s", "--storage", storage, "--study-name", name, *extra,
-        "--", sys.executable, str(job), "{bs}", str(step_s),
+        "--confirm-runs", "0", "--startup-timeout", "180s", "--storage", storage, "--study-name", name, *extra,
+        "--", sys.executable, str(job), "{bs}", str(step_s), str(barrier),
     ]  # fmt: skip
 
 
@@ -103,7 +114,10 @@ def _key(t: optuna.trial.FrozenTrial) -> str:
 def test_three_workers_finish_the_budget_with_no_configuration_twice(tmp_path: Path, storage: str) -> None:
     space, job = _setup(tmp_path)
     workers = [
-        _start(_worker_args(space, job, tmp_path / f"out{i}", storage, "three"), tmp_path / f"w{i}.log")
+        _start(
+            _worker_args(space, job, tmp_path / f"out{i}", storage, "three", barrier=2),
+            tmp_path / f"w{i}.log",
+        )
         for i in range(3)
     ]
     for w in workers:
@@ -204,7 +218,7 @@ def test_parallel_trials_on_one_host_use_disjoint_gpus(tmp_path: Path) -> None:
     args = [
         "search", "--backend", "command", "--space", str(space), "--out", str(out), "--trials", "4",
         "--confirm-runs", "0", "--startup-timeout", "60s", "--gpus", "2", "--gpu-type", "A10",
-        "--gpus-per-trial", "1", "--", sys.executable, str(job), "{bs}", "0.4",
+        "--gpus-per-trial", "1", "--", sys.executable, str(job), "{bs}", "0.4", "2",
     ]  # fmt: skip
     proc = subprocess.run([autotune_exe(), *args], capture_output=True, text=True, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
