@@ -598,13 +598,7 @@ class Study:
                 reason += f" ({note})"
             existing = self.dir.read_result(t.number)
             if existing is None or existing.status is TrialStatus.RUNNING:
-                result = TrialResult(
-                    number=t.number,
-                    params=params,
-                    status=TrialStatus.INTERRUPTED,
-                    reason=reason,
-                    is_baseline=bool(t.user_attrs.get("is_baseline")),
-                )
+                result = _interrupted(t, params, reason)
                 self.dir.write_result(result)
                 self._results[t.number] = result
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
@@ -636,13 +630,7 @@ class Study:
             reason = f"its worker ({worker}) stopped beating; it says nothing about the configuration"
             if note:
                 reason += f" ({note})"
-            result = TrialResult(
-                number=t.number,
-                params=params,
-                status=TrialStatus.INTERRUPTED,
-                reason=reason,
-                is_baseline=bool(t.user_attrs.get("is_baseline")),
-            )
+            result = _interrupted(t, params, reason)
             if trial_dir.is_dir():
                 existing = self.dir.read_result(t.number)
                 if existing is None or existing.status is TrialStatus.RUNNING:
@@ -687,12 +675,10 @@ class Study:
                 continue
             result = _stored_result(t)
             if result is None and t.state is optuna.trial.TrialState.FAIL and t.params:
-                result = TrialResult(
-                    number=t.number,
-                    params=self.space.active(t.params),
-                    status=TrialStatus.INTERRUPTED,
-                    reason="its worker ended before recording it; it says nothing about the configuration",
-                    is_baseline=bool(t.user_attrs.get("is_baseline")),
+                result = _interrupted(
+                    t,
+                    self.space.active(t.params),
+                    "its worker ended before recording it; it says nothing about the configuration",
                 )
             if result is not None:
                 self._results[t.number] = result
@@ -1246,6 +1232,17 @@ def stored_attrs(result: TrialResult, study_dir: StudyDir) -> dict[str, Any]:
         if launch.is_file() and not launch.is_symlink():
             attrs["launch"] = launch.read_text(encoding="utf-8")
     return attrs
+
+
+def _interrupted(trial: optuna.trial.FrozenTrial, params: dict[str, Any], reason: str) -> TrialResult:
+    """The result of a trial that was stopped before it said anything about its configuration."""
+    return TrialResult(
+        number=trial.number,
+        params=params,
+        status=TrialStatus.INTERRUPTED,
+        reason=reason,
+        is_baseline=bool(trial.user_attrs.get("is_baseline")),
+    )
 
 
 def _stored_result(trial: optuna.trial.FrozenTrial) -> TrialResult | None:

@@ -21,13 +21,7 @@ from _surfaces import RawTable, Surface  # noqa: E402
 from search_efficiency import SimulatedExecutor  # noqa: E402
 
 from autotune.records import TrialResult, TrialSpec, TrialStatus  # noqa: E402
-
-NARROW = {
-    "per_device_train_batch_size": (2, 4, 8, 16),
-    "dataloader_num_workers": (0, 2),
-    "vllm_gpu_memory_utilization": (0.3, 0.5, 0.7),
-    "vllm_tensor_parallel_size": (1, 2, 4),
-}
+from tests.bench.test_search_efficiency import NARROW  # noqa: E402  (the same narrowed surface)
 
 
 @pytest.fixture(scope="module")
