@@ -25,7 +25,4 @@ def pull_if_asked(directory: Path, storage: str | None, study_name: str | None) 
         )
     from autotune.secrets import SecretRule
     from autotune.study.mirror import pull
-    from autotune.studydir import ensure_writable
-
-    ensure_writable(directory, flag="DIR")
     pull(storage, study_name, directory, SecretRule().learning(["--storage", storage]))

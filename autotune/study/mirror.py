@@ -22,7 +22,7 @@ from autotune.errors import UsageError
 from autotune.records import TrialResult, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.study.storage import open_storage, workers_of
-from autotune.studydir import StudyDir, write_json_atomic, write_text_atomic
+from autotune.studydir import StudyDir, ensure_writable, write_json_atomic, write_text_atomic
 
 __all__ = ["Pulled", "pull"]
 
@@ -65,6 +65,7 @@ def pull(url: str, study_name: str, directory: Path, secrets: SecretRule | None 
             f"the study {study_name!r} in {rule.redact_url(url)} was not written by autotune search",
             hint="Pass the --study-name that autotune search workers joined",
         )
+    ensure_writable(directory, flag="DIR")  # only now: a storage or study that fails leaves no folder
     sd = StudyDir(directory)
     sd.own_dir(sd.trials_dir)
     _write_settings(sd, settings)
