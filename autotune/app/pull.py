@@ -25,4 +25,5 @@ def pull_if_asked(directory: Path, storage: str | None, study_name: str | None) 
         )
     from autotune.secrets import SecretRule
     from autotune.study.mirror import pull
+
     pull(storage, study_name, directory, SecretRule().learning(["--storage", storage]))
