@@ -71,10 +71,16 @@ fi
 
 status=0
 # The type checker reads the package as pip installs it (probes, reports and search_spaces under
-# autotune.*), not the source folders, so every module is checked under its installed name.
-rm -rf .typecheck
-.venv/bin/pip install -q --no-deps --no-build-isolation --target .typecheck . > .setup-typecheck.log 2>&1
-(cd .typecheck && ../.venv/bin/mypy -p autotune --ignore-missing-imports --no-incremental) || status=$?
+# autotune.*), not the source folders, so every module is checked under its installed name. It runs on
+# one core beside the ms-swift tests (one real trial on the other), and says its result after them.
+typecheck() {
+  rm -rf .typecheck
+  .venv/bin/pip install -q --no-deps --no-build-isolation --target .typecheck . > .setup-typecheck.log 2>&1 \
+    && (cd .typecheck && ../.venv/bin/mypy -p autotune --ignore-missing-imports --no-incremental)
+}
+typecheck > .typecheck.log 2>&1 & typecheck_pid=$!
 .venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests || status=$?
+wait "$typecheck_pid" || status=$?
+cat .typecheck.log
 .venv/bin/python -m pytest -q -m "not swift" -p no:cacheprovider --durations=12 tests || status=$?
 exit $status

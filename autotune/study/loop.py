@@ -12,6 +12,7 @@ import datetime
 import logging
 import random
 import socket
+import threading
 import time
 import warnings
 import zlib
@@ -238,6 +239,7 @@ class SlowerThanBest(optuna.pruners.BasePruner):
 
 
 _EXHAUSTED = "every configuration of the space has been tried"
+_ASKING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -866,14 +868,17 @@ class Study:
         # what the storage's queue holds runs first (another worker's, or a dead worker's trial)
         take = bool(loop.pending) and not loop.queued
         fixed_params, is_baseline = loop.pending.pop(0) if take else (None, False)
-        if fixed_params is not None:
-            loop.study.enqueue_trial(
-                fixed_params, user_attrs={"is_baseline": is_baseline}, skip_if_exists=False
-            )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with Study.optimize"
-            trial = loop.study.ask()
-        trial.set_user_attr("worker", self.worker.to_dict())
+        # workers of one process take from the queue one at a time: SQLite has no row locks, so two
+        # threads could both pop one waiting trial (PostgreSQL's SELECT … FOR UPDATE keeps processes apart)
+        with _ASKING:
+            if fixed_params is not None:
+                loop.study.enqueue_trial(
+                    fixed_params, user_attrs={"is_baseline": is_baseline}, skip_if_exists=False
+                )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with Study.optimize"
+                trial = loop.study.ask()
+            trial.set_user_attr("worker", self.worker.to_dict())
         if loop.heartbeat is not None:
             loop.heartbeat.beat_for(trial._trial_id)
         queued = fixed_params is not None or "is_baseline" in trial.user_attrs
