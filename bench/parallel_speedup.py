@@ -52,6 +52,7 @@ from search_efficiency import (  # noqa: E402
     KINDS,
     SimulatedExecutor,
     Table,
+    bench_config,
     load_table,
     make_surface,
     select_settings,
@@ -63,7 +64,7 @@ from autotune.records import TrialResult, TrialSpec, TrialStatus  # noqa: E402
 from autotune.secrets import SecretRule  # noqa: E402
 from autotune.space import SearchSpace, canonical_key  # noqa: E402
 from autotune.strategy import launched  # noqa: E402
-from autotune.study.loop import Study, StudyConfig  # noqa: E402
+from autotune.study.loop import Study  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
 from autotune.studydir import StudyDir  # noqa: E402
 
@@ -179,22 +180,8 @@ def run_study(
     hardware = setting.hardware()
     ctx = setting.context(study_dir / "trials" / "0")
     stop = threading.Event()
-    cfg = StudyConfig(
-        study_dir=study_dir,
-        backend=setting.backend,
-        model=setting.model_ref(),
-        hardware=hardware,
-        global_batch=setting.global_batch,
-        num_generations=setting.num_generations,
-        max_steps=10,
-        max_completion_length=setting.max_completion_length,
-        seed=seed,
-        search="auto",
-        n_trials=budget,
-        user_baseline=dict(setting.baseline),
-        storage_url=url,
-        study_name=name,
-        shared=True,
+    cfg = bench_config(
+        setting, study_dir, hardware, seed, "auto", budget, storage_url=url, study_name=name, shared=True
     )
 
     def worker(slot: int) -> Study:

@@ -336,6 +336,28 @@ def make_surface(table: Table, seed: int) -> World:
     return Surface(table, seed)
 
 
+def bench_config(
+    setting: Setting, study_dir: Path, hardware: Any, seed: int, search: str, budget: int, **more: Any
+) -> StudyConfig:
+    """The study every bench runs on a setting: its job, baseline, seed and budget (``more``: storage,
+    study name, worker settings; default storage ``:memory:``)."""
+    return StudyConfig(
+        study_dir=study_dir,
+        backend=setting.backend,
+        model=setting.model_ref(),
+        hardware=hardware,
+        global_batch=setting.global_batch,
+        num_generations=setting.num_generations,
+        max_steps=10,
+        max_completion_length=setting.max_completion_length,
+        seed=seed,
+        search=search,
+        n_trials=budget,
+        user_baseline=dict(setting.baseline),
+        **{"storage_url": ":memory:", **more},
+    )
+
+
 def run_one(
     strategy: str,
     setting: Setting,
@@ -372,21 +394,7 @@ def run_one(
         gate = EstimatorGate.build(
             hardware, setting.model_ref(), setting.backend, setting.fixed, lambda p: backend.derive(p, ctx)
         )
-    cfg = StudyConfig(
-        study_dir=study_dir,
-        backend=setting.backend,
-        model=setting.model_ref(),
-        hardware=hardware,
-        global_batch=setting.global_batch,
-        num_generations=setting.num_generations,
-        max_steps=10,
-        max_completion_length=setting.max_completion_length,
-        seed=seed,
-        search=search,
-        n_trials=budget,
-        user_baseline=dict(setting.baseline),
-        storage_url=":memory:",
-    )
+    cfg = bench_config(setting, study_dir, hardware, seed, search, budget)
     executor = SimulatedExecutor(surface, setting.n_gpus)
     t0 = time.perf_counter()
     outcome = Study(cfg, backend, space, executor, memory_gate=gate, **kwargs).run()
