@@ -189,7 +189,9 @@ def resolve_semantics(
             if resolved["global_batch"].value % g:
                 value = math.ceil(resolved["global_batch"].value / g) * g
                 resolved["global_batch"] = SemanticValue(
-                    value, resolved["global_batch"].source, resolved["global_batch"].where + f", raised to {value}"
+                    value,
+                    resolved["global_batch"].source,
+                    resolved["global_batch"].where + f", raised to {value}",
                 )
         else:
             value, where = defaults.global_batch(n_gpus, g)
@@ -212,7 +214,9 @@ def _check(sem: JobSemantics) -> None:
     for name, flag in FIELDS.items():
         v = getattr(sem, name)
         if v.value < 1:
-            raise UsageError(f"{name} must be positive, got {v.value} from {v.where}", hint=f"For example {flag} 8")
+            raise UsageError(
+                f"{name} must be positive, got {v.value} from {v.where}", hint=f"For example {flag} 8"
+            )
     g = sem.num_generations
     if g.value < 2:
         raise UsageError(

@@ -131,7 +131,9 @@ def run_plan(
     if gpu is None:  # pragma: no cover - resolve_hardware always gives a memory size
         raise UsageError(f"unknown GPU {first.name!r}", hint="Give --gpu-memory-gib")
     n_gpus = len(hardware.gpus)
-    places = [Place(Source.OPTION, FIELDS[k], {k: (v, FIELDS[k])}) for k, v in options.items() if v is not None]
+    places = [
+        Place(Source.OPTION, FIELDS[k], {k: (v, FIELDS[k])}) for k, v in options.items() if v is not None
+    ]
     semantics = resolve_semantics(places, facts.job_defaults, n_gpus, demo=False)
     global_batch, num_generations, max_completion_length = (
         semantics.global_batch.value,

@@ -62,13 +62,17 @@ def register(app: typer.Typer) -> None:
         num_generations: Annotated[
             int | None,
             typer.Option(
-                "--num-generations", help="Completions per prompt (G; default: the framework's).", show_default=False
+                "--num-generations",
+                help="Completions per prompt (G; default: the framework's).",
+                show_default=False,
             ),
         ] = None,
         max_completion_length: Annotated[
             int | None,
             typer.Option(
-                "--max-completion-length", help="Completion tokens (default: the framework's).", show_default=False
+                "--max-completion-length",
+                help="Completion tokens (default: the framework's).",
+                show_default=False,
             ),
         ] = None,
         max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Prompt tokens.")] = 512,

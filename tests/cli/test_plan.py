@@ -362,7 +362,21 @@ def test_plan_takes_the_frameworks_defaults_for_the_job(
     """Without --global-batch / --num-generations / --max-completion-length, plan judges the job the
     framework would run (the same rule as search), and says where each value came from."""
     with pytest.raises(SystemExit) as info:
-        main(["plan", "--backend", backend, "--gpus", gpus, "--gpu-type", "H100", "--model", "Qwen2-7B", "--top", "1"])
+        main(
+            [
+                "plan",
+                "--backend",
+                backend,
+                "--gpus",
+                gpus,
+                "--gpu-type",
+                "H100",
+                "--model",
+                "Qwen2-7B",
+                "--top",
+                "1",
+            ]
+        )
     out, err = capsys.readouterr()
     assert int(info.value.code or 0) == 0, err
     job_line = next(line for line in err.splitlines() if line.startswith("note: job:"))
