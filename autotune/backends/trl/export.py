@@ -40,8 +40,8 @@ import yaml
 from autotune.backends._values import typed
 from autotune.backends._vocab import SHARED_ARGS
 from autotune.backends.swift.backend import SwiftBackend
-from autotune.backends.trl.aliases import current_names, installed_aliases
 from autotune.backends.swift.config import TRL_NAMES, list_value
+from autotune.backends.trl.aliases import current_names, installed_aliases
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, json_text, mask_secrets, refuse, shell_script
 from autotune.export._job import (

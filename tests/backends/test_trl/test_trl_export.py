@@ -214,7 +214,9 @@ def test_the_trl_export_uses_names_the_installed_transformers_does_not_deprecate
 def test_the_trl_export_keeps_the_threads_the_trial_ran_with(tmp_path: Path) -> None:
     study = cpu_trl_study(tmp_path / "cpu")
     launch = study / "trials" / "1" / "launch.json"
-    plan = json.loads(launch.read_text()) if launch.exists() else {"argv": ["python"], "cwd": str(launch.parent)}
+    plan = (
+        json.loads(launch.read_text()) if launch.exists() else {"argv": ["python"], "cwd": str(launch.parent)}
+    )
     plan.setdefault("env", {})["OMP_NUM_THREADS"] = "2"
     launch.write_text(json.dumps(plan))
     script = export_study(study, "trl").files["command.sh"]
