@@ -233,7 +233,9 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         command=req.command, space=req.space, metrics_file=req.metrics_file, executable=req.executable
     )
     # 2. hardware, framework, space, fixed arguments, model.
-    hardware = resolve_hardware(req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib)
+    hardware = resolve_hardware(
+        req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib, runs_trials=True
+    )
     if backend.needs_gpu and not hardware.visible:
         from autotune.errors import HardwareError
 
