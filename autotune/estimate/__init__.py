@@ -23,6 +23,15 @@ from autotune.estimate.catalog import (
     model_from_facts,
     resolve_gpu,
 )
+from autotune.estimate.ceiling import (
+    CEILING_PHASES,
+    TIMELINE_PHASES,
+    PeakBasis,
+    StepCeiling,
+    StepWork,
+    step_ceiling,
+    step_ceiling_s,
+)
 from autotune.estimate.memory import (
     COMPONENTS,
     MemoryEstimate,
@@ -46,6 +55,7 @@ from autotune.estimate.shape import JobShape
 from autotune.estimate.timing import TimeEstimate, estimate_step_time
 
 __all__ = [
+    "CEILING_PHASES",
     "COMPONENTS",
     "CPU_DEVICE",
     "GIB",
@@ -58,7 +68,11 @@ __all__ = [
     "ModelSpec",
     "ModelStates",
     "Observation",
+    "PeakBasis",
     "PlanResult",
+    "StepCeiling",
+    "StepWork",
+    "TIMELINE_PHASES",
     "TimeEstimate",
     "cached_peaks",
     "candidate_rules",
@@ -80,5 +94,7 @@ __all__ = [
     "prediction_error",
     "resolve_gpu",
     "should_prune",
+    "step_ceiling",
+    "step_ceiling_s",
     "store_peaks",
 ]
