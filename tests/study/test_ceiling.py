@@ -146,3 +146,29 @@ def test_phase_split_only_from_the_framework_or_markers() -> None:
         "train": 1.0,
         "other": 0.0,
     }
+
+
+def test_the_gate_bounds_a_configuration_by_its_ceiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.estimate import PeakBasis, find_gpu, step_ceiling_s
+    from autotune.study.memory_gate import EstimatorGate
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    hardware = Hardware(gpus=(H100, H100.model_copy(update={"index": 1})), host=HOST)
+    job = {"global_batch": 16, "num_generations": 4, "max_completion_length": 256}
+    gate = EstimatorGate.build(
+        hardware,
+        resolve_model("Qwen2.5-0.5B"),
+        "trl",
+        job,
+        lambda p: {"world_size": 2, "gradient_accumulation_steps": 2},
+    )
+    assert gate is not None
+    params = {"per_device_train_batch_size": 4, "use_vllm": True}
+    shape, _ = gate._estimate(params)
+    gpu = find_gpu("H100")
+    assert gpu is not None
+    bound = gate.ceiling_s(params)
+    assert bound == step_ceiling_s(shape, PeakBasis.from_gpu(gpu))
+    assert 0 < bound < sum(gate.phase_times(params).values())  # the gate's own prediction is slower
