@@ -21,8 +21,8 @@ __all__ = ["LimitBar", "LimitView", "fraction_text", "limit_section", "limit_vie
 PHASE_WORDS: dict[str, tuple[str, str]] = {
     "rollout": (
         "its bound (decode reads the weights and KV cache once per token; prefill is compute)",
-        "more engines of a smaller tensor-parallel size, or more sequences decoded at once, "
-        "read the weights fewer times per token",
+        "more sequences decoded at once (a larger generation batch; with vLLM, more engines of a "
+        "smaller tensor-parallel size) read the weights fewer times per generated token",
     ),
     "train": (
         "its compute bound (forward and backward FLOPs at the peak)",
