@@ -259,11 +259,11 @@ def _trainable(s: Any) -> Any:
     """Trainable parameters: the LoRA adapters' (per distinct rank on columns), else the model's."""
     import numpy as np
 
+    lora: Any
     if v.is_array(s.lora_rank):
         distinct, inverse = np.unique(s.lora_rank, return_inverse=True)
-        lora = np.array([lora_params(s.model, int(r)) for r in distinct], dtype=np.float64)[
-            inverse.reshape(-1)
-        ]
+        per_rank = np.array([lora_params(s.model, int(r)) for r in distinct], dtype=np.float64)
+        lora = per_rank[inverse.reshape(-1)]
     else:
         lora = lora_params(s.model, s.lora_rank)
     return v.where(s.lora, lora, float(s.model.params))

@@ -49,13 +49,20 @@ def measured_phase_seconds(result: TrialResult) -> dict[str, float]:
 class StudySettings(Protocol):
     """What :meth:`TrialCeilings.for_study` reads of a study's settings (its ``StudyConfig``)."""
 
-    backend: str
-    model: ModelRef
-    hardware: Hardware
-    global_batch: int
-    num_generations: int
-    max_completion_length: int
-    fixed: Mapping[str, Any]
+    @property
+    def backend(self) -> str: ...
+    @property
+    def model(self) -> ModelRef: ...
+    @property
+    def hardware(self) -> Hardware: ...
+    @property
+    def global_batch(self) -> int: ...
+    @property
+    def num_generations(self) -> int: ...
+    @property
+    def max_completion_length(self) -> int: ...
+    @property
+    def fixed(self) -> Mapping[str, Any]: ...
 
 
 class TrialCeilings:
