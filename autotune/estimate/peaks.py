@@ -268,13 +268,24 @@ def measure_host_peaks(seconds: float = 3.0) -> MeasuredPeaks:
 def store_peaks(peaks: MeasuredPeaks, cache_dir: Path | None = None) -> Path:
     """Write ``peaks`` to this machine's cache (replacing the earlier entry for its device).
 
+    ``peaks.machine_id`` must be this machine's (:func:`machine_id`, given the measured GPUs' NVML
+    names for GPU peaks): :func:`cached_peaks` reads only this machine's peaks.
+
     Returns:
         The file written.
 
     Raises:
+        UsageError: ``peaks`` were not measured on this machine.
         WriteError: the cache cannot be written (set ``AUTOTUNE_CACHE_DIR`` to a writable folder).
     """
+    from autotune.errors import UsageError
     from autotune.studydir import write_json_atomic
+
+    if not peaks.machine_id.startswith(machine_id()):
+        raise UsageError(
+            f"peaks of {peaks.machine_id!r} are not this machine's ({machine_id()!r})",
+            hint="Measure on this machine; give GPU peaks machine_id(gpu_names)",
+        )
 
     path = peaks_cache_dir(cache_dir) / _file_name(peaks.device)
     write_json_atomic(path, {"version": _FORMAT_VERSION, "peaks": peaks.to_dict()})

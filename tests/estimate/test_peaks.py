@@ -136,3 +136,10 @@ def test_a_damaged_cache_file_is_ignored_with_a_note(
 def test_no_cache_yet(tmp_path: Path) -> None:
     assert cached_peaks(CPU_DEVICE, tmp_path / "absent") is None
     assert cached_peaks(None, tmp_path / "absent") is None
+
+
+def test_peaks_of_another_machine_are_refused_when_stored(tmp_path: Path) -> None:
+    from autotune.errors import UsageError
+
+    with pytest.raises(UsageError, match="not this machine's"):
+        store_peaks(_peaks(machine_id="elsewhere | Some CPU x64"), tmp_path)
