@@ -157,8 +157,7 @@ class PeakBasis:
         if peaks is not None:
             if gpu is None and peaks.device == CPU_DEVICE:
                 return cls.from_peaks(peaks)
-            same = find_gpu(peaks.device) if peaks.device != CPU_DEVICE else None
-            if gpu is not None and same is not None and same.name == gpu.name:
+            if gpu is not None and peaks.device != CPU_DEVICE and _same_gpu(peaks.device, gpu):
                 return cls.from_peaks(peaks, gpu)
         return cls.from_gpu(gpu) if gpu is not None else None
 
@@ -174,6 +173,14 @@ class PeakBasis:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _same_gpu(device: str, gpu: GpuSpec) -> bool:
+    """``device`` (an NVML name) is ``gpu``: by name, or the catalog entry it resolves to."""
+    if device == gpu.name or device in gpu.nvml_names:
+        return True
+    found = find_gpu(device)
+    return found is not None and found.name == gpu.name
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def _torch_runs(n: int, copy_elems: int) -> tuple[Callable[[], None], Callable[[
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(os.cpu_count() or 1)  # the peak of the whole host, whatever OMP_NUM_THREADS says
+    torch.set_num_threads(_usable_cores())  # the peak of the whole host, whatever OMP_NUM_THREADS says
     a = torch.rand(n, n, dtype=torch.float32)
     b = torch.rand(n, n, dtype=torch.float32)
     out = torch.empty(n, n, dtype=torch.float32)
@@ -199,6 +199,14 @@ def _torch_runs(n: int, copy_elems: int) -> tuple[Callable[[], None], Callable[[
         dst.copy_(src)
 
     return matmul, copy
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _torch_threads() -> int | None:

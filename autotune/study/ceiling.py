@@ -100,7 +100,7 @@ class TrialCeilings:
     @classmethod
     def for_study(cls, cfg: StudySettings) -> TrialCeilings | None:
         """The study's ceilings, or None when the model's architecture or the GPU is unknown."""
-        from autotune.estimate import model_from_facts, resolve_gpu
+        from autotune.estimate import cached_peaks, model_from_facts, resolve_gpu
 
         model, hardware = cfg.model, cfg.hardware
         job = {
@@ -113,11 +113,12 @@ class TrialCeilings:
         if spec is None:
             return None
         gpu = None
-        if hardware.gpus:
-            gpu = resolve_gpu(hardware.gpus[0].name, hardware.gpus[0].memory_total_bytes)
-            if gpu is None:
-                return None
         device = hardware.gpus[0].name if hardware.gpus else None
+        if device is not None:
+            gpu = resolve_gpu(device, hardware.gpus[0].memory_total_bytes)
+            # a GPU the catalog does not know has guessed peaks: no bound, unless this machine measured it
+            if gpu is None or (not gpu.known and cached_peaks(device) is None):
+                return None
         return cls(cfg.backend, spec, len(hardware.gpus), job, gpu=gpu, device=device)
 
     @property

@@ -172,3 +172,17 @@ def test_the_gate_bounds_a_configuration_by_its_ceiling(
     bound = gate.ceiling_s(params)
     assert bound == step_ceiling_s(shape, PeakBasis.from_gpu(gpu))
     assert 0 < bound < sum(gate.phase_times(params).values())  # the gate's own prediction is slower
+
+
+def test_an_unknown_gpu_gets_no_ceiling_until_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    odd = GpuInfo(index=0, name="NVIDIA Future 9000", memory_total_bytes=200 * 2**30)
+    settings = Settings(resolve_model("Qwen2.5-0.5B"), Hardware(gpus=(odd,), host=HOST))
+    assert TrialCeilings.for_study(settings) is None  # its peaks would be a guess, not a bound
+    store_peaks(
+        MeasuredPeaks(odd.name, 2e15, 8e12, 1e11, None, 1, machine_id((odd.name,)), "2026-01-01T00:00Z")
+    )
+    ceilings = TrialCeilings.for_study(settings)
+    assert ceilings is not None and ceilings.basis.source == "measured" and ceilings.basis.flops_per_s == 2e15
