@@ -9,6 +9,7 @@ from pathlib import Path
 from autotune.reports import render_study
 from autotune.reports._load import load_study
 from autotune.reports._render import pick_winner
+from autotune.reports.frames import load_frames
 from autotune.reports.limits import fraction_text, limit_view, search_used_ceiling
 
 from autotune.records import TrialCeiling, TrialResult, TrialStatus
@@ -95,6 +96,9 @@ def test_the_report_shows_the_section_and_the_column(fixture_study: Path, tmp_pa
         assert "of limit" in text and "14 %" in text
     assert "`████░░░░░░░░░░░░░░░░`" in md  # 18 %: 3.6 of 20 cells, rounded
     assert 'style="width:18.0%"' in html
+    frame = load_frames(study).trials  # the same column in the notebook view
+    assert frame.loc[winner.trial, "limit_fraction"] == 0.141
+    assert frame["limit_fraction"].drop(index=winner.trial).isna().all()
 
 
 def test_a_study_without_ceilings_has_no_section(rendered) -> None:  # noqa: ANN001
