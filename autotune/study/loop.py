@@ -28,7 +28,15 @@ from autotune.errors import UsageError, WriteError
 from autotune.records import Confirmation, Hardware, TrialResult, TrialSpec, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.space import SearchSpace, canonical_key
-from autotune.strategy import SearchStrategy, infer_infeasible
+from autotune.strategy import (
+    EXHAUSTED,
+    BaseStrategy,
+    Collaborators,
+    Exhausted,
+    Pending,
+    build_strategy,
+    infer_infeasible,
+)
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
@@ -238,7 +246,6 @@ class SlowerThanBest(optuna.pruners.BasePruner):
         return last < best * (1 - self.margin)
 
 
-_EXHAUSTED = "every configuration of the space has been tried"
 _ASKING = threading.Lock()
 
 
@@ -297,7 +304,7 @@ class Study:
         hygiene: Callable[[], None] | None = None,
         interrupted: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
-        strategy: SearchStrategy | None = None,
+        strategy: BaseStrategy | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
@@ -322,17 +329,19 @@ class Study:
             if cfg.shared
             else 0
         )
-        self.strategy = strategy or SearchStrategy(
-            space,
+        self.strategy = strategy or build_strategy(
             cfg.search,
+            space,
+            Collaborators(
+                rank=memory_gate.rank if memory_gate else None,
+                # a gate that can split its prediction by phase (the estimator's) enables the phase model
+                phase_prior=getattr(memory_gate, "phase_times", None),
+                valid=self._valid,
+                feasible=self._cheap_feasible,
+                memory_load=self._memory_load if memory_gate else None,
+                usable=self.usable,
+            ),
             seed=seed,
-            rank=memory_gate.rank if memory_gate else None,
-            # a gate that can split its prediction by phase (the estimator's) enables the phase model
-            phase_prior=getattr(memory_gate, "phase_times", None),
-            valid=self._valid,
-            feasible=self._cheap_feasible,
-            memory_load=self._memory_load if memory_gate else None,
-            usable=self.usable,
         )
         self.pruner = SlowerThanBest()
         self._results: dict[int, TrialResult] = {}
@@ -686,6 +695,7 @@ class Study:
                 self._results[t.number] = result
                 if self.memory_gate is not None:
                     self.memory_gate.observe(result)
+                self.strategy.after_trial(result)
         loop.running, loop.queued = running, queued
         loop.visited = {
             canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
@@ -767,9 +777,10 @@ class Study:
             study.set_user_attr("settings", settings)
         for r in self.dir.results():
             self._results[r.number] = r
-        if self.memory_gate is not None:
-            for r in self._results.values():
+        for r in self._results.values():
+            if self.memory_gate is not None:
                 self.memory_gate.observe(r)
+            self.strategy.after_trial(r)
         pending: list[tuple[dict[str, Any], bool]] = [(p, False) for p in self._recover(study)]
         visited = {
             canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
@@ -839,24 +850,26 @@ class Study:
     def _plan(self, loop: _Loop) -> _Stop | None:
         """Queue the strategy's next configuration once nothing is pending and the baseline has run.
 
-        Stops the study when the strategy says it has converged, or when a grid has nothing left.
+        Stops the study when the strategy says it has converged, or that it has nothing left.
         """
         if loop.pending or loop.queued or not baseline_done_or(self._results):
             return None
         history = list(self._results.values())
-        reason = self.strategy.converged(history, self.cfg.n_trials - loop.launched_total, loop.visited)
+        pending = Pending(
+            visited=frozenset(loop.visited),
+            running=frozenset(loop.running.values()),
+            trials_left=self.cfg.n_trials - loop.launched_total,
+        )
+        reason = self.strategy.converged(history, pending)
         if reason:
             used = f"used {loop.launched_total} of {self.cfg.n_trials} trials"
             return _Stop("converged", f"{reason}; {used}")
-        left = self.cfg.n_trials - loop.launched_total
-        nxt = self.strategy.propose(history, loop.visited, left)
-        if nxt is not None:
-            loop.pending.append((nxt, False))
-            proposal = self.strategy.explain(history, loop.visited, left)
-            if proposal is not None and canonical_key(proposal.params) == canonical_key(nxt):
-                loop.choices[canonical_key(nxt)] = proposal.choice()
-        elif self.strategy.kind == "grid":
-            return _Stop("exhausted", _EXHAUSTED)
+        proposal = self.strategy.propose(history, pending)
+        if isinstance(proposal, Exhausted):
+            return _Stop("exhausted", proposal.detail)
+        if proposal is not None:
+            loop.pending.append((dict(proposal.params), False))
+            loop.choices[canonical_key(proposal.params)] = proposal.choice()
         return None
 
     def _next_trial(self, loop: _Loop) -> _Stop | None:
@@ -967,11 +980,9 @@ class Study:
         """Why a configuration the strategy did not explain was run."""
         if is_baseline:
             return {"mode": "baseline"}
-        if self.strategy.kind == "grid":
-            return {"mode": "grid"}
         # queued without a strategy's reason: a trial re-run after an interruption, or the next
         # unvisited configuration after duplicates; otherwise the Optuna sampler chose it
-        return {"mode": "requeued" if queued else "sampler"}
+        return self.strategy.unexplained_choice(queued)
 
     def _duplicate(
         self, loop: _Loop, trial: optuna.Trial, key: str, elsewhere: int | None = None
@@ -996,7 +1007,7 @@ class Study:
         if loop.duplicates >= 2:
             nxt = self.strategy.next_unvisited(loop.visited)
             if nxt is None:
-                return _Stop("exhausted", _EXHAUSTED)
+                return _Stop("exhausted", EXHAUSTED)
             loop.pending.append((nxt, False))
             loop.duplicates = 0
         return None
@@ -1023,6 +1034,7 @@ class Study:
             loop.visited.discard(key)  # an interrupted trial says nothing: its configuration may run again
         if self.memory_gate is not None:
             self.memory_gate.observe(result)
+        self.strategy.after_trial(result)
         try:
             self._tell(loop.study, trial, result)
         except optuna.exceptions.UpdateFinishedTrialError:
