@@ -12,7 +12,7 @@ import abc
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna
 
@@ -167,7 +167,9 @@ class BaseStrategy(abc.ABC):
       is a cache of that, never a fact the history lacks (``after_trial`` may warm a cache only).
     - **Never twice, never known-infeasible.** :meth:`propose` never returns a configuration in
       ``pending.visited`` (which holds other workers' running trials: pending-aware) nor one the
-      ``feasible`` pre-check refuses when a feasible one is left.
+      ``feasible`` pre-check refuses when a feasible one is left; a strategy that sets
+      :attr:`covers_space` (the grid) proposes the refused ones too, so that the study records each
+      refusal (a PRUNED trial, never launched).
     - **Threads.** One strategy serves one worker; workers of one process each build their own (their
       seeds differ), so a strategy needs no lock. Other workers' trials reach it only through the
       history and ``pending``.
@@ -182,6 +184,9 @@ class BaseStrategy(abc.ABC):
 
     #: the frozen dataclass of this strategy's settings
     Settings: type[StrategySettings] = StrategySettings
+    #: proposes every configuration of the space, those the pre-check refuses included (the study
+    #: prunes them before launch and records why)
+    covers_space: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -14,7 +14,10 @@ __all__ = ["GridStrategy"]
 
 class GridStrategy(BaseStrategy):
     """Runs the space's configurations in :meth:`~autotune.space.SearchSpace.grid` order, skipping the
-    visited ones; the study ends (exhausted) after the last."""
+    visited ones, those the pre-check refuses included (the study prunes and records them); the study
+    ends (exhausted) after the last."""
+
+    covers_space = True
 
     def propose(self, history: Sequence[TrialResult], pending: Pending) -> Proposal | Exhausted | None:
         """The next grid point not visited, or :class:`Exhausted`."""
