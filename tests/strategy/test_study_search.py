@@ -208,7 +208,7 @@ def test_comparison_kinds_run_through_the_same_loop(tmp_path: Path, search: str)
     study, ex = make(tmp_path, search, 6)
     study.cfg = study.cfg.__class__(**{**study.cfg.__dict__, "search": search})
     study.strategy = build_strategy(
-        search, study.space, Collaborators(feasible=study._cheap_feasible), seed=1
+        search, study.space, Collaborators(feasible=study.screen.cheap_feasible), seed=1
     )
     outcome = study.run()
     keys = [canonical_key(p) for p in ex.ran]
