@@ -1,15 +1,18 @@
 """The study loop: ask → pre-screen → run → tell, with resume, budgets and the recommendation.
 
-:class:`Study` runs the loop and its ask side (the baseline first, the strategy's next configuration,
-Optuna's ask, duplicates, launching a trial); its parts live beside it:
+:class:`Study` opens (or resumes) the study and runs the loop: each turn it takes in the other workers'
+trials, checks the stopping rules, asks for the next configuration, and runs one trial through Optuna's
+ask, the pre-screen, the executor and the tell. Its parts live beside it and share one
+:class:`~autotune.study.state.StudyState`:
 
-- :mod:`~autotune.study.config`: the settings and outcome, and the collaborators' contracts;
+- :mod:`~autotune.study.ask`: the baseline first, the strategy's next configuration (through
+  :class:`~autotune.strategy.BaseStrategy`'s contract only), the stopping rules, duplicates;
 - :mod:`~autotune.study.prescreen`: what is refused before launch;
 - :mod:`~autotune.study.tell`: how a trial is recorded in Optuna and read back;
 - :mod:`~autotune.study.workers`: other workers' trials, queue and dead workers, through the storage;
-- :mod:`~autotune.study.finish`: the recommendation, its re-measurement and the stored outcome.
+- :mod:`~autotune.study.finish`: the recommendation, its re-measurement and the stored outcome;
+- :mod:`~autotune.study.config`: the settings and outcome, and the collaborators' contracts.
 
-The strategy is reached through :class:`~autotune.strategy.BaseStrategy`'s contract only.
 Collaborators (backend, search strategy, memory gate, runner, samplers, GPU hygiene, view) are passed
 in, so tests substitute fakes. The study never samples hardware itself: measurements arrive in the
 runner's record and the timeline summary.
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 import warnings
@@ -34,7 +36,8 @@ from autotune.backends import Backend
 from autotune.errors import UsageError, WriteError
 from autotune.records import TrialResult, TrialSpec, TrialStatus
 from autotune.space import SearchSpace, canonical_key
-from autotune.strategy import EXHAUSTED, BaseStrategy, Collaborators, Exhausted, Pending, build_strategy
+from autotune.strategy import BaseStrategy, Collaborators, build_strategy
+from autotune.study.ask import Asker
 from autotune.study.config import (
     MemoryGate,
     NullView,
@@ -126,6 +129,7 @@ class Study(StudyPart):
         self.screen = Prescreen(self.state)
         self.workers = Workers(self.state, self._learn)
         self.finisher = Finisher(self.state, self.screen)
+        self.asker = Asker(self.state, self.screen, self.finisher)
         # workers of one study draw differently (the same seed would make them propose alike)
         # (a slot of this process by its number, reproducibly; a worker of its own by host and pid)
         seed = cfg.seed + (
@@ -282,15 +286,6 @@ class Study(StudyPart):
         }
 
     # -- the loop -------------------------------------------------------------------------------
-    def _baseline_params(self) -> dict[str, Any]:
-        if self.cfg.user_baseline is not None:
-            params = self.space.active(dict(self.cfg.user_baseline))
-            self.space.validate_params(params)
-            return params
-        return self.space.active(
-            self.backend.baseline(self.space.defaults(), self.screen.context(self.dir.trials_dir))
-        )
-
     def run(self) -> StudyOutcome:
         """Run (or resume) the study until a budget ends, it converges, or the user interrupts.
 
@@ -318,7 +313,9 @@ class Study(StudyPart):
                     stop: Stop | None = None
                     while stop is None:
                         self.workers.sync(loop)
-                        stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
+                        stop = (
+                            self.asker.stopping_rule(loop) or self.asker.plan(loop) or self._next_trial(loop)
+                        )
                     self.workers.sync(loop)
                     return self.finisher.finish(loop, stop)
             except optuna.exceptions.StorageInternalError as exc:
@@ -354,7 +351,7 @@ class Study(StudyPart):
             if all(canonical_key(p) != canonical_key(params) for p, _ in pending):
                 pending.append((params, False))
         if not baseline_done_or(self._results):
-            pending = self._baseline_first(pending)
+            pending = self.asker.baseline_first(pending)
         # the budget counts launched trials that said something: not pruned before launch, not interrupted
         launched_total = sum(1 for r in self._results.values() if counts_in_budget(r))
         return LoopState(
@@ -365,55 +362,6 @@ class Study(StudyPart):
             launched_total=launched_total,
             start_s=self.clock(),
         )
-
-    def _baseline_first(
-        self, pending: list[tuple[dict[str, Any], bool]]
-    ) -> list[tuple[dict[str, Any], bool]]:
-        """``pending`` with the baseline at its head (and not again further down)."""
-        baseline = self._baseline_params()
-        pending = [(p, b) for p, b in pending if canonical_key(p) != canonical_key(baseline)]
-        pending.insert(0, (baseline, True))
-        return pending
-
-    def _stopping_rule(self, loop: LoopState) -> Stop | None:
-        """Why the study stops before its next trial: the user, the trial budget or the time budget."""
-        if self.interrupted():
-            return Stop("interrupted", "stopped by the user")
-        if loop.launched_total >= self.cfg.n_trials:
-            return Stop("budget", f"trial budget of {self.cfg.n_trials} reached")
-        elapsed = self.clock() - loop.start_s
-        budget = self.cfg.time_budget_s
-        if budget is not None:
-            reserve = self.finisher.confirm_reserve_s()
-            if elapsed + reserve >= budget:
-                kept = f" ({reserve:.0f}s kept for the re-measurement)" if reserve else ""
-                return Stop("budget", f"time budget of {budget:.0f}s reached{kept}")
-        return None
-
-    def _plan(self, loop: LoopState) -> Stop | None:
-        """Queue the strategy's next configuration once nothing is pending and the baseline has run.
-
-        Stops the study when the strategy says it has converged, or that it has nothing left.
-        """
-        if loop.pending or loop.queued or not baseline_done_or(self._results):
-            return None
-        history = list(self._results.values())
-        pending = Pending(
-            visited=frozenset(loop.visited),
-            running=frozenset(loop.running.values()),
-            trials_left=self.cfg.n_trials - loop.launched_total,
-        )
-        reason = self.strategy.converged(history, pending)
-        if reason:
-            used = f"used {loop.launched_total} of {self.cfg.n_trials} trials"
-            return Stop("converged", f"{reason}; {used}")
-        proposal = self.strategy.propose(history, pending)
-        if isinstance(proposal, Exhausted):
-            return Stop("exhausted", proposal.detail)
-        if proposal is not None:
-            loop.pending.append((dict(proposal.params), False))
-            loop.choices[canonical_key(proposal.params)] = proposal.choice()
-        return None
 
     def _next_trial(self, loop: LoopState) -> Stop | None:
         """Ask → pre-screen → launch → tell one trial (the next queued configuration, else the sampler's).
@@ -443,14 +391,14 @@ class Study(StudyPart):
         key = canonical_key(params)
         twin = self.workers.twin_elsewhere(loop.study, trial.number, key)
         if key in loop.visited or twin is not None:
-            stop = self._duplicate(loop, trial, key, twin)
+            stop = self.asker.duplicate(loop, trial, key, twin)
             if loop.heartbeat is not None:
                 loop.heartbeat.beat_for(None)
             return stop
         loop.duplicates = 0
         trial.set_user_attr("is_baseline", is_baseline)
         loop.visited.add(key)
-        choice = loop.choices.pop(key, None) or self._default_choice(is_baseline, queued)
+        choice = loop.choices.pop(key, None) or self.asker.default_choice(is_baseline, queued)
         result = self.screen.check(trial.number, params, is_baseline)
         try:
             if result is None:
@@ -518,42 +466,6 @@ class Study(StudyPart):
             f"cannot write the study storage {self.cfg.secrets.redact_url(url)}: {self.cfg.secrets.mask(text)[:200]}",
             hint="Free space or fix the storage's permissions, then run the same command again to resume",
         )
-
-    def _default_choice(self, is_baseline: bool, queued: bool) -> dict[str, Any]:
-        """Why a configuration the strategy did not explain was run."""
-        if is_baseline:
-            return {"mode": "baseline"}
-        # queued without a strategy's reason: a trial re-run after an interruption, or the next
-        # unvisited configuration after duplicates; otherwise the Optuna sampler chose it
-        return self.strategy.unexplained_choice(queued)
-
-    def _duplicate(
-        self, loop: LoopState, trial: optuna.Trial, key: str, elsewhere: int | None = None
-    ) -> Stop | None:
-        """Tell a configuration already tried with its twin's result instead of running it again.
-
-        After two duplicates in a row the next unvisited configuration is queued; none left stops the
-        study. A twin that another worker is still running (``elsewhere``) leaves this trial FAIL.
-        """
-        twin = next((r for r in self._results.values() if canonical_key(r.params) == key), None)
-        if twin is None and elsewhere is not None:
-            trial.set_user_attr("duplicate_of", elsewhere)
-            loop.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            time.sleep(random.uniform(0.0, 0.5))  # two workers that drew alike draw again apart
-            return None
-        trial.set_user_attr("duplicate_of", twin.number if twin else -1)
-        if twin is not None and twin.status is not TrialStatus.INTERRUPTED:
-            tell(loop.study, trial, twin, self.dir)
-        else:
-            loop.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        loop.duplicates += 1
-        if loop.duplicates >= 2:
-            nxt = self.strategy.next_unvisited(loop.visited)
-            if nxt is None:
-                return Stop("exhausted", EXHAUSTED)
-            loop.pending.append((nxt, False))
-            loop.duplicates = 0
-        return None
 
     def _time_left_s(self, loop: LoopState) -> float | None:
         """What is left of the time budget for the next trial, less what the re-measurement needs (at

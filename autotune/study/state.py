@@ -14,6 +14,7 @@ import optuna
 from autotune.backends import Backend
 from autotune.records import TrialResult
 from autotune.space import SearchSpace
+from autotune.strategy import BaseStrategy
 from autotune.study.config import MemoryGate, StudyConfig, StudyView, TrialExecutor
 from autotune.study.storage import Heartbeat
 from autotune.studydir import StudyDir
@@ -80,6 +81,7 @@ class StudyState:
         hygiene: cleans the GPUs before a launch, or None.
         interrupted: whether the user stopped the study.
         clock: the study clock.
+        strategy: the search strategy.
         results: every trial this worker knows of, by number (its own, the storage's, the directory's).
     """
 
@@ -95,6 +97,7 @@ class StudyState:
     interrupted: Callable[[], bool]
     clock: Callable[[], float]
     results: dict[int, TrialResult] = field(default_factory=dict)
+    strategy: BaseStrategy = field(init=False)  # set once the pre-screen it borrows from exists
 
 
 class Shared(Generic[T]):
@@ -131,6 +134,7 @@ class StudyPart:
     hygiene: Shared[Callable[[], None] | None] = Shared()
     interrupted: Shared[Callable[[], bool]] = Shared()
     clock: Shared[Callable[[], float]] = Shared()
+    strategy: Shared[BaseStrategy] = Shared()
 
     def __init__(self, state: StudyState) -> None:
         self.state = state
