@@ -32,6 +32,7 @@ from autotune.strategy import SearchStrategy, infer_infeasible
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
+from autotune.study.optuna_view import MachineAttrs, MeasuredReports, shown_attrs
 from autotune.study.recommend import Recommendation, headroom_bytes, recommend
 from autotune.study.storage import (
     Heartbeat,
@@ -212,14 +213,18 @@ def free_port() -> int:
 class SlowerThanBest(optuna.pruners.BasePruner):
     """Prune a trial whose optimistic throughput is clearly below the best completed trial.
 
-    The study reports ``throughput × (1 + rel_ci95)`` (the optimistic end of the estimate) after every
-    steady step; the trial is pruned once it has ``min_reports`` reports and that value is below
-    ``best × (1 − margin)``. The baseline is never pruned (its throughput defines the speedup).
+    The study reports the measured throughput after every steady step and hands the pruner
+    ``throughput × (1 + rel_ci95)`` (the optimistic end of the estimate) beside it (``reports``); the
+    trial is pruned once it has ``min_reports`` reports and that bound is below ``best × (1 − margin)``.
+    The baseline is never pruned (its throughput defines the speedup).
     """
 
-    def __init__(self, margin: float = 0.15, min_reports: int = 3) -> None:
+    def __init__(
+        self, margin: float = 0.15, min_reports: int = 3, reports: MeasuredReports | None = None
+    ) -> None:
         self.margin = margin
         self.min_reports = min_reports
+        self.reports = reports or MeasuredReports()
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if trial.user_attrs.get("is_baseline") or len(trial.intermediate_values) < self.min_reports:
@@ -234,8 +239,10 @@ class SlowerThanBest(optuna.pruners.BasePruner):
         )
         if best is None:
             return False
-        last = trial.intermediate_values[max(trial.intermediate_values)]
-        return last < best * (1 - self.margin)
+        bound = self.reports.bound(trial.number)
+        if bound is None:  # reported by another process: its measured value is all there is
+            bound = trial.intermediate_values[max(trial.intermediate_values)]
+        return bound < best * (1 - self.margin)
 
 
 _EXHAUSTED = "every configuration of the space has been tried"
@@ -423,13 +430,16 @@ class Study:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([METRIC_NAME])
+        machine = MachineAttrs(study)
         for key, value in self._study_attrs().items():
+            machine.set(key, value)
+        for key, value in self._shown_attrs().items():
             study.set_user_attr(key, value)
         return study
 
     def _check_same_definition(self, study: optuna.Study, url: str) -> None:
         """A study name already in the storage must hold the same study (its identity attribute)."""
-        stored = study.user_attrs.get("identity")
+        stored = MachineAttrs(study).get("identity")
         if not isinstance(stored, dict):
             return
         differences = identity_differences(stored, self.identity())
@@ -440,8 +450,20 @@ class Study:
                 hint="Join it with the same arguments as its other workers, or choose another --study-name",
             )
 
+    def _shown_attrs(self) -> dict[str, str]:
+        """What Optuna's tools show about the study (:func:`~autotune.study.optuna_view.shown_attrs`)."""
+        gpus = self.cfg.hardware.gpus
+        names = sorted({g.name for g in gpus})
+        shown = f"{len(gpus)}x {' / '.join(names)}" if gpus else "cpu"
+        return shown_attrs(
+            backend=self.cfg.backend,
+            model=self.cfg.model.name,
+            gpus=shown,
+            settings_path=str(self.dir.root / StudyDir.SETTINGS),
+        )
+
     def _study_attrs(self) -> dict[str, Any]:
-        """What Optuna's tools show about the study: hardware, model, backend and versions."""
+        """What autotune reads back about the study: hardware, model, backend, versions, identity."""
         c = self.cfg
         return {
             "backend": c.backend,
@@ -474,11 +496,14 @@ class Study:
                 trial.set_user_attr(key, value)
         trial.set_constraint("infeasible", 1.0 if infeasible else 0.0)
         if result.status is TrialStatus.COMPLETE and result.throughput is not None:
+            self.pruner.reports.forget(trial.number)
             study.tell(trial, result.throughput)
         elif result.status is TrialStatus.PRUNED:
-            # Optuna keeps the last reported value of a pruned trial (none when it never launched)
+            # Optuna keeps the last reported value of a pruned trial: make it what the trial measured
+            self.pruner.reports.finish_pruned(trial, result.throughput, result.steps)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
+            self.pruner.reports.forget(trial.number)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     # -- pre-screen ------------------------------------------------------------------------------
@@ -763,8 +788,9 @@ class Study:
         study = self._open()  # a storage that cannot be opened leaves the study directory as it was
         self.dir.own_dir(self.dir.trials_dir)
         self.dir.write_settings(settings)
-        if "settings" not in study.user_attrs:  # what `autotune report --storage` shows before the end
-            study.set_user_attr("settings", settings)
+        machine = MachineAttrs(study)
+        if machine.get("settings") is None:  # what `autotune report --storage` shows before the end
+            machine.set("settings", settings)
         for r in self.dir.results():
             self._results[r.number] = r
         if self.memory_gate is not None:
@@ -1090,7 +1116,7 @@ class Study:
             settings["calibration"] = self.memory_gate.state()
         self.dir.write_settings(settings)
         if final:
-            loop.study.set_user_attr("settings", settings)
+            MachineAttrs(loop.study).set("settings", settings)
         return StudyOutcome(
             results=results,
             recommendation=rec,
@@ -1178,7 +1204,7 @@ class Study:
             if throughput is None or is_baseline:
                 return None
             try:
-                trial.report(optimistic, step)
+                self.pruner.reports.report(trial, step, throughput, optimistic)
             except optuna.exceptions.UpdateFinishedTrialError:  # failed by another worker: see _record
                 return None
             if trial.should_prune():
