@@ -23,6 +23,7 @@ from autotune.app.durations import format_duration, parse_duration_s
 from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_TO_RECOMMEND, EXIT_OK, UsageError
 from autotune.study.loop import NullView, StudyView
 from autotune.studydir import StudyDir
+from autotune.trial.live import LiveGpus
 
 __all__ = ["SearchRequest", "SearchSummary", "run_search", "search_study", "collect_versions"]
 
@@ -322,6 +323,9 @@ class ClosingView(StudyView, Protocol):
     def use_labels(self, labels: Mapping[str, str]) -> None:
         """Short knob names (from the search space) to show instead of the framework's long ones."""
 
+    def gpu_board(self) -> LiveGpus | None:
+        """Where the executors put the running trials' GPUs for the view (None: not shown)."""
+
     def close(self) -> None: ...
 
 
@@ -330,6 +334,9 @@ class _QuietView(NullView):
 
     def use_labels(self, labels: Mapping[str, str]) -> None:
         pass
+
+    def gpu_board(self) -> LiveGpus | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -490,6 +497,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
             stop_event=stop_event,
             beta=beta,
             secrets=secrets,
+            live=view.gpu_board(),
         )
         return Study(
             dataclasses.replace(cfg, hardware=hw, worker_slot=slot if len(slices) > 1 else None),

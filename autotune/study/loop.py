@@ -146,6 +146,11 @@ class StudyView(Protocol):
     def trial_step(self, number: int, step: int, throughput: float | None) -> None: ...
     def trial_finished(self, result: TrialResult) -> None: ...
     def notice(self, text: str) -> None: ...
+    def remeasure_started(self, runs: int) -> None:
+        """The re-measurement after the search begins: ``runs`` runs in all (those on disk included)."""
+
+    def remeasure_ran(self) -> None:
+        """One re-measurement run ended (or was found finished on disk)."""
 
 
 class NullView:
@@ -164,6 +169,12 @@ class NullView:
         pass
 
     def notice(self, text: str) -> None:
+        pass
+
+    def remeasure_started(self, runs: int) -> None:
+        pass
+
+    def remeasure_ran(self) -> None:
         pass
 
 
@@ -1149,7 +1160,9 @@ class Study:
             interrupted=self.interrupted,
             reaper=self.reaper,
             notice=self.view.notice,
+            ran=self.view.remeasure_ran,
         )
+        self.view.remeasure_started(len(tasks))
         compared = ", ".join(f"trial {t.trial}" for t in tasks if t.round == 1)
         self.view.notice(f"re-measuring {compared}: {n} interleaved run(s) of each")
         runs, note, interrupted = runner.run(tasks)
