@@ -19,6 +19,7 @@ from pathlib import Path
 from autotune.backends._base import StepParser
 from autotune.errors import UsageError
 from autotune.records import Hardware, LaunchPlan, StepMetrics
+from autotune.trial.live import LiveGpus
 
 __all__ = ["ProfileRequest", "AnyFormatParser", "run_profile"]
 
@@ -68,8 +69,12 @@ class ProfileRequest:
     secret_args: tuple[str, ...] = ()
 
 
-def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
+def run_profile(req: ProfileRequest, live: LiveGpus | None = None) -> tuple[int, Path, Path]:
     """Run the command under the probes; write the run's files, ``profile.json`` and the report.
+
+    Args:
+        req: what to run and how.
+        live: a board the live view reads the run's GPUs from (:mod:`autotune.trial.live`), or None.
 
     Returns:
         (the command's exit code, report.html, report.md).
@@ -130,17 +135,23 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
         "started_wall_s": time.time(),
     }
     write_json_atomic(files.profile_json, header)
-    record = run_trial(
-        plan,
-        parser,
-        req.out,
-        global_batch=req.global_batch or 1,
-        watchdog=watchdog,
-        early_stop=EarlyStopConfig(enabled=False),
-        samplers=make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
-        stop_event=threading.Event(),
-        secrets=secrets,
-    )
+    samplers = make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s))
+    shown = live.open("profile", parser.open_phase) if live is not None else None
+    try:
+        record = run_trial(
+            plan,
+            parser,
+            req.out,
+            global_batch=req.global_batch or 1,
+            watchdog=watchdog,
+            early_stop=EarlyStopConfig(enabled=False),
+            samplers=shown.samplers(samplers) if shown is not None else samplers,
+            stop_event=threading.Event(),
+            secrets=secrets,
+        )
+    finally:
+        if shown is not None:
+            shown.close()
     steps = list(record.steps)
     batch = req.global_batch or next((s.samples for s in steps if s.samples), None)
     steady = steady_estimate(steps, batch) if batch else None

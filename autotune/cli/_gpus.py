@@ -7,14 +7,18 @@ run every ``every_s`` seconds, each GPU of the run in it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from autotune.trial.live import GpuNow, LiveGpus
 
-__all__ = ["GpuPanel", "gpu_cells"]
+__all__ = ["GpuPanel", "gpu_cells", "watching_gpus"]
 
 _GIB = 2**30
 
@@ -89,3 +93,20 @@ class GpuPanel:
         while not self._stop.wait(self.every_s):
             for line in self.lines():
                 self.console.print(line, markup=False, highlight=False)
+
+
+@contextlib.contextmanager
+def watching_gpus(console: Console, every_s: float = 30.0) -> Iterator[LiveGpus]:
+    """A board whose runs' GPUs are shown while the block runs (``autotune profile``): a table redrawn
+    in place on a terminal, a line per run every ``every_s`` seconds elsewhere."""
+    panel = GpuPanel(console, LiveGpus(), every_s=every_s)
+    if not console.is_terminal:
+        panel.start()
+        try:
+            yield panel.board
+        finally:
+            panel.stop()
+        return
+    waiting = Text("waiting for the command's GPUs…", style="dim")
+    with Live(console=console, refresh_per_second=4, get_renderable=lambda: panel.table() or waiting):
+        yield panel.board

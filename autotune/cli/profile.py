@@ -76,6 +76,13 @@ def register(app: typer.Typer) -> None:
             startup_timeout_s=parse_duration_s(startup_timeout, flag="--startup-timeout"),
             secret_args=tuple(secret_arg or ()),
         )
-        code, html, md = run_profile(req)
+        import contextlib
+
+        from autotune.cli._console import console
+        from autotune.cli._gpus import watching_gpus
+
+        sampled = req.hardware.visible and bool(req.hardware.gpus)  # a CPU run has no GPU rows
+        with watching_gpus(console) if sampled else contextlib.nullcontext() as board:
+            code, html, md = run_profile(req, live=board)
         say(f"report: {html}  {md}")
         raise typer.Exit(code)
