@@ -67,6 +67,7 @@ class ProfileRequest:
     hang_floor_s: float = 1800.0
     hang_k: float = 20.0
     secret_args: tuple[str, ...] = ()
+    report_to: tuple[str, ...] = ()
 
 
 def run_profile(req: ProfileRequest, live: LiveGpus | None = None) -> tuple[int, Path, Path]:
@@ -94,6 +95,9 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None) -> tuple[int,
         raise UsageError(
             "autotune profile needs a command after --", hint="e.g. autotune profile -- python train.py"
         )
+    from autotune.app.tracking import ProfileTracking
+
+    tracking = ProfileTracking(req.report_to, req.out)  # a missing tracker package: before anything runs
     ensure_writable(req.out)
     files = TrialDir(req.out)
     if files.profile_json.exists() or files.result_json.exists():
@@ -105,6 +109,7 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None) -> tuple[int,
         "AUTOTUNE_PHASES_FILE": str(files.phases_jsonl.resolve()),
         "AUTOTUNE_METRICS_FILE": str(metrics.resolve()),
         "VERL_FILE_LOGGER_PATH": str((req.out / _VERL_METRICS).resolve()),
+        **tracking.env(),
     }
     if req.hardware.gpus and req.hardware.visible:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
@@ -184,6 +189,7 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None) -> tuple[int,
         gpu_seconds=record.duration_s * max(1, len(req.hardware.gpus)),
     )
     write_json_atomic(files.result_json, result.model_dump(mode="json"))
+    tracking.log(result)
     write_json_atomic(
         files.profile_json,
         {

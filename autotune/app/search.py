@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from rich.console import Console
 
 from autotune.app.durations import format_duration, parse_duration_s
+from autotune.app.tracking import trackers_for, tracking_view
 from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_TO_RECOMMEND, EXIT_OK, UsageError
 from autotune.study.loop import NullView, StudyView
 from autotune.studydir import StudyDir
@@ -70,6 +71,8 @@ class SearchRequest:
     pins: tuple[str, ...] = ()
     # how the study was asked for, for study.json and "resume with:" (default: this process's argv)
     command_line: str | None = None
+    # --report-to: experiment trackers (autotune.trackers.TRACKERS) the trials and the study log to
+    report_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             hint="Every prompt needs all its completions in one batch: pick a multiple",
         )
     _check_workers(req)
+    trackers = trackers_for(req.report_to)
     backend = backend_class(req.backend).from_cli(
         command=req.command, space=req.space, metrics_file=req.metrics_file, executable=req.executable
     )
@@ -312,6 +316,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             out=out,
             watchdog=watchdog,
             time_budget_s=time_budget_s,
+            trackers=trackers,
         ),
         view if view is not None else _QuietView(),
     )
@@ -356,6 +361,7 @@ class _Prepared:
     out: Path
     watchdog: Any
     time_budget_s: float | None
+    trackers: Any = None  # autotune.trackers.Trackers (--report-to), or None
 
 
 def _check_pins_hold(pins: Mapping[str, Any], baseline: Mapping[str, Any], where: str) -> None:
@@ -483,6 +489,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
     beta = backend.describe(space.defaults(), {}, _job(req, fixed_args), len(cfg.hardware.gpus)).beta
+    view = tracking_view(view, prep.trackers, out, tuple(k.name for k in space.knobs))
     view.use_labels({k.name: k.short for k in space.knobs})
 
     def worker(slot: int, gpus: tuple[Any, ...]) -> Study:
@@ -498,6 +505,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
             beta=beta,
             secrets=secrets,
             live=view.gpu_board(),
+            trackers=prep.trackers,
         )
         return Study(
             dataclasses.replace(cfg, hardware=hw, worker_slot=slot if len(slices) > 1 else None),

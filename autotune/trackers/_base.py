@@ -26,10 +26,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from autotune.errors import UsageError
-from autotune.records import TrialResult
+
+if TYPE_CHECKING:  # the CLI derives its help from the registry: importing it stays light
+    from autotune.records import TrialResult
 
 __all__ = ["StudyPlace", "TrialPlace", "TrialRow", "Tracker", "row_of", "knob_value", "user_env"]
 
@@ -58,10 +60,14 @@ class TrialPlace:
     study: str
     study_dir: Path
     trial_dir: Path
+    run: str | None = None
 
     @property
     def run_name(self) -> str:
-        """``<study>-trial-<n>`` for a trial, ``<study>-<directory>`` for a re-measurement run."""
+        """``run`` when given; else ``<study>-trial-<n>`` for a trial, ``<study>-<directory>`` for a
+        re-measurement run."""
+        if self.run:
+            return self.run
         name = self.trial_dir.name
         return f"{self.study}-trial-{name}" if name.isdigit() else f"{self.study}-{name}"
 

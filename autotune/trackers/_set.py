@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from autotune.errors import UsageError
-from autotune.records import TrialResult
 from autotune.trackers._base import StudyPlace, Tracker, TrialPlace, row_of
+
+if TYPE_CHECKING:
+    from autotune.records import TrialResult
 
 __all__ = ["Trackers", "trackers_help"]
 
