@@ -141,7 +141,7 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None) -> tuple[int,
     }
     write_json_atomic(files.profile_json, header)
     samplers = make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s))
-    shown = live.open("profile", parser.open_phase) if live is not None else None
+    watched = live.open("profile", parser.open_phase) if live is not None else None
     try:
         record = run_trial(
             plan,
@@ -150,13 +150,13 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None) -> tuple[int,
             global_batch=req.global_batch or 1,
             watchdog=watchdog,
             early_stop=EarlyStopConfig(enabled=False),
-            samplers=shown.samplers(samplers) if shown is not None else samplers,
+            samplers=watched.samplers(samplers) if watched is not None else samplers,
             stop_event=threading.Event(),
             secrets=secrets,
         )
     finally:
-        if shown is not None:
-            shown.close()
+        if watched is not None:
+            watched.close()
     steps = list(record.steps)
     batch = req.global_batch or next((s.samples for s in steps if s.samples), None)
     steady = steady_estimate(steps, batch) if batch else None

@@ -72,11 +72,11 @@ class WandbTracker(Tracker):
             self._run = None
 
 
-def _table(rows: list[TrialRow], knob_order: tuple[str, ...]) -> tuple[list[str], list[list[Any]]]:
+def _table(rows: list[TrialRow], knob_order: tuple[str, ...]) -> tuple[list[Any], list[Any]]:
     """Every row so far as one table: trial, status, the knobs, then every metric any row has."""
     knobs = [*knob_order, *sorted({k for r in rows for k in r.knobs} - set(knob_order))]
     metrics = sorted({m for r in rows for m in r.metrics})
-    columns = ["trial", "status", "baseline", *knobs, *metrics]
+    columns: list[Any] = ["trial", "status", "baseline", *knobs, *metrics]
     data = [
         [
             r.number,
