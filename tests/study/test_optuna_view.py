@@ -109,3 +109,36 @@ def test_optuna_studies_prints_short_rows_and_the_settings_stay_reachable(tmp_pa
     rows = [line for line in proc.stdout.splitlines() if line.strip()]
     assert any(loaded.study_name in line for line in rows), proc.stdout
     assert max(len(line) for line in rows) < 300, proc.stdout
+
+
+class _CountingView:
+    """A view that keeps what the study told it of the re-measurement."""
+
+    def __init__(self) -> None:
+        self.planned: list[int] = []
+        self.ran = 0
+
+    def study_started(self, cfg: Any, done: int, budget: int) -> None: ...
+    def trial_started(self, number: int, params: Any, is_baseline: bool) -> None: ...
+    def trial_step(self, number: int, step: int, throughput: float | None) -> None: ...
+    def trial_finished(self, result: TrialResult) -> None: ...
+    def notice(self, text: str) -> None: ...
+
+    def remeasure_started(self, runs: int) -> None:
+        self.planned.append(runs)
+
+    def remeasure_ran(self) -> None:
+        self.ran += 1
+
+
+def test_the_view_is_told_how_many_re_measurement_runs_there_are_and_each_that_ends(tmp_path: Path) -> None:
+    from tests.study.test_confirm import ScriptedExecutor, _setup
+
+    ex = ScriptedExecutor()
+    study = _setup(tmp_path, ex, n_trials=4)
+    view = _CountingView()
+    study.view = view
+    outcome = study.run()
+    runs = outcome.recommendation.confirmation.runs
+    assert view.planned == [len(ex.confirm_calls)] == [len(runs)] and len(runs) >= 4
+    assert view.ran == len(runs)
