@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,14 @@ def test_wandb_offline_run_files_hold_a_row_per_trial_and_the_table(
         monkeypatch.delenv(name, raising=False)
     study = _log(["wandb"], tmp_path)
     (run_dir,) = (study / "wandb").glob("offline-run-*")
-    records = _wandb_records(next(run_dir.glob("run-*.wandb")))
+    run_file = next(run_dir.glob("run-*.wandb"))
+    # wandb's service process writes the file: finish() can return before the last records land
+    records: list = []
+    for _ in range(600):
+        records = _wandb_records(run_file)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        time.sleep(0.05)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.project == "demo" and run.display_name == "demo-autotune" and run.run_group == "demo"
     rows = []
@@ -235,3 +243,26 @@ def test_an_unknown_or_missing_tracker_is_one_line(monkeypatch: pytest.MonkeyPat
         Trackers(["tensorboard", "wandb"], TRACKERS)
     line = err.value.one_line()
     assert "\n" not in line and "wandb package" in line and "pip install 'autotune-grpo[wandb]'" in line
+
+
+def test_profile_names_the_commands_run_after_its_directory_and_logs_one_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from autotune.app.tracking import ProfileTracking
+
+    for name in ("TENSORBOARD_LOGGING_DIR", "TENSORBOARD_DIR", "WANDB_PROJECT", "WANDB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "profile-1"
+    out.mkdir()
+    tracking = ProfileTracking(("tensorboard", "wandb"), out)
+    env = tracking.env()
+    assert env["WANDB_NAME"] == "profile-1" and env["WANDB_DIR"] == str(out)
+    assert env["TENSORBOARD_LOGGING_DIR"] == str(out / "tensorboard")
+    assert ProfileTracking((), out).env() == {}
+    only_tb = ProfileTracking(("tensorboard",), out)
+    only_tb.log(_results()[0].model_copy(update={"number": 0, "params": {}}))
+    acc = EventAccumulator(str(out / "tensorboard" / "autotune" / "trial-0"))
+    acc.Reload()
+    assert acc.Scalars("throughput_completions_per_s")[0].value == pytest.approx(4.0)
