@@ -7,8 +7,9 @@
   trial's final estimate differs from the last value reported, it is reported once more, one step after
   its last step. A trial pruned before it ran has no value.
 * **Attributes people read stay small.** ``optuna studies`` prints every user attribute of a study on
-  one row; those are a few short facts and ``settings``, the path of ``study.json`` that holds the full
-  settings (:func:`shown_attrs`). What autotune itself reads back (the full settings, the study's
+  one row; those are a few short facts and ``study_json``, the path of ``study.json`` that holds the full
+  settings (:func:`shown_attrs`; not named ``settings``, which older studies used for the settings
+  themselves and :class:`MachineAttrs` still reads). What autotune itself reads back (the full settings, the study's
   identity, the hardware, the workers' records) lives in the study's *system* attributes
   (:class:`MachineAttrs`), which Optuna's listings do not print.
 """
@@ -69,7 +70,7 @@ def shown_attrs(*, backend: str, model: str, gpus: str, settings_path: str) -> d
         gpus: the GPUs in a few words (``2x NVIDIA H100 80GB HBM3``, ``cpu``).
         settings_path: where the full settings are (``study.json``).
     """
-    return {"backend": backend, "model": model[:60], "gpus": gpus[:60], "settings": settings_path}
+    return {"backend": backend, "model": model[:60], "gpus": gpus[:60], "study_json": settings_path}
 
 
 class MeasuredReports:

@@ -78,7 +78,7 @@ def test_optuna_load_study_sees_fail_pruned_and_complete(study: Path) -> None:
     assert ostudy.metric_names == ["completions_per_s"]
     attrs = ostudy.user_attrs  # short, for people; the full records are autotune's (MachineAttrs)
     assert attrs["backend"] == "command" and attrs["gpus"] == "cpu" and attrs["model"]
-    assert attrs["settings"] == str(study / "study.json")
+    assert attrs["study_json"] == str(study / "study.json")
     machine = MachineAttrs(ostudy)
     assert machine.get("hardware")["gpus"] == [] and machine.get("hardware")["host"]
     assert machine.get("model")["name"] and "optuna" in machine.get("versions")
@@ -137,4 +137,4 @@ def test_optuna_dashboard_shows_failures_as_fail(study: Path) -> None:
     assert detail["objective_names"] == ["completions_per_s"]
     study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
     assert study_attrs["backend"] == "command" and study_attrs["gpus"] == "cpu"
-    assert study_attrs["settings"].endswith("study.json") and study_attrs["model"]
+    assert study_attrs["study_json"].endswith("study.json") and study_attrs["model"]

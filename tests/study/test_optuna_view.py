@@ -92,7 +92,7 @@ def test_values_and_intermediate_values_are_the_measurements(tmp_path: Path) -> 
 def test_optuna_studies_prints_short_rows_and_the_settings_stay_reachable(tmp_path: Path) -> None:
     loaded, _, _ = _study(tmp_path)
     shown = loaded.user_attrs
-    assert shown["settings"] == str(tmp_path / "s" / "study.json") and shown["backend"] == "fake"
+    assert shown["study_json"] == str(tmp_path / "s" / "study.json") and shown["backend"] == "fake"
     assert shown["gpus"] == "cpu"
     full = MachineAttrs(loaded).get("settings")
     assert full == json.loads((tmp_path / "s" / "study.json").read_text())
