@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus
 from autotune.study.optuna_view import MachineAttrs
@@ -53,10 +54,20 @@ class SteppingExecutor(FakeExecutor):
         )
 
 
-def _study(tmp_path: Path) -> tuple[optuna.Study, dict[int, dict[str, Any]], SteppingExecutor]:
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SteppingExecutor]:
+    """One grid study of eight trials (the baseline, completed trials, trials pruned as slower)."""
+    tmp_path = tmp_path_factory.mktemp("optuna-view")
     study, ex = make(tmp_path, n_trials=8, search="grid", executor=SteppingExecutor())
     study.run()
-    loaded = optuna.load_study(study_name=study.cfg.name, storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    return tmp_path, ex
+
+
+def _study(
+    ran: tuple[Path, SteppingExecutor],
+) -> tuple[optuna.Study, dict[int, dict[str, Any]], SteppingExecutor]:
+    tmp_path, ex = ran
+    loaded = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
     results = {
         int(p.parent.name): json.loads(p.read_text())
         for p in (tmp_path / "s" / "trials").glob("*/result.json")
@@ -65,8 +76,8 @@ def _study(tmp_path: Path) -> tuple[optuna.Study, dict[int, dict[str, Any]], Ste
     return loaded, results, ex
 
 
-def test_values_and_intermediate_values_are_the_measurements(tmp_path: Path) -> None:
-    loaded, results, ex = _study(tmp_path)
+def test_values_and_intermediate_values_are_the_measurements(ran: tuple[Path, SteppingExecutor]) -> None:
+    loaded, results, ex = _study(ran)
     trials = {t.number: t for t in loaded.get_trials(deepcopy=False)}
     seen = {"COMPLETE": 0, "PRUNED_RAN": 0}
     for number, r in results.items():
@@ -89,8 +100,11 @@ def test_values_and_intermediate_values_are_the_measurements(tmp_path: Path) -> 
     assert seen["COMPLETE"] >= 2 and seen["PRUNED_RAN"] >= 1, seen
 
 
-def test_optuna_studies_prints_short_rows_and_the_settings_stay_reachable(tmp_path: Path) -> None:
-    loaded, _, _ = _study(tmp_path)
+def test_optuna_studies_prints_short_rows_and_the_settings_stay_reachable(
+    ran: tuple[Path, SteppingExecutor],
+) -> None:
+    loaded, _, _ = _study(ran)
+    tmp_path = ran[0]
     shown = loaded.user_attrs
     assert shown["study_json"] == str(tmp_path / "s" / "study.json") and shown["backend"] == "fake"
     assert shown["gpus"] == "cpu"
