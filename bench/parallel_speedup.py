@@ -3,7 +3,7 @@
 Each study is the real study loop (:class:`autotune.study.loop.Study`) run by N workers exactly as
 ``autotune search --gpus-per-trial`` runs them: N ``Study`` objects on one Optuna storage (a fresh
 SQLite file per study, or the PostgreSQL server of ``--storage``), each in its own thread
-(``autotune.app.search._run_workers``), with ``shared=True`` and a worker slot each. The trials are the
+(``autotune.app.workers.run_workers``), with ``shared=True`` and a worker slot each. The trials are the
 search bench's simulated ones (``bench/search_efficiency.py``'s ``SimulatedExecutor`` on the
 estimator-derived surfaces of ``bench/_surfaces.py`` and the independent ones of
 ``bench/_independent.py``), paced so they take wall time: a simulated hour of a trial lasts
@@ -58,7 +58,7 @@ from search_efficiency import (  # noqa: E402
     select_settings,
 )
 
-from autotune.app.search import _run_workers  # noqa: E402
+from autotune.app.workers import run_workers as _run_workers  # noqa: E402
 from autotune.backends import TrialContext  # noqa: E402
 from autotune.records import TrialResult, TrialSpec, TrialStatus  # noqa: E402
 from autotune.secrets import SecretRule  # noqa: E402
