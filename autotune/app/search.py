@@ -231,7 +231,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             f"--confirm-runs must be 0 or at least 2, got {req.confirm_runs}",
             hint="An interval needs two runs of each configuration: use --confirm-runs 2, or 0 to skip",
         )
-    check_workers(req)
+    check_workers(req.study_name, req.gpus_per_trial)
     trackers = trackers_for(req.report_to)
     backend = backend_class(req.backend).from_cli(
         command=req.command, space=req.space, metrics_file=req.metrics_file, executable=req.executable

@@ -8,30 +8,27 @@ import dataclasses
 import signal
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
 from autotune.errors import UsageError
 
-if TYPE_CHECKING:
-    from autotune.app.search import SearchRequest
-
 __all__ = ["check_workers", "gpu_slices", "run_workers", "stop_on_signals"]
 
 
-def check_workers(req: SearchRequest) -> None:
+def check_workers(study_name: str | None, gpus_per_trial: int | None) -> None:
     """--study-name and --gpus-per-trial, checked before anything is touched."""
     import re
 
-    if req.study_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", req.study_name):
+    if study_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", study_name):
         raise UsageError(
-            f"--study-name {req.study_name!r} is not a study name",
+            f"--study-name {study_name!r} is not a study name",
             hint="Use letters, digits, '.', '_' and '-' (at most 128), e.g. --study-name qwen7b-grpo",
         )
-    if req.gpus_per_trial is not None and req.gpus_per_trial < 1:
+    if gpus_per_trial is not None and gpus_per_trial < 1:
         raise UsageError(
-            f"--gpus-per-trial must be at least 1, got {req.gpus_per_trial}",
+            f"--gpus-per-trial must be at least 1, got {gpus_per_trial}",
             hint="Give the GPUs one trial uses, e.g. --gpus-per-trial 4 on an 8-GPU host",
         )
 

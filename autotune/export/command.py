@@ -79,7 +79,7 @@ def export_command(w: Winner) -> Export:
     setup = [f"unset {name}" for name in plan.unset_env if _ENV_NAME.match(name)]
     setup.append('HERE="$(cd "$(dirname "$0")" && pwd)"')
     setup += [
-        f"export {k}={moved.word(v).text}"
+        f"export {k}={_text(moved.word(v))}"
         for k, v in plan.env.items()
         if moved.inside(v) and _ENV_NAME.match(k)
     ]
@@ -98,6 +98,10 @@ def export_command(w: Winner) -> Export:
         executable=frozenset({SCRIPT}),
         notes=tuple(notes),
     )
+
+
+def _text(word: str | ShellWord) -> str:
+    return word.text if isinstance(word, ShellWord) else shlex.quote(word)
 
 
 def _lines(argv: list[str | ShellWord]) -> list[list[str | ShellWord]]:
