@@ -293,8 +293,10 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
     ):
         console.print(f"note: {notice}", markup=False, style="yellow")
+    from autotune.doctor import preflight
     from autotune.studydir import ensure_writable
 
+    preflight(out)  # the doctor's quick checks: a failure stops here with its line and fix
     ensure_writable(out)
     # 3. the study.
     return _run(

@@ -136,6 +136,10 @@ class DoctorReport:
 
     findings: tuple[Finding, ...]
 
+    def with_findings(self, more: tuple[Finding, ...]) -> DoctorReport:
+        """This report with ``more`` findings after its own (``--bench``, ``--calibrate``)."""
+        return DoctorReport((*self.findings, *more))
+
     @property
     def failed(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.status is Status.FAIL)

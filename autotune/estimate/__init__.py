@@ -21,6 +21,14 @@ from autotune.estimate.catalog import (
     model_from_facts,
     resolve_gpu,
 )
+from autotune.estimate.machine_table import (
+    CalibrationPoint,
+    CalibrationTable,
+    build_table,
+    cached_table,
+    seed_calibration,
+    store_table,
+)
 from autotune.estimate.memory import (
     COMPONENTS,
     MemoryEstimate,
@@ -38,6 +46,8 @@ __all__ = [
     "COMPONENTS",
     "GIB",
     "Calibration",
+    "CalibrationPoint",
+    "CalibrationTable",
     "Candidate",
     "GpuSpec",
     "JobShape",
@@ -47,6 +57,8 @@ __all__ = [
     "Observation",
     "PlanResult",
     "TimeEstimate",
+    "build_table",
+    "cached_table",
     "candidate_rules",
     "estimate_memory",
     "estimate_step_time",
@@ -62,5 +74,7 @@ __all__ = [
     "plan_space",
     "prediction_error",
     "resolve_gpu",
+    "seed_calibration",
     "should_prune",
+    "store_table",
 ]
