@@ -30,6 +30,7 @@ from autotune.estimate import CalibrationPoint, CalibrationTable, build_table, s
 __all__ = ["CalibrationOutcome", "run_calibration", "points_from_results", "CALIBRATION_MODEL"]
 
 CALIBRATION_MODEL = "medium-qwen2"
+BACKEND = "trl"
 BATCHES = (2, 8, 32)
 GLOBAL_BATCH = 64
 NUM_GENERATIONS = 4
@@ -100,19 +101,23 @@ def points_from_results(
 
 
 def _space(path: Path, with_vllm: bool) -> Path:
+    """A grid over the micro-batch size (and vLLM on/off), in the backend's own knob names (its roles)."""
     import yaml
 
+    from autotune.backends import backend_class
+
+    roles = backend_class(BACKEND).knob_roles()
     knobs: dict[str, Any] = {
-        "per_device_train_batch_size": {
+        roles["per_device_batch"]: {
             "type": "int",
             "choices": list(BATCHES),
             "default": BATCHES[1],
             "memory": "increasing",
         }
     }
-    if with_vllm:
-        knobs["use_vllm"] = {"type": "bool", "default": False}
-    path.write_text(yaml.safe_dump({"backend": "trl", "knobs": knobs}, sort_keys=False))
+    if with_vllm and "use_vllm" in roles:
+        knobs[roles["use_vllm"]] = {"type": "bool", "default": False}
+    path.write_text(yaml.safe_dump({"backend": BACKEND, "knobs": knobs}, sort_keys=False))
     return path
 
 
@@ -125,9 +130,9 @@ def _trl_points(out: Path, model: str, facts: Facts, console: Console) -> tuple[
     space = _space(out / "space-trl.yaml", with_vllm)
     req = SearchRequest(
         model=model,
-        backend="trl",
+        backend=BACKEND,
         gpus=1,
-        out=str(out / "trl"),
+        out=str(out / BACKEND),
         space=str(space),
         search="grid",
         trials=len(BATCHES) * (2 if with_vllm else 1),
@@ -154,7 +159,7 @@ def _trl_points(out: Path, model: str, facts: Facts, console: Console) -> tuple[
     def predict(params: dict[str, Any], derived: dict[str, Any]) -> float | None:
         if spec is None or gpu is None:
             return None
-        return float(estimate_step_time(job_shape("trl", params, derived, job, spec, 1), gpu).total_s)
+        return float(estimate_step_time(job_shape(BACKEND, params, derived, job, spec, 1), gpu).total_s)
 
     return points_from_results(results, predict_step_s=predict), spec
 
