@@ -26,6 +26,7 @@ from rich.console import Console
 
 from autotune.doctor import Facts, Finding, Status
 from autotune.estimate import CalibrationPoint, CalibrationTable, build_table, store_table
+from autotune.records import TrialStatus
 
 __all__ = ["CalibrationOutcome", "run_calibration", "points_from_results", "CALIBRATION_MODEL"]
 
@@ -80,7 +81,7 @@ def points_from_results(
 
     points = []
     for r in results:
-        if r.status.value == "pruned":
+        if r.status is TrialStatus.PRUNED:
             continue
         raw = MemoryEstimate.from_dict(r.estimate).scaled(1.0).to_dict() if r.estimate else None
         peak = max((p for p in r.peak_mem_bytes if p is not None), default=None)
@@ -254,5 +255,9 @@ def _finish(table: CalibrationTable, out: Path) -> CalibrationOutcome:
         f"step time measured/predicted {table.step_time_ratio if table.step_time_ratio is not None else '—'}, "
         f"deliberate OOM classified OOM: {table.oom_classified}; table {md}, cached in {cached}"
     )
-    fix = "" if status is Status.OK else "Report it: a real CUDA OOM was not classified OOM (see the trial's log)"
+    fix = (
+        ""
+        if status is Status.OK
+        else "Report it: a real CUDA OOM was not classified OOM (see the trial's log)"
+    )
     return CalibrationOutcome(table, (md, js, cached), (Finding("calibrate", status, detail, fix),))

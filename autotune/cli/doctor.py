@@ -28,7 +28,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("doctor", help=HELP)
     def doctor(
-        out: Annotated[str, typer.Option("--out", help="Where studies will be written (free disk).")] = "runs",
+        out: Annotated[
+            str, typer.Option("--out", help="Where studies will be written (free disk).")
+        ] = "runs",
         model: Annotated[
             str | None,
             typer.Option("--model", help="A model to check host RAM against (ZeRO-3 offload of it)."),
@@ -36,12 +38,17 @@ def register(app: typer.Typer) -> None:
         quick: Annotated[
             bool, typer.Option("--quick", help="Only the checks search runs before its first trial.")
         ] = False,
-        bench: Annotated[bool, typer.Option("--bench", help="Measure and cache this machine's peaks.")] = False,
+        bench: Annotated[
+            bool, typer.Option("--bench", help="Measure and cache this machine's peaks.")
+        ] = False,
         seconds: Annotated[
             float, typer.Option("--seconds", help="Seconds per micro-benchmark of --bench.")
         ] = 3.0,
         calibrate: Annotated[
-            bool, typer.Option("--calibrate", help="Run short real trials on the GPU and write the calibration table.")
+            bool,
+            typer.Option(
+                "--calibrate", help="Run short real trials on the GPU and write the calibration table."
+            ),
         ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:

@@ -85,7 +85,9 @@ def offload_need_bytes(model: str, n_gpus: int) -> int | None:
     return int(states.host_bytes)
 
 
-def host_facts(out_dir: Path, *, model: str | None = None, n_gpus: int = 1, shm: Path = Path("/dev/shm")) -> HostFacts:
+def host_facts(
+    out_dir: Path, *, model: str | None = None, n_gpus: int = 1, shm: Path = Path("/dev/shm")
+) -> HostFacts:
     """The host's shared memory, open-file limit, free disk under ``out_dir``, RAM and offload need."""
     import resource
 

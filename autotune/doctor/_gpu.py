@@ -238,9 +238,7 @@ class BusyGpusCheck(Check):
             ]
         if (g.gpu_util_pct or 0) > 0:
             return [
-                self.warn(
-                    f"GPU {g.index}: {g.gpu_util_pct}% busy with no process of this host listed", fix
-                )
+                self.warn(f"GPU {g.index}: {g.gpu_util_pct}% busy with no process of this host listed", fix)
             ]
         return []
 

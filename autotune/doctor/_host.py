@@ -52,7 +52,12 @@ class ShmCheck(Check):
         fix = "Give the container more shared memory (docker run --shm-size=16g, or --ipc=host)"
         size = host.shm_total_bytes
         if size is None:
-            return [self.warn("/dev/shm is missing", "Mount a tmpfs on /dev/shm (docker run --shm-size=16g, or --ipc=host)")]
+            return [
+                self.warn(
+                    "/dev/shm is missing",
+                    "Mount a tmpfs on /dev/shm (docker run --shm-size=16g, or --ipc=host)",
+                )
+            ]
         if len(facts.gpus) >= 2 and size < SHM_FAIL_MULTI_GPU_BYTES:
             return [
                 self.fail(

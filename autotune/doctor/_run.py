@@ -46,7 +46,9 @@ CHECKS: tuple[type[Check], ...] = (
 )
 
 
-def run_checks(facts: Facts, *, quick: bool = False, checks: tuple[type[Check], ...] = CHECKS) -> DoctorReport:
+def run_checks(
+    facts: Facts, *, quick: bool = False, checks: tuple[type[Check], ...] = CHECKS
+) -> DoctorReport:
     """Every check (or the quick subset) on ``facts``. A check that raises becomes a warning naming it:
     the doctor never stops on its own bug."""
     findings: list[Finding] = []

@@ -75,25 +75,36 @@ def _median_rate(work: float, step: Callable[[], None], sync: Callable[[], None]
     return statistics.median(rates)
 
 
-def measure_gpu_peaks(n_devices: int, seconds: float) -> GpuPeakNumbers:  # pragma: no cover - needs a GPU
-    """Measure GPU 0 of this process (and the all-reduce across ``n_devices``)."""
-    import torch
-
-    dev = torch.device("cuda", 0)
-    sync = torch.cuda.synchronize
+def _matmul_rate(torch: Any, dev: Any, seconds: float) -> float:  # pragma: no cover - needs a GPU
     a = torch.randn(MATMUL_N, MATMUL_N, device=dev, dtype=torch.bfloat16)
     b = torch.randn(MATMUL_N, MATMUL_N, device=dev, dtype=torch.bfloat16)
     c = torch.empty_like(a)
-    flops = _median_rate(2.0 * MATMUL_N**3, lambda: torch.matmul(a, b, out=c), sync, seconds)
-    del a, b, c
+    return _median_rate(2.0 * MATMUL_N**3, lambda: torch.matmul(a, b, out=c), torch.cuda.synchronize, seconds)
+
+
+def _copy_rate(torch: Any, dev: Any, seconds: float) -> float:  # pragma: no cover - needs a GPU
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    memory = _median_rate(2.0 * COPY_BYTES, lambda: dst.copy_(src), sync, seconds)
-    del src, dst
+    return _median_rate(2.0 * COPY_BYTES, lambda: dst.copy_(src), torch.cuda.synchronize, seconds)
+
+
+def _host_to_device_rate(torch: Any, dev: Any, seconds: float) -> float:  # pragma: no cover - needs a GPU
     host = torch.empty(HOST_BYTES, dtype=torch.uint8, pin_memory=True)
     target = torch.empty(HOST_BYTES, dtype=torch.uint8, device=dev)
-    h2d = _median_rate(float(HOST_BYTES), lambda: target.copy_(host, non_blocking=True), sync, seconds)
-    del host, target
+    return _median_rate(
+        float(HOST_BYTES), lambda: target.copy_(host, non_blocking=True), torch.cuda.synchronize, seconds
+    )
+
+
+def measure_gpu_peaks(n_devices: int, seconds: float) -> GpuPeakNumbers:  # pragma: no cover - needs a GPU
+    """Measure GPU 0 of this process (and the all-reduce across ``n_devices``). Each benchmark's buffers
+    are freed before the next one allocates."""
+    import torch
+
+    dev = torch.device("cuda", 0)
+    flops = _matmul_rate(torch, dev, seconds)
+    memory = _copy_rate(torch, dev, seconds)
+    h2d = _host_to_device_rate(torch, dev, seconds)
     torch.cuda.empty_cache()
     allreduce = (
         measure_allreduce(n_devices, backend="nccl", nbytes=ALLREDUCE_BYTES, seconds=seconds)
@@ -173,5 +184,3 @@ def run_bench(
         )
         return BenchOutcome(None, None, (finding,))
     return BenchOutcome(peaks, path, _lines(peaks, path))
-
-

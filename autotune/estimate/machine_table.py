@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.estimate.calibrate import Calibration
 from autotune.estimate.memory import MemoryEstimate
+from autotune.records import TrialStatus
 
 __all__ = [
     "CalibrationPoint",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 TABLE_VERSION = 1
+COMPLETE, OOM = TrialStatus.COMPLETE.value, TrialStatus.OOM.value
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class CalibrationPoint:
     Attributes:
         trial: its number in the calibration study.
         label: its configuration, short (``bs=16 ckpt=False``).
-        status: the trial's status as classified (``complete``, ``oom``, ...).
+        status: the trial's status as classified (``TrialStatus`` value: ``COMPLETE``, ``OOM``, ...).
         expected_oom: it was sized to run out of memory on purpose.
         estimate: the raw memory estimate (``MemoryEstimate.to_dict()``, no calibration applied).
         measured_peak_bytes: NVML peak of the most loaded GPU (None: OOM or not measured).
@@ -163,16 +165,17 @@ def build_table(
     """The table of these points: their memory correction, step-time ratio and OOM verdict."""
     cal = Calibration()
     for p in points:
-        if p.estimate is None or p.status not in ("complete", "oom"):
+        # a trial sized to run out of memory on purpose is not evidence of the estimate's error
+        if p.estimate is None or p.expected_oom or p.status not in (COMPLETE, OOM):
             continue
         cal.observe(
             MemoryEstimate.from_dict(p.estimate),
-            None if p.status == "oom" else p.measured_peak_bytes,
-            p.status == "oom",
+            None if p.status == OOM else p.measured_peak_bytes,
+            p.status == OOM,
             trial=p.trial,
         )
     ratios = [r for p in points if not p.expected_oom and (r := p.step_ratio) is not None]
-    ooms = [p.status == "oom" for p in points if p.expected_oom]
+    ooms = [p.status == OOM for p in points if p.expected_oom]
     return CalibrationTable(
         device=device,
         model=model,

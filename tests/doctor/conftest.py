@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from autotune.probes.testing import FakeGpu, fake_nvml
 
 from autotune.doctor import Facts, HostFacts, gather_facts
-from autotune.probes.testing import FakeGpu, fake_nvml
 
 DATA = Path(__file__).parent / "data"
 GiB = 1024**3

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from autotune.doctor import CHECKS, Facts, Status, run_checks
 from autotune.probes.testing import FakeGpu, GiB
 
+from autotune.doctor import CHECKS, Facts, Status, run_checks
 from tests.doctor.conftest import gpu_facts, recorded_host, recorded_packages
 
 CUDA_TORCH = {"torch": "2.6.0+cu124"}
@@ -39,7 +38,14 @@ def _findings(facts: Facts, check: str) -> list:
 CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
     # nvml
     ("nvml-ok", "nvml", lambda: gpu_facts(2), Status.OK, "driver 550.54.15, CUDA 12.4, 2 GPU(s)", ""),
-    ("nvml-no-driver", "nvml", lambda: _cpu(), Status.WARN, "no GPU: NVML is unavailable", "nvidia-smi must work"),
+    (
+        "nvml-no-driver",
+        "nvml",
+        lambda: _cpu(),
+        Status.WARN,
+        "no GPU: NVML is unavailable",
+        "nvidia-smi must work",
+    ),
     ("nvml-lists-none", "nvml", lambda: gpu_facts(0), Status.WARN, "lists none", "docker run --gpus all"),
     # torch against the driver
     ("torch-ok", "torch-cuda", lambda: _with(gpu_facts(1), torch="2.6.0+cu124"), Status.OK, "CUDA 12.4", ""),
@@ -155,7 +161,14 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
     ),
     # MIG
     ("mig-off", "mig", lambda: gpu_facts(2), Status.OK, "MIG off on GPU 0,1", ""),
-    ("mig-on", "mig", lambda: gpu_facts(_gpus(mig_mode=1)), Status.FAIL, "MIG mode is on for GPU 0", "-mig 0"),
+    (
+        "mig-on",
+        "mig",
+        lambda: gpu_facts(_gpus(mig_mode=1)),
+        Status.FAIL,
+        "MIG mode is on for GPU 0",
+        "-mig 0",
+    ),
     (
         "mig-unsupported",
         "mig",
@@ -249,7 +262,14 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
         "data-loader workers may fail",
         "--ipc=host",
     ),
-    ("shm-missing", "shm", lambda: _cpu(shm_total_bytes=None), Status.WARN, "/dev/shm is missing", "Mount a tmpfs"),
+    (
+        "shm-missing",
+        "shm",
+        lambda: _cpu(shm_total_bytes=None),
+        Status.WARN,
+        "/dev/shm is missing",
+        "Mount a tmpfs",
+    ),
     # open files
     ("nofile-ok", "open-files", lambda: _cpu(), Status.OK, "20000", ""),
     (
@@ -270,8 +290,22 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
     ),
     # disk
     ("disk-ok", "disk", lambda: _cpu(), Status.OK, "free under /work/runs", ""),
-    ("disk-low", "disk", lambda: _cpu(disk_free_bytes=5 * GiB), Status.WARN, "5.0 GiB free", "--out on a larger disk"),
-    ("disk-full", "disk", lambda: _cpu(disk_free_bytes=GiB // 2), Status.FAIL, "0.5 GiB free", "Free space under"),
+    (
+        "disk-low",
+        "disk",
+        lambda: _cpu(disk_free_bytes=5 * GiB),
+        Status.WARN,
+        "5.0 GiB free",
+        "--out on a larger disk",
+    ),
+    (
+        "disk-full",
+        "disk",
+        lambda: _cpu(disk_free_bytes=GiB // 2),
+        Status.FAIL,
+        "0.5 GiB free",
+        "Free space under",
+    ),
     ("disk-unreadable", "disk", lambda: _cpu(disk_free_bytes=None), Status.WARN, "cannot read", "Free space"),
     # host RAM
     ("ram-no-model", "host-ram", lambda: _cpu(), Status.OK, "give --model", ""),
@@ -328,7 +362,9 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("check", "facts", "status", "detail", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("check", "facts", "status", "detail", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_each_branch_and_its_fix(
     check: str, facts: Callable[[], Facts], status: Status, detail: str, fix: str
 ) -> None:
