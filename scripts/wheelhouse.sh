@@ -9,6 +9,8 @@
 #   --platform manylinux2014_x86_64
 #                            the node's platform tag (default: this machine's; repeatable as pip's)
 #   --python PYTHON          the interpreter whose pip downloads (default: python3)
+#   --no-build-isolation     build autotune's wheel with that interpreter's setuptools and wheel
+#                            (faster; they must be installed there)
 # After --, arguments go to `pip download` as they are, e.g. a CUDA build of torch:
 #   scripts/wheelhouse.sh wh --extras trl -- --extra-index-url https://download.pytorch.org/whl/cu124
 #
@@ -17,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   usage
   [ $# -lt 1 ] && exit 2 || exit 0
@@ -27,12 +29,14 @@ shift
 extras=""
 py=${PYTHON:-python3}
 target=()
+isolation=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --extras) extras=$2; shift 2 ;;
     --python-version) target+=(--python-version "$2"); shift 2 ;;
     --platform) target+=(--platform "$2"); shift 2 ;;
     --python) py=$2; shift 2 ;;
+    --no-build-isolation) isolation=(--no-build-isolation); shift ;;
     --) shift; break ;;
     *) echo "error: unknown option $1. Run scripts/wheelhouse.sh --help" >&2; exit 2 ;;
   esac
@@ -41,7 +45,7 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # 1. autotune's own wheel (built from this checkout)
-"$py" -m pip wheel -q --no-deps --wheel-dir "$out" .
+"$py" -m pip wheel -q --no-deps "${isolation[@]}" --wheel-dir "$out" .
 wheel=$(ls -t "$out"/autotune_grpo-*.whl | head -n 1)
 spec="$wheel"
 [ -n "$extras" ] && spec="autotune-grpo[$extras] @ file://$wheel"
