@@ -10,7 +10,7 @@ range, TRL's ``vllm`` range under its ``[vllm]`` extra and its ``transformers!=5
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -75,12 +75,12 @@ class Conflict:
         return f"{self.owner} requires {self.requirement.name}{self.requirement.specifier}, installed {self.installed}"
 
 
-def _binding(req: Requirement, installed: Mapping[str, str]) -> bool:
+def _binding(req: Requirement, installed: Iterable[str]) -> bool:
     """Whether a requirement applies here: its marker holds with no extra or with an extra named after
     an installed distribution."""
     if req.marker is None:
         return True
-    extras = [""] + [d for d in installed]
+    extras = ["", *installed]
     return any(req.marker.evaluate({"extra": e}) for e in extras)
 
 
