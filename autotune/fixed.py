@@ -29,10 +29,12 @@ if TYPE_CHECKING:
     from autotune.space import SearchSpace
 
 __all__ = [
+    "JOB_ARGS_PLACE",
     "coerce_knob_values",
     "flag_name",
     "knob_text",
     "load_fixed",
+    "merge_fixed",
     "parse_flag_argv",
     "parse_pins",
     "read_fixed_file",
@@ -135,8 +137,49 @@ def read_fixed_file(path: Path | str) -> dict[str, Any]:
     return out
 
 
+#: how the job's own arguments are named in messages.
+JOB_ARGS_PLACE = "your arguments after --"
+
+
+def merge_fixed(
+    first: Mapping[str, Any], first_place: str, second: Mapping[str, Any], second_place: str
+) -> dict[str, Any]:
+    """The fixed arguments of two places (the ``--fixed`` file, the job's arguments after ``--``).
+
+    One rule for every backend: an argument set in one place holds; set in both with the same value it
+    holds once; set in both with different values it is an error naming both places.
+
+    Raises:
+        UsageError: an argument given two different values.
+    """
+    out = dict(first)
+    for name, value in second.items():
+        if name in out and _same_text(out[name]) != _same_text(value):
+            raise UsageError(
+                f"{name} is {out[name]!r} in {first_place} but {value!r} in {second_place}",
+                hint="Give each argument in one place (or the same value in both)",
+            )
+        out[name] = value
+    return out
+
+
+def _same_text(value: Any) -> Any:
+    """A value as the frameworks' parsers would read it from text (``256`` and ``"256"`` agree)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return tuple(_same_text(v) for v in value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _same_text(v)) for k, v in value.items()))
+    text = str(value).strip()
+    try:
+        return float(text)  # 256, "256" and "256.0" are one number to the frameworks' parsers
+    except ValueError:
+        return text.lower() if text.lower() in _TRUE | _FALSE | _NONE else text
+
+
 def load_fixed(path: Path | str | None = None, argv: Sequence[str] = ()) -> dict[str, Any]:
-    """The fixed arguments of a study: the YAML file's, then those after ``--`` (which win).
+    """The fixed arguments of a study: the YAML file's and those after ``--`` (see :func:`merge_fixed`).
 
     Args:
         path: a YAML file mapping flag names to values, or None.
@@ -149,8 +192,7 @@ def load_fixed(path: Path | str | None = None, argv: Sequence[str] = ()) -> dict
         UsageError: see :func:`read_fixed_file` and :func:`parse_flag_argv`.
     """
     fixed = read_fixed_file(path) if path is not None else {}
-    fixed.update(parse_flag_argv(argv))
-    return fixed
+    return merge_fixed(fixed, f"--fixed {path}", parse_flag_argv(argv), JOB_ARGS_PLACE)
 
 
 def split_baseline(

@@ -114,10 +114,23 @@ def test_missing_file() -> None:
         read_fixed_file("/nonexistent/job.yaml")
 
 
-def test_load_fixed_argv_wins(tmp_path: Path) -> None:
+def test_load_fixed_merges_the_file_and_argv_and_refuses_a_conflict(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
-    path.write_text("beta: 0.04\ntemperature: 1.0\n")
-    assert load_fixed(path, ["--beta", "0.0"]) == {"beta": "0.0", "temperature": 1.0}
+    path.write_text("beta: 0.04\ntemperature: 1.0\nuse_peft: true\n")
+    # the same value in both places holds once (text and number, bool spellings agree)
+    assert load_fixed(
+        path, ["--beta", "0.04", "--temperature", "1", "--use_peft", "True", "--lr", "1e-6"]
+    ) == {
+        "beta": "0.04",
+        "temperature": "1",
+        "use_peft": "True",
+        "lr": "1e-6",
+    }
+    # two different values: one line naming both places, never a silent choice
+    with pytest.raises(
+        UsageError, match=r"beta is 0.04 in --fixed .*job.yaml but '0.0' in your arguments after --"
+    ):
+        load_fixed(path, ["--beta", "0.0"])
     assert load_fixed(None, ["--beta", "0"]) == {"beta": "0"}
     assert load_fixed() == {}
 

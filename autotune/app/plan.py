@@ -31,9 +31,10 @@ class PlanRequest:
     gpu_memory_gib: float | None = None
     backend: str = "trl"
     space: str | None = None
-    global_batch: int = 64
-    num_generations: int = 8
-    max_completion_length: int = 1024
+    # None: the framework's default for the job, as ``search`` takes it (autotune.jobsemantics)
+    global_batch: int | None = None
+    num_generations: int | None = None
+    max_completion_length: int | None = None
     max_prompt_length: int = 512
     beta: float | None = None
     lora_rank: int = 0
@@ -61,9 +62,9 @@ def run_plan(
     gpu_memory_gib: float | None,
     backend: str,
     space_path: str | None,
-    global_batch: int,
-    num_generations: int,
-    max_completion_length: int,
+    global_batch: int | None,
+    num_generations: int | None,
+    max_completion_length: int | None,
     max_prompt_length: int,
     beta: float | None,
     lora_rank: int,
@@ -82,38 +83,28 @@ def run_plan(
     """
     from pathlib import Path
 
-    from autotune.backends import BACKENDS, backend_class
+    from autotune.backends import backend_class, planned_backends
     from autotune.errors import UsageError
     from autotune.estimate import ModelSpec, find_model, model_from_config, resolve_gpu
     from autotune.estimate.plan import plan_space
+    from autotune.jobsemantics import FIELDS, Place, Source, resolve_semantics
     from autotune.study.hardware import resolve_hardware
 
-    planned = [name for name in sorted(BACKENDS) if backend_class(name).space_name is not None]
+    planned = planned_backends()
     if backend not in planned:
         raise UsageError(
             f"plan does not know backend {backend!r}",
             hint=f"Use --backend with one of: {', '.join(planned)}",
         )
     facts = backend_class(backend)
-    for flag, value in (
-        ("--global-batch", global_batch),
-        ("--num-generations", num_generations),
-        ("--max-completion-length", max_completion_length),
-    ):
-        if value < 1:
+    options = {"global_batch": global_batch, "num_generations": num_generations}
+    options["max_completion_length"] = max_completion_length
+    for name, value in options.items():
+        if value is not None and value < 1:
+            flag = FIELDS[name]
             raise UsageError(f"{flag} must be at least 1, got {value}", hint=f"Give a positive {flag}")
     if max_prompt_length < 0 or lora_rank < 0:
         raise UsageError("--max-prompt-length and --lora-rank cannot be negative", hint="Use 0 or more")
-    if num_generations < 2:
-        raise UsageError(
-            f"--num-generations must be at least 2, got {num_generations}",
-            hint="GRPO compares completions of one prompt",
-        )
-    if global_batch % num_generations:
-        raise UsageError(
-            f"--global-batch {global_batch} is not a multiple of --num-generations {num_generations}",
-            hint="Every prompt needs all of its completions in one batch",
-        )
     if not 0 <= margin < 1:
         raise UsageError(f"--margin must be in [0, 1), got {margin}", hint="Use e.g. 0.15")
 
@@ -140,7 +131,16 @@ def run_plan(
     if gpu is None:  # pragma: no cover - resolve_hardware always gives a memory size
         raise UsageError(f"unknown GPU {first.name!r}", hint="Give --gpu-memory-gib")
     n_gpus = len(hardware.gpus)
-    notes: list[str] = []
+    places = [
+        Place(Source.OPTION, FIELDS[k], {k: (v, FIELDS[k])}) for k, v in options.items() if v is not None
+    ]
+    semantics = resolve_semantics(places, facts.job_defaults, n_gpus, demo=False)
+    global_batch, num_generations, max_completion_length = (
+        semantics.global_batch.value,
+        semantics.num_generations.value,
+        semantics.max_completion_length.value,
+    )
+    notes: list[str] = [semantics.line()]
     if not gpu.known:
         notes.append(
             f"GPU {first.name!r} is not in the catalog: memory {first.memory_total_bytes / 2**30:.1f} GiB, speed of an A10-class card assumed"

@@ -10,17 +10,19 @@ logger. Phase markers come from ``probes.phases`` inside the training process (`
 from __future__ import annotations
 
 import shlex
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
-from autotune.backends._base import StepParser
+from autotune.backends._base import OpenPhase, StepParser
 from autotune.errors import UsageError
-from autotune.records import Hardware, LaunchPlan, StepMetrics
+from autotune.records import Hardware, LaunchPlan, StepMetrics, TrialResult
 
-__all__ = ["ProfileRequest", "AnyFormatParser", "run_profile"]
+__all__ = ["AnyFormatParser", "EchoParser", "ProfileOutcome", "ProfileRequest", "run_profile"]
 
 # The formats' own step files in the run directory (in a study, each backend names its own).
 _COMMAND_METRICS = "command_metrics.jsonl"
@@ -52,6 +54,47 @@ class AnyFormatParser(StepParser):
         return self._keep([s for p in self.parsers for s in p.finish(t_mono_s, t_wall_s)])
 
 
+class EchoParser(StepParser):
+    """Shows the command's own output as it comes (its stdout on ours, its stderr on ours), then hands
+    each line to the parser that reads it: ``profile`` is watched as the command would be run alone,
+    and its logs are still recorded by the runner."""
+
+    def __init__(self, inner: StepParser, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.inner = inner
+        self._streams = {"stdout": out or sys.stdout, "stderr": err or sys.stderr}
+        self._lock = threading.Lock()
+
+    def feed(self, stream: str, line: str, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        target = self._streams.get(stream, self._streams["stdout"])
+        with self._lock:
+            try:
+                target.write(line.rstrip("\n") + "\n")
+                target.flush()
+            except (OSError, ValueError):
+                pass  # a closed terminal must not end the run
+        return self.inner.feed(stream, line, t_mono_s, t_wall_s)
+
+    def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        return self.inner.poll(t_mono_s, t_wall_s)
+
+    def finish(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
+        return self.inner.finish(t_mono_s, t_wall_s)
+
+    def open_phase(self) -> OpenPhase | None:
+        return self.inner.open_phase()
+
+
+@dataclass(frozen=True)
+class ProfileOutcome:
+    """How a profiled run ended: the command's exit code, the reports, and a summary line (status,
+    steps, seconds per step at steady state, throughput when the batch is known)."""
+
+    exit_code: int
+    html: Path
+    markdown: Path
+    summary: str
+
+
 @dataclass(frozen=True)
 class ProfileRequest:
     """What ``autotune profile`` was asked to do."""
@@ -68,17 +111,17 @@ class ProfileRequest:
     secret_args: tuple[str, ...] = ()
 
 
-def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
+def run_profile(req: ProfileRequest, echo: bool = True) -> ProfileOutcome:
     """Run the command under the probes; write the run's files, ``profile.json`` and the report.
 
-    Returns:
-        (the command's exit code, report.html, report.md).
+    Args:
+        req: what to run and how.
+        echo: show the command's output live (the CLI); its logs are recorded either way.
     """
     from autotune.backends._loglines import TrainerLogParser
     from autotune.backends.command import CommandParser
     from autotune.backends.swift._log import SwiftLogParser, is_step_record
     from autotune.backends.verl._log import VerlLogParser
-    from autotune.records import TrialResult
     from autotune.studydir import TrialDir, ensure_writable, write_json_atomic
     from autotune.trial.execute import ProbeSettings, make_samplers, summarize_trial
     from autotune.trial.outcome import classify, health_check
@@ -104,7 +147,7 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
     if req.hardware.gpus and req.hardware.visible:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
     plan = LaunchPlan(argv=tuple(req.command), env=env, cwd=str(Path.cwd()), metrics_paths=())
-    parser = AnyFormatParser(
+    parser: StepParser = AnyFormatParser(
         [
             CommandParser(
                 metrics,
@@ -115,6 +158,8 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
             VerlLogParser(req.out / _VERL_METRICS),
         ]
     )
+    if echo:
+        parser = EchoParser(parser)
     watchdog = WatchdogConfig(
         startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s
     )
@@ -186,4 +231,20 @@ def run_profile(req: ProfileRequest) -> tuple[int, Path, Path]:
 
     paths = render_profile(req.out)
     code = record.exit_code if record.exit_code is not None else (128 + (record.signal or 0))
-    return code, paths.html, paths.markdown
+    return ProfileOutcome(code, paths.html, paths.markdown, _summary(result, steps))
+
+
+def _summary(result: TrialResult, steps: list[StepMetrics]) -> str:
+    """One line: status, steps, seconds per step at steady state (measured without a batch too) and
+    the throughput when the batch is known."""
+    from autotune.trial.steady import steady_estimate
+
+    line = f"{result.status.value}: {len(steps)} step(s)"
+    timing = steady_estimate(steps, 1) if len(steps) >= 2 else None
+    if timing is not None:
+        line += f", {timing.step_time_s:.3g} s/step at steady state (±{timing.rel_ci95:.0%})"
+    if result.steady is not None:
+        line += f", {result.steady.throughput:.3g} completions/s"
+    elif timing is not None:
+        line += " (give --global-batch for completions/s)"
+    return line

@@ -49,10 +49,12 @@ class SearchRequest:
     study_name: str | None = None
     # GPUs per trial: a host with more runs that many trials at once on disjoint GPU sets
     gpus_per_trial: int | None = None
-    global_batch: int = 16
-    num_generations: int = 4
+    # the job's training semantics: None takes them from the --fixed file, the job's arguments after --,
+    # or the framework's defaults (autotune.jobsemantics: one rule for every backend)
+    global_batch: int | None = None
+    num_generations: int | None = None
     max_steps: int = 20
-    max_completion_length: int = 16
+    max_completion_length: int | None = None
     dataset: str | None = None
     seed: int = 0
     startup_timeout: str | None = None
@@ -219,28 +221,21 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         (req.sample_interval_s, "--sample-interval", "0.1"),
         (req.hang_k, "--hang-k", "5"),
     ):
-        _positive(value, flag, example)
+        if value is not None:
+            _positive(value, flag, example)
     if req.confirm_runs < 0 or req.confirm_runs == 1:
         raise UsageError(
             f"--confirm-runs must be 0 or at least 2, got {req.confirm_runs}",
             hint="An interval needs two runs of each configuration: use --confirm-runs 2, or 0 to skip",
-        )
-    if req.num_generations < 2:
-        raise UsageError(
-            f"--num-generations must be at least 2 for GRPO, got {req.num_generations}",
-            hint="Use --num-generations 4",
-        )
-    if req.global_batch % req.num_generations:
-        raise UsageError(
-            f"--global-batch {req.global_batch} is not a multiple of --num-generations {req.num_generations}",
-            hint="Every prompt needs all its completions in one batch: pick a multiple",
         )
     _check_workers(req)
     backend = backend_class(req.backend).from_cli(
         command=req.command, space=req.space, metrics_file=req.metrics_file, executable=req.executable
     )
     # 2. hardware, framework, space, fixed arguments, model.
-    hardware = resolve_hardware(req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib)
+    hardware = resolve_hardware(
+        req.gpus, gpu_type=req.gpu_type, gpu_memory_gib=req.gpu_memory_gib, runs_trials=True
+    )
     if backend.needs_gpu and not hardware.visible:
         from autotune.errors import HardwareError
 
@@ -260,16 +255,23 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
     space, adapt_notices = backend.adapt_space(space)
     for notice in adapt_notices:
         console.print(f"note: {notice}", markup=False, style="yellow")
-    from autotune.fixed import coerce_knob_values, load_fixed, parse_pins, split_baseline
+    from autotune.fixed import (
+        JOB_ARGS_PLACE,
+        coerce_knob_values,
+        load_fixed,
+        merge_fixed,
+        parse_pins,
+        split_baseline,
+    )
 
     pins = parse_pins(req.pins, space)
     space = space.pin(pins) if pins else space
 
-    # The YAML file, then the flags after -- (which win). Knob flags among them are the user's own
-    # current configuration: trial 0, unless --baseline names one.
-    fixed_args = load_fixed(req.fixed)
-    if not backend.takes_command:
-        fixed_args.update(backend.parse_fixed_argv(req.command))
+    # The YAML file and the flags after -- (a setting in both must agree). Knob flags among them are the
+    # user's own current configuration: trial 0, unless --baseline names one.
+    file_args = load_fixed(req.fixed)
+    job_args = {} if backend.takes_command else backend.parse_fixed_argv(req.command)
+    fixed_args = merge_fixed(file_args, f"--fixed {req.fixed}", job_args, JOB_ARGS_PLACE)
     fixed_args, flag_baseline = split_baseline(fixed_args, [*space.names, *space.dropped])
     user_baseline = (
         _load_mapping_file(req.baseline, "--baseline") if req.baseline else (flag_baseline or None)
@@ -279,6 +281,11 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         _check_pins_hold(pins, user_baseline, "--baseline" if req.baseline else "your flags after --")
         space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
     model = backend.resolve_model(req.model)
+    semantics = job_semantics(
+        req, backend, file_args, job_args, n_gpus=len(gpu_slices(hardware.gpus, req.gpus_per_trial)[0])
+    )
+    req = dataclasses.replace(req, **semantics.values())
+    console.print(semantics.line(), markup=False)
     watchdog = WatchdogConfig(
         startup_timeout_s=startup_s
         if startup_s is not None
@@ -313,6 +320,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             out=out,
             watchdog=watchdog,
             time_budget_s=time_budget_s,
+            semantics=semantics,
         ),
         view if view is not None else _QuietView(),
     )
@@ -351,6 +359,31 @@ class _Prepared:
     out: Path
     watchdog: Any
     time_budget_s: float | None
+    semantics: Any  # autotune.jobsemantics.JobSemantics
+
+
+def job_semantics(
+    req: SearchRequest, backend: Any, file_args: Mapping[str, Any], job_args: Mapping[str, Any], n_gpus: int
+) -> Any:
+    """The job's training semantics by :mod:`autotune.jobsemantics`'s rule: autotune's options, the
+    ``--fixed`` file and the job's arguments after ``--`` (the backend reads its framework's names),
+    else the framework's defaults (the built-in tiny models: demo values).
+
+    Raises:
+        UsageError: one setting given two different values in two places.
+    """
+    from autotune.jobsemantics import FIELDS, Place, Source, resolve_semantics
+    from autotune.workload import tinymodels
+
+    places = [
+        Place(Source.OPTION, flag, {name: (int(getattr(req, name)), flag)})
+        for name, flag in FIELDS.items()
+        if getattr(req, name) is not None
+    ]
+    if not backend.takes_command:
+        places.append(Place(Source.FIXED, f"--fixed {req.fixed}", backend.job_semantics(file_args, n_gpus)))
+        places.append(Place(Source.JOB, "your arguments after --", backend.job_semantics(job_args, n_gpus)))
+    return resolve_semantics(places, backend.job_defaults, n_gpus, demo=tinymodels.is_tiny(req.model))
 
 
 def _check_pins_hold(pins: Mapping[str, Any], baseline: Mapping[str, Any], where: str) -> None:
@@ -455,10 +488,10 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         backend=req.backend,
         model=prep.model,
         hardware=hardware.model_copy(update={"gpus": slices[0]}),
-        global_batch=req.global_batch,
-        num_generations=req.num_generations,
+        global_batch=_semantic(req, "global_batch"),
+        num_generations=_semantic(req, "num_generations"),
         max_steps=req.max_steps,
-        max_completion_length=req.max_completion_length,
+        max_completion_length=_semantic(req, "max_completion_length"),
         fixed=fixed_args,
         dataset=req.dataset,
         seed=req.seed,
@@ -474,6 +507,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         secret_args=req.secret_args,
         study_name=req.study_name,
         shared=shared,
+        semantics=prep.semantics.provenance(),
     )
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
@@ -624,23 +658,31 @@ def _context(req: SearchRequest, out: Path, model: Any, hardware: Any, fixed_arg
         trial_dir=out / "trials",
         model=model,
         gpus=hardware.gpus,
-        global_batch=req.global_batch,
-        num_generations=req.num_generations,
+        global_batch=_semantic(req, "global_batch"),
+        num_generations=_semantic(req, "num_generations"),
         max_steps=req.max_steps,
-        max_completion_length=req.max_completion_length,
+        max_completion_length=_semantic(req, "max_completion_length"),
         fixed=dict(fixed_args),
         dataset=req.dataset,
         seed=req.seed,
     )
 
 
+def _semantic(req: SearchRequest, name: str) -> int:
+    """A training-semantics value of a request whose semantics were resolved (:func:`job_semantics`)."""
+    value = getattr(req, name)
+    if value is None:  # pragma: no cover - search_study resolves them before anything reads them
+        raise RuntimeError(f"{name} read before the job's semantics were resolved")
+    return int(value)
+
+
 def _job(req: SearchRequest, fixed_args: dict[str, Any]) -> dict[str, Any]:
     """The job facts every trial shares: the user's fixed arguments and the study's fixed batch shape."""
     return {
         **fixed_args,
-        "global_batch": req.global_batch,
-        "num_generations": req.num_generations,
-        "max_completion_length": req.max_completion_length,
+        "global_batch": _semantic(req, "global_batch"),
+        "num_generations": _semantic(req, "num_generations"),
+        "max_completion_length": _semantic(req, "max_completion_length"),
     }
 
 

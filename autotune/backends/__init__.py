@@ -26,6 +26,7 @@ from autotune.backends._registry import (
     exporter,
     get_backend,
     job_shape,
+    planned_backends,
 )
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "exporter",
     "get_backend",
     "job_shape",
+    "planned_backends",
 ]

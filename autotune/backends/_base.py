@@ -37,8 +37,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from autotune.backends._values import none_like, whole_number
 from autotune.errors import UsageError
 from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
+from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import GpuInfo, LaunchPlan, ModelRef, StepMetrics, TrialSpec
 from autotune.space import SearchSpace, load_space
 
@@ -228,6 +230,9 @@ class Backend(ABC):
     #: True when the framework cannot train without a GPU: ``autotune search`` refuses to start on a
     #: machine without one (``plan`` still works).
     needs_gpu: ClassVar[bool] = False
+    #: the framework's own defaults for the job's semantics (completions per prompt, completion length,
+    #: batch), read when the user sets them nowhere; None for the user's own command.
+    job_defaults: ClassVar[FrameworkJobDefaults | None] = None
 
     @classmethod
     def from_cli(
@@ -336,6 +341,32 @@ class Backend(ABC):
         from autotune.fixed import parse_flag_argv
 
         return parse_flag_argv(argv)
+
+    @classmethod
+    def job_semantics(cls, args: Mapping[str, Any], n_gpus: int) -> dict[str, tuple[int, str]]:
+        """The job's training semantics that the framework arguments ``args`` set (the ``--fixed``
+        file, or the job's own arguments after ``--``): field of :data:`autotune.jobsemantics.FIELDS`
+        → (value, the argument's name).
+
+        The default reads ``num_generations`` and ``max_completion_length`` by those names, and the
+        global batch from ``per_device_train_batch_size`` × GPUs × ``gradient_accumulation_steps``
+        when both are given (a per-device batch alone is a knob: the baseline's value).
+
+        Raises:
+            UsageError: a value that is not a whole number.
+        """
+        flat = {str(k).lstrip("-").replace("-", "_"): v for k, v in args.items()}
+        flat = {k: v for k, v in flat.items() if not none_like(v)}
+        out: dict[str, tuple[int, str]] = {}
+        for name in ("num_generations", "max_completion_length"):
+            if name in flat:
+                out[name] = (whole_number(flat[name], name), name)
+        pdbs, ga = flat.get("per_device_train_batch_size"), flat.get("gradient_accumulation_steps")
+        if pdbs is not None and ga is not None:
+            value = whole_number(pdbs, "per_device_train_batch_size") * max(1, n_gpus)
+            value *= whole_number(ga, "gradient_accumulation_steps")
+            out["global_batch"] = (value, "per_device_train_batch_size × GPUs × gradient_accumulation_steps")
+        return out
 
     @classmethod
     def canonical_args(cls, args: Mapping[str, Any]) -> dict[str, Any]:

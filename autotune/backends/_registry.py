@@ -13,7 +13,15 @@ if TYPE_CHECKING:
     from autotune.estimate.catalog import ModelSpec
     from autotune.estimate.shape import JobShape
 
-__all__ = ["BACKENDS", "EXPORTERS", "backend_class", "exporter", "get_backend", "job_shape"]
+__all__ = [
+    "BACKENDS",
+    "EXPORTERS",
+    "backend_class",
+    "exporter",
+    "get_backend",
+    "job_shape",
+    "planned_backends",
+]
 
 # name -> "module:Class"; modules import their framework lazily, so listing them here is cheap.
 BACKENDS: dict[str, str] = {
@@ -52,6 +60,11 @@ def backend_class(name: str) -> type[Backend]:
         )
     cls: type[Backend] = _load(target)
     return cls
+
+
+def planned_backends() -> list[str]:
+    """The backends ``plan`` can judge: those with a packaged search space (a framework's)."""
+    return [name for name in BACKENDS if backend_class(name).space_name is not None]
 
 
 def get_backend(name: str, **options: object) -> Backend:

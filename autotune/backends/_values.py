@@ -20,6 +20,7 @@ __all__ = [
     "none_like",
     "pick",
     "typed",
+    "whole_number",
 ]
 
 
@@ -55,6 +56,18 @@ def as_int(value: Any) -> int | None:
         return int(str(value).strip())
     except ValueError:
         return None
+
+
+def whole_number(value: Any, name: str) -> int:
+    """``value`` as an int, for a setting that must be one.
+
+    Raises:
+        UsageError: text or a number that is not a whole number, naming the setting.
+    """
+    out = as_int(value)
+    if out is None:
+        raise UsageError(f"{name} is {value!r}, not a whole number", hint=f"Give {name} as an integer")
+    return out
 
 
 def as_float(value: Any) -> float | None:

@@ -199,9 +199,11 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from autotune.backends.trl.aliases import current_names, deprecated_aliases
     from autotune.probes.callback import AutotuneCallback
 
     kwargs = {**config.grpo_config, **_extra_grpo_args(list(extra or []), GRPOConfig)}
+    kwargs = current_names(kwargs, deprecated_aliases(GRPOConfig))  # no FutureWarning on every run
     args = GRPOConfig(**kwargs)  # TRL's ValueError on an invalid combination propagates
     if args.deepspeed:
         _attach_deepspeed_comm()

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from autotune.export import EXPORT_FORMATS
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``export`` command to the app."""
@@ -27,7 +29,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--format",
             "-f",
-            help="swift, trl, verl, deepspeed, json or command. Default: the study's own backend.",
+            help=f"{', '.join(EXPORT_FORMATS)}. Default: the study's own backend.",
         ),
         trial: int | None = typer.Option(
             None, "--trial", help="Export this COMPLETE trial instead of the recommendation."

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from autotune.backends import planned_backends
+
 HELP = """Estimate per-GPU memory and relative speed of every candidate configuration, without a GPU.
 
 Shows which candidates fit, which do not (the component to blame and by how much), the vLLM KV-cache
@@ -41,7 +43,7 @@ def register(app: typer.Typer) -> None:
         gpu_memory_gib: Annotated[
             float | None, typer.Option("--gpu-memory-gib", help="Declare GPU memory in GiB.")
         ] = None,
-        backend: Annotated[str, typer.Option("--backend", help="trl or swift.")] = "trl",
+        backend: Annotated[str, typer.Option("--backend", help=f"{', '.join(planned_backends())}.")] = "trl",
         model_config: Annotated[
             str | None,
             typer.Option("--model-config", help="config.json (or its folder) of a model not in the catalog."),
@@ -50,14 +52,29 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--space", help="Search-space YAML (default: the backend's own).")
         ] = None,
         global_batch: Annotated[
-            int, typer.Option("--global-batch", help="Completions per optimizer step.")
-        ] = 64,
+            int | None,
+            typer.Option(
+                "--global-batch",
+                help="Completions per optimizer step (default: the framework's default batch on --gpus).",
+                show_default=False,
+            ),
+        ] = None,
         num_generations: Annotated[
-            int, typer.Option("--num-generations", help="Completions per prompt (G).")
-        ] = 8,
+            int | None,
+            typer.Option(
+                "--num-generations",
+                help="Completions per prompt (G; default: the framework's).",
+                show_default=False,
+            ),
+        ] = None,
         max_completion_length: Annotated[
-            int, typer.Option("--max-completion-length", help="Completion tokens.")
-        ] = 1024,
+            int | None,
+            typer.Option(
+                "--max-completion-length",
+                help="Completion tokens (default: the framework's).",
+                show_default=False,
+            ),
+        ] = None,
         max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Prompt tokens.")] = 512,
         beta: Annotated[
             float | None,

@@ -76,6 +76,7 @@ def register(app: typer.Typer) -> None:
             startup_timeout_s=parse_duration_s(startup_timeout, flag="--startup-timeout"),
             secret_args=tuple(secret_arg or ()),
         )
-        code, html, md = run_profile(req)
-        say(f"report: {html}  {md}")
-        raise typer.Exit(code)
+        outcome = run_profile(req)
+        say(outcome.summary)
+        say(f"report: {outcome.html}  {outcome.markdown}")
+        raise typer.Exit(outcome.exit_code)

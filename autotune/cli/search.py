@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from autotune.backends import BACKENDS
+
 HELP = """Run short real GRPO trials over a search space and recommend the fastest configuration that
 neither OOMs, hangs nor breaks training on the GPUs detected (or on the CPU with a tiny model).
 
@@ -46,7 +48,7 @@ def register(app: typer.Typer) -> None:
                 help="tiny-qwen2 / small-qwen2 (built here), a short name (Qwen2-7B), a hub id or a local folder.",
             ),
         ] = "tiny-qwen2",
-        backend: Annotated[str, typer.Option("--backend", help="trl, swift or command.")] = "trl",
+        backend: Annotated[str, typer.Option("--backend", help=f"{', '.join(BACKENDS)}.")] = "trl",
         gpus: Annotated[
             int | None, typer.Option("--gpus", help="Number of GPUs (default: all detected; CPU when none).")
         ] = None,
@@ -101,15 +103,31 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         global_batch: Annotated[
-            int, typer.Option("--global-batch", help="Completions per optimizer step, fixed for every trial.")
-        ] = 16,
+            int | None,
+            typer.Option(
+                "--global-batch",
+                help="Completions per optimizer step, fixed for every trial (default: your job's, else the "
+                "framework's; tiny models 16).",
+                show_default=False,
+            ),
+        ] = None,
         num_generations: Annotated[
-            int, typer.Option("--num-generations", help="Completions per prompt (G), fixed.")
-        ] = 4,
+            int | None,
+            typer.Option(
+                "--num-generations",
+                help="Completions per prompt (G), fixed (default: your job's, else the framework's; tiny models 4).",
+                show_default=False,
+            ),
+        ] = None,
         max_steps: Annotated[int, typer.Option("--max-steps", help="Steps a trial may run at most.")] = 20,
         max_completion_length: Annotated[
-            int, typer.Option("--max-completion-length", help="Completion tokens, fixed.")
-        ] = 16,
+            int | None,
+            typer.Option(
+                "--max-completion-length",
+                help="Completion tokens, fixed (default: your job's, else the framework's; tiny models 16).",
+                show_default=False,
+            ),
+        ] = None,
         dataset: Annotated[
             str | None,
             typer.Option("--dataset", help="Dataset to train on (default: prompts generated here)."),

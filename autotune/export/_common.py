@@ -22,6 +22,7 @@ from autotune.secrets import MASK, SecretRule, env_name
 
 __all__ = [
     "EXPORT_FORMATS",
+    "MANIFEST",
     "MARKER",
     "Export",
     "ShellWord",
@@ -39,6 +40,9 @@ __all__ = [
 EXPORT_FORMATS: tuple[str, ...] = ("swift", "trl", "verl", "deepspeed", "json", "command")
 
 MARKER = "Written by autotune export"
+#: a line of a script autotune wrote that lists the files it copied beside it (they carry no marker of
+#: their own: a trial's JSON config, its prompts); rewriting the export may replace them
+MANIFEST = "Copied beside this script from the trial: "
 _MARKER_WINDOW_BYTES = 4096
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -212,6 +216,21 @@ def _written_by_autotune(path: Path) -> bool:
     return MARKER.encode() in head
 
 
+def _copied_before(main: Path | None) -> frozenset[str]:
+    """The files an earlier export listed as copied beside its main file (:data:`MANIFEST`)."""
+    if main is None or not _written_by_autotune(main):
+        return frozenset()
+    try:
+        with main.open("r", encoding="utf-8", errors="replace") as fh:
+            head = fh.read(_MARKER_WINDOW_BYTES)
+    except OSError:
+        return frozenset()
+    for line in head.splitlines():
+        if line.startswith("# " + MANIFEST):
+            return frozenset(line[len("# " + MANIFEST) :].split())
+    return frozenset()
+
+
 def _targets(export: Export, out: Path) -> dict[str, Path]:
     if len(export.files) == 1 and not out.is_dir():
         ((name, _),) = export.files.items()
@@ -236,10 +255,11 @@ def write_export(export: Export, out: Path, *, overwrite: bool = False) -> list[
     """
     out = Path(out)
     targets = _targets(export, out)
-    for path in targets.values():
+    listed = _copied_before(targets.get(export.main))
+    for name, path in targets.items():
         if path.is_dir():
             raise UsageError(f"{path} is a directory", hint="Choose another --out")
-        if path.exists() and not overwrite and not _written_by_autotune(path):
+        if path.exists() and not overwrite and not _written_by_autotune(path) and name not in listed:
             raise UsageError(
                 f"{path} exists and was not written by autotune export",
                 hint="Choose another --out, or move that file away first",

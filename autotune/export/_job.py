@@ -12,8 +12,10 @@ from autotune.export._winner import Winner
 __all__ = [
     "DEMO_PROMPTS",
     "demo_prompts",
+    "KEPT_ENV",
     "header",
     "precision",
+    "trial_environment",
     "user_dataset",
     "uses_demo_reward",
 ]
@@ -60,6 +62,17 @@ def _major(capability: str) -> int | None:
         return int(capability.split(".")[0])
     except ValueError:
         return None
+
+
+#: variables of a trial's environment that change its speed or its devices: an export that runs the
+#: winner keeps the values the trial ran with (thread counts differ from one host to the next)
+KEPT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+
+
+def trial_environment(w: Winner) -> dict[str, str]:
+    """The variables of :data:`KEPT_ENV` the winning trial was launched with (none it inherited)."""
+    env = w.launch.env if w.launch is not None else {}
+    return {name: env[name] for name in KEPT_ENV if name in env}
 
 
 def header(w: Winner, fmt: str) -> list[str]:

@@ -101,6 +101,7 @@ def resolve_hardware(
     gpu_memory_gib: float | None = None,
     detector: Callable[[], GpuDetection] = detect_gpus,
     allow_cpu: bool = True,
+    runs_trials: bool = False,
 ) -> Hardware:
     """Select the GPUs a command uses.
 
@@ -110,6 +111,8 @@ def resolve_hardware(
         gpu_memory_gib: declare GPU memory directly (for GPU types not in the catalog).
         detector: NVML detection (tests pass a fake).
         allow_cpu: whether a run without GPUs is acceptable.
+        runs_trials: the command runs trials here (``search``): a hint never sends it to declare GPUs
+            this host lacks, since its trials would then fail.
 
     Raises:
         HardwareError: ``--gpus 0``, more GPUs than detected without a declaration, an unknown type.
@@ -147,10 +150,16 @@ def resolve_hardware(
         )
     else:
         seen = f"NVML sees {len(detected)}" if detection else f"NVML is unavailable: {note}"
-        raise HardwareError(
-            f"asked for {gpus} GPU(s) but {seen}",
-            hint="Use fewer --gpus, or declare GPUs this host cannot see with --gpu-type A10 or --gpu-memory-gib 24",
-        )
+        if not runs_trials:
+            hint = "Use fewer --gpus, or declare GPUs this host cannot see with --gpu-type A10 or --gpu-memory-gib 24"
+        elif detected:
+            hint = f"Use --gpus {len(detected)} or fewer: trials run on the GPUs this host has"
+        else:
+            hint = (
+                "Run the search on the host with the GPUs (trials run here), or drop --gpus to tune on the CPU; "
+                f"`autotune plan --gpus {gpus} --gpu-type A10` plans for GPUs this host lacks"
+            )
+        raise HardwareError(f"asked for {gpus} GPU(s) but {seen}", hint=hint)
     gpu_infos = tuple(
         GpuInfo(
             index=d.index,

@@ -87,6 +87,8 @@ class StudyConfig:
     shared: bool = False
     # this worker's slot when one process runs several (``--gpus-per-trial``)
     worker_slot: int | None = None
+    # where each training-semantics value came from (autotune.jobsemantics: name → value, source, place)
+    semantics: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -359,6 +361,7 @@ class Study:
             "num_generations": c.num_generations,
             "max_steps": c.max_steps,
             "max_completion_length": c.max_completion_length,
+            "semantics": dict(c.semantics),
             "fixed": c.secrets.redact_mapping(dict(c.fixed)),
             "dataset": c.dataset,
             "seed": c.seed,

@@ -40,7 +40,7 @@ CASES = {
     "one confirmation run": (["--confirm-runs", "1"], "--confirm-runs must be 0 or at least 2"),
     "global batch not multiple": (
         ["--global-batch", "10", "--num-generations", "4"],
-        "not a multiple of --num-generations",
+        "is not a multiple of num_generations",
     ),
 }
 

@@ -14,9 +14,15 @@ TRL_SPACE = str(DATA / "trl_small.yaml")
 SWIFT_SPACE = str(DATA / "swift_small.yaml")
 
 
+# The job these tests judge (plan's defaults before they became the framework's own: see
+# test_plan_takes_the_frameworks_defaults_for_the_job), unless a test gives its own.
+JOB = {"--global-batch": "64", "--num-generations": "8", "--max-completion-length": "1024"}
+
+
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    job = [w for flag, value in JOB.items() if flag not in args for w in (flag, value)]
     with pytest.raises(SystemExit) as info:
-        main(["plan", *args])
+        main(["plan", *args, *job])
     out, err = capsys.readouterr()
     return int(info.value.code or 0), out, err
 
@@ -204,7 +210,7 @@ BAD = {
     ),
     "batch not multiple": (
         ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--global-batch", "60"],
-        "not a multiple of --num-generations",
+        "is not a multiple of num_generations",
     ),
     "unknown backend": (
         ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--backend", "nemo-rl"],
@@ -337,3 +343,43 @@ def test_a_bad_pin_in_plan_is_one_line(capsys: pytest.CaptureFixture[str], pin: 
         capsys, "--gpus", "4", "--gpu-type", "A10", "--model", "Qwen2-7B", "--space", TRL_SPACE, "--pin", pin
     )
     assert code == 2 and err.count("\n") == 1 and needle in err, err
+
+
+@pytest.mark.parametrize(
+    ("backend", "gpus", "expected"),
+    [
+        # TRL's GRPOConfig: 8 per device x 4 GPUs, 8 generations, 512 tokens
+        ("trl", "4", {"global_batch": 32, "num_generations": 8, "max_completion_length": 512}),
+        # ms-swift: 1 per device x 4 GPUs = 4, which its own rule refuses with 8 generations: 8
+        ("swift", "4", {"global_batch": 8, "num_generations": 8, "max_completion_length": 512}),
+        # verl: 1024 prompts x 8 completions
+        ("verl", "8", {"global_batch": 8192, "num_generations": 8, "max_completion_length": 512}),
+    ],
+)
+def test_plan_takes_the_frameworks_defaults_for_the_job(
+    capsys: pytest.CaptureFixture[str], backend: str, gpus: str, expected: dict[str, int]
+) -> None:
+    """Without --global-batch / --num-generations / --max-completion-length, plan judges the job the
+    framework would run (the same rule as search), and says where each value came from."""
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "plan",
+                "--backend",
+                backend,
+                "--gpus",
+                gpus,
+                "--gpu-type",
+                "H100",
+                "--model",
+                "Qwen2-7B",
+                "--top",
+                "1",
+            ]
+        )
+    out, err = capsys.readouterr()
+    assert int(info.value.code or 0) == 0, err
+    job_line = next(line for line in err.splitlines() if line.startswith("note: job:"))
+    for name, value in expected.items():
+        assert f"{name} {value} (" in job_line
+    assert "default" in job_line

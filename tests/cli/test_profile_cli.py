@@ -132,3 +132,41 @@ def test_profile_of_a_plain_trl_script_reads_its_printed_dicts(cli, tmp_path: Pa
     assert result["status"] == "COMPLETE" and result["steps"] == 3, result["reason"]
     assert not (out / "command_metrics.jsonl").exists()
     assert result["steady"] is None or result["steady"]["throughput"] > 0
+
+
+def test_profile_streams_the_commands_output_and_says_its_seconds_per_step(cli, tmp_path: Path) -> None:
+    """The command's own lines reach the terminal while it runs (still recorded in its logs), in order
+    with its steps; without --global-batch the summary still gives the seconds per step it measured."""
+    import subprocess
+    import sys
+
+    from tests.cli.conftest import autotune_exe
+
+    go = tmp_path / "go"
+    script = (
+        "import json, os, sys, time\n"
+        "print('hello from the job', flush=True)\n"
+        "print('a warning of the job', file=sys.stderr, flush=True)\n"
+        # waits until the test has seen the first line: proof it arrived while the job ran
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.05)\n"
+        "for i in range(1, 7):\n"
+        "    time.sleep(0.1)\n"
+        "    print(json.dumps({'step': i, 'loss': 0.5}), flush=True)\n"
+    )
+    out = tmp_path / "profile"
+    proc = subprocess.Popen(
+        [autotune_exe(), "profile", "--out", str(out), "--", sys.executable, "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert "hello from the job" in first  # seen while the command still runs (it waits for us)
+    assert proc.poll() is None
+    go.touch()
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "a warning of the job" in err
+    assert "hello from the job" in (out / "stdout.log").read_text()
+    summary = next(line for line in rest.splitlines() if line.startswith("COMPLETE:"))
+    assert "6 step(s)" in summary and " s/step at steady state" in summary and "--global-batch" in summary

@@ -218,3 +218,15 @@ def script_env(text: str) -> dict[str, str]:
             key, _, value = line[len("export ") :].partition("=")
             out[key] = shlex.split(value)[0] if value else ""
     return out
+
+
+@pytest.fixture(autouse=True)
+def _transformers_5_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export writes the names the installed transformers accepts (it reads its deprecated aliases);
+    the golden files are written against transformers 5's rename, whatever is installed here. The real
+    installed class is checked by tests/backends/test_trl/test_trl_export.py."""
+    import autotune.backends.trl.export as trl_export
+
+    monkeypatch.setattr(
+        trl_export, "installed_aliases", lambda: {"gradient_checkpointing": "activation_checkpointing"}
+    )

@@ -84,3 +84,19 @@ def test_cuda_visible_devices_selects_the_gpus_a_worker_uses(monkeypatch: pytest
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "9")
     with pytest.raises(HardwareError, match="names GPU '9'"):
         resolve_hardware(None, detector=lambda: detect_gpus(fake_nvml(8)))
+
+
+def test_a_command_that_runs_trials_is_never_told_to_declare_gpus_it_lacks() -> None:
+    """Declared GPUs are fine for plan; for search on a CPU host they lead to trials that crash, so its
+    hint says where the search can run instead (and plan's keeps the declaration)."""
+    with pytest.raises(HardwareError) as cpu_host:
+        resolve_hardware(4, detector=lambda: detect_gpus(no_driver()), runs_trials=True)
+    assert "--gpu-type A10 or" not in str(cpu_host.value.hint) and "autotune plan --gpus 4" in str(
+        cpu_host.value.hint
+    )
+    with pytest.raises(HardwareError) as two:
+        resolve_hardware(4, detector=lambda: detect_gpus(fake_nvml(2)), runs_trials=True)
+    assert "Use --gpus 2 or fewer" in str(two.value.hint)
+    with pytest.raises(HardwareError) as plan:
+        resolve_hardware(4, detector=lambda: detect_gpus(no_driver()))
+    assert "--gpu-type A10" in str(plan.value.hint)

@@ -55,6 +55,7 @@ from autotune.backends.swift.config import KNOB_FIELDS, PRESETS, canonical_args,
 from autotune.errors import BackendError, UsageError
 from autotune.fixed import flag_name
 from autotune.jobconfig import JobConfig
+from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, TrialSpec
 
 __all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
@@ -148,6 +149,17 @@ class SwiftBackend(Backend):
     space_name: ClassVar[str | None] = "swift"
     knob_names: ClassVar[frozenset[str] | None] = frozenset(_KNOBS)
     knob_fields = KNOB_FIELDS
+    # ms-swift's GRPO arguments (swift/llm/argument/rlhf_args.py, GRPOArgumentsMixin / RLHFArguments):
+    # num_generations 8, max_completion_length 512, per_device_train_batch_size 1, and
+    # gradient_accumulation_steps 1 for GRPO. Its default generation batch (1 × world) fails its own
+    # "divisible by num_generations" rule below 8 GPUs: raised to the smallest batch it accepts.
+    job_defaults = FrameworkJobDefaults(
+        framework="ms-swift's GRPO",
+        num_generations=8,
+        max_completion_length=512,
+        per_device_batch=1,
+        gradient_accumulation=1,
+    )
 
     @classmethod
     def describe(

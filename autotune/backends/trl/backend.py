@@ -34,6 +34,7 @@ from autotune.backends._phases import MarkerPhases
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError
 from autotune.jobconfig import JobConfig
+from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.secrets import SecretRule, env_name
 from autotune.space import SearchSpace
@@ -259,6 +260,16 @@ class TrlBackend(Backend):
     space_name = "trl"
     knob_names = frozenset(_KNOBS)
     knob_fields = KNOB_FIELDS
+    # GRPOConfig's field defaults (trl 1.16: num_generations 8, max_completion_length 512,
+    # per_device_train_batch_size 8, gradient_accumulation_steps 1); a test reads them back from the
+    # installed TRL, so a release that changes them fails it.
+    job_defaults = FrameworkJobDefaults(
+        framework="TRL's GRPOConfig",
+        num_generations=8,
+        max_completion_length=512,
+        per_device_batch=8,
+        gradient_accumulation=1,
+    )
 
     @classmethod
     def describe(

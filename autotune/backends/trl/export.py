@@ -41,9 +41,17 @@ from autotune.backends._values import typed
 from autotune.backends._vocab import SHARED_ARGS
 from autotune.backends.swift.backend import SwiftBackend
 from autotune.backends.swift.config import TRL_NAMES, list_value
+from autotune.backends.trl.aliases import current_names, installed_aliases
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, json_text, mask_secrets, refuse, shell_script
-from autotune.export._job import demo_prompts, header, precision, user_dataset, uses_demo_reward
+from autotune.export._job import (
+    demo_prompts,
+    header,
+    precision,
+    trial_environment,
+    user_dataset,
+    uses_demo_reward,
+)
 from autotune.export._winner import Winner
 from autotune.export.deepspeed import DS_CONFIG, config_for
 from autotune.jobconfig import JobConfig
@@ -317,11 +325,13 @@ def export_trl(w: Winner) -> Export:
         )
     comments += data_notes + reward_notes + notes
     text = "".join(f"# {c}\n" for c in comments)
-    text += _yaml_section(None, job)
-    text += _yaml_section(f"the knobs autotune tuned (trial {w.number})", tuned)
+    # the names the installed transformers accepts without a deprecation warning on every run
+    aliases = installed_aliases()
+    text += _yaml_section(None, current_names(job, aliases))
+    text += _yaml_section(f"the knobs autotune tuned (trial {w.number})", current_names(tuned, aliases))
     text += _yaml_section("fixed for the whole study", study)
-    text += _yaml_section("your fixed arguments", user)
-    text += _yaml_section("this machine", machine)
+    text += _yaml_section("your fixed arguments", current_names(user, aliases))
+    text += _yaml_section("this machine", current_names(machine, aliases))
 
     files = {CONFIG: text}
     accel = _accelerate(k, w, bf16, fp16)
@@ -334,11 +344,11 @@ def export_trl(w: Winner) -> Export:
     env: dict[str, str] = {}
     if w.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
-        env["OMP_NUM_THREADS"] = "1"
         if k.sharding_stage is not None:
             env["DS_ACCELERATOR"] = "cpu"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in w.gpu_indices)
+    env.update(trial_environment(w))  # the thread counts and devices the trial ran with
     if (
         model.get("local")
         and data_fields.get("datasets")

@@ -34,7 +34,7 @@ from autotune.backends._base import (
     StepParser,
     TrialContext,
 )
-from autotune.backends._values import as_bool, as_int, none_like
+from autotune.backends._values import as_bool, as_int, none_like, whole_number
 from autotune.backends._versions import installed_versions
 from autotune.backends.verl._log import FAILURE_PATTERNS, VerlLogParser
 from autotune.backends.verl.config import (
@@ -53,6 +53,7 @@ from autotune.backends.verl.config import (
 )
 from autotune.errors import BackendError, UsageError
 from autotune.jobconfig import JobConfig
+from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, TrialSpec
 
 __all__ = ["CONTROLLED", "VerlBackend", "parse_overrides"]
@@ -169,6 +170,15 @@ class VerlBackend(Backend):
     knob_names: ClassVar[frozenset[str] | None] = frozenset(_KNOBS)
     knob_fields = KNOB_FIELDS
     needs_gpu: ClassVar[bool] = True
+    # verl 0.9.1's ppo_trainer.yaml: data.train_batch_size 1024 prompts, data.max_response_length 512;
+    # its rollout.n defaults to 1, which is not GRPO (verl's GRPO docs: n > 1), so n is 8 as in plan.
+    job_defaults = FrameworkJobDefaults(
+        framework="verl's ppo_trainer.yaml",
+        num_generations=8,
+        max_completion_length=512,
+        prompts_per_step=1024,
+        note="rollout.n 1 is not GRPO: 8",
+    )
 
     def __init__(self, python: str | None = None) -> None:
         self._python = python
@@ -397,6 +407,22 @@ class VerlBackend(Backend):
             for name in sorted(set(params) & set(flat))
         ]
         return notes
+
+    @classmethod
+    def job_semantics(cls, args: Mapping[str, Any], n_gpus: int) -> dict[str, tuple[int, str]]:
+        """verl's names for the job's semantics: ``rollout.n``, ``data.max_response_length``, and the
+        global batch as ``data.train_batch_size`` prompts × ``rollout.n`` (nested YAML keys too)."""
+        flat = {k: v for k, v in _flatten(args).items() if not none_like(v)}
+        out: dict[str, tuple[int, str]] = {}
+        n_key, len_key, prompts_key = f"{AR}.rollout.n", "data.max_response_length", "data.train_batch_size"
+        if n_key in flat:
+            out["num_generations"] = (whole_number(flat[n_key], n_key), n_key)
+        if len_key in flat:
+            out["max_completion_length"] = (whole_number(flat[len_key], len_key), len_key)
+        if prompts_key in flat and n_key in flat:
+            prompts = whole_number(flat[prompts_key], prompts_key)
+            out["global_batch"] = (prompts * out["num_generations"][0], f"{prompts_key} × {n_key}")
+        return out
 
     @staticmethod
     def _shape(ctx: TrialContext) -> dict[str, int]:

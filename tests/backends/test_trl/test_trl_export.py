@@ -190,3 +190,34 @@ def test_exported_trl_config_trains_two_steps_on_cpu(tmp_path: Path) -> None:
     assert "Training completed" in proc.stdout + proc.stderr
     assert (tmp_path / "run" / "config.json").exists()  # the trained model was saved
     shutil.rmtree(tmp_path / "run", ignore_errors=True)
+
+
+def test_the_trl_export_uses_names_the_installed_transformers_does_not_deprecate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers 5 renamed gradient_checkpointing (an alias that warns on every run): the export reads
+    the installed class's aliases, so `trl grpo` parses its YAML without a deprecation warning, and the
+    setting holds under its current name."""
+    import warnings
+
+    study = cpu_trl_study(tmp_path / "cpu")
+    out = tmp_path / "out"
+    write_export(export_study(study, "trl"), out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, training, *_ = parse(out, monkeypatch, gpu=False)
+    deprecations = [str(w.message) for w in caught if "deprecated" in str(w.message).lower()]
+    assert deprecations == []
+    assert training.gradient_checkpointing is True
+
+
+def test_the_trl_export_keeps_the_threads_the_trial_ran_with(tmp_path: Path) -> None:
+    study = cpu_trl_study(tmp_path / "cpu")
+    launch = study / "trials" / "1" / "launch.json"
+    plan = (
+        json.loads(launch.read_text()) if launch.exists() else {"argv": ["python"], "cwd": str(launch.parent)}
+    )
+    plan.setdefault("env", {})["OMP_NUM_THREADS"] = "2"
+    launch.write_text(json.dumps(plan))
+    script = export_study(study, "trl").files["command.sh"]
+    assert "export OMP_NUM_THREADS=2" in script and "OMP_NUM_THREADS=1" not in script

@@ -3,11 +3,13 @@
 # Measured 1.71 completions/s, 1400 tokens/s, peak GPU memory 20.3 GiB at a global batch of 32 completions (8 per prompt) on 4x NVIDIA A10, with ms-swift 4.6.0.
 # Verdict: 1.52× the baseline (trial 0) from one run of each (not re-measured).
 # The trial's own command; arguments given to this script are passed on.
+# It writes its metrics and outputs beside this script, never into the study.
 # Secrets are not written here: export HF_TOKEN WANDB_API_KEY before running (autotune never stores them).
 set -euo pipefail
 export NPROC_PER_NODE=4
 export CUDA_VISIBLE_DEVICES=0,1,2,3
-cd <STUDY>/trials/3
+HERE="$(cd "$(dirname "$0")" && pwd)"
+cd "$HERE"
 swift rlhf \
   --rlhf_type grpo \
   --model Qwen/Qwen2-7B \
@@ -28,5 +30,5 @@ swift rlhf \
   --offload_model false \
   --max_steps 12 \
   --logging_steps 1 \
-  --output_dir /data/runs/qwen2-7b-a10/trials/3/output \
+  --output_dir "$HERE/output" \
   "$@"
