@@ -132,7 +132,7 @@ def _trl_points(out: Path, model: str, facts: Facts, console: Console) -> tuple[
     req = SearchRequest(
         model=model,
         backend=BACKEND,
-        gpus=1,
+        gpus=1 if facts.gpus else None,  # the CPU only when trying the calibration's path here
         out=str(out / BACKEND),
         space=str(space),
         search="grid",
@@ -150,7 +150,7 @@ def _trl_points(out: Path, model: str, facts: Facts, console: Console) -> tuple[
 
     ref = resolve_model(model)
     spec = model_from_facts(dict(ref.facts))
-    gpu = resolve_gpu(facts.gpus[0].name, facts.gpus[0].memory_total_bytes)
+    gpu = resolve_gpu(facts.gpus[0].name, facts.gpus[0].memory_total_bytes) if facts.gpus else None
     job = {
         "global_batch": GLOBAL_BATCH,
         "num_generations": NUM_GENERATIONS,
