@@ -18,7 +18,7 @@ overriding every trial.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,8 @@ __all__ = [
     "JOB_ARGS_PLACE",
     "coerce_knob_values",
     "flag_name",
+    "job_words",
+    "read_job_file",
     "knob_text",
     "load_fixed",
     "merge_fixed",
@@ -176,6 +178,75 @@ def _same_text(value: Any) -> Any:
         return float(text)  # 256, "256" and "256.0" are one number to the frameworks' parsers
     except ValueError:
         return text.lower() if text.lower() in _TRUE | _FALSE | _NONE else text
+
+
+def job_words(
+    path: Path | str, command: Sequence[str], *, flag: str = "--fixed"
+) -> tuple[list[str], list[str]]:
+    """The arguments of a job's command line in a shell script or text file (a ``swift rlhf ...`` or
+    ``python -m verl.trainer.main_ppo ...`` line, continued with backslashes, comments allowed).
+
+    Args:
+        path: the file.
+        command: the words that start the job's command (``("swift", "rlhf")``); the arguments are the
+            words after the last of them. A file of bare arguments (no command) is read whole.
+        flag: the option that named the file, for messages.
+
+    Returns:
+        (the arguments, the names of the environment variables set before the command: ``NAME=value``).
+
+    Raises:
+        UsageError: an unreadable file or one that is no shell text (unbalanced quotes), in one line.
+    """
+    import shlex
+
+    from autotune.yamlfile import MAX_BYTES
+
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            text = fh.read(MAX_BYTES + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"cannot read {flag} file {path}: {reason}", hint=f"Check the {flag} path") from None
+    try:
+        words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)  # line continuations
+    except ValueError as exc:
+        raise UsageError(
+            f"{flag} file {path} is not a shell command line: {exc}", hint="Check its quotes"
+        ) from None
+    ends = [i for i, w in enumerate(words) if w in command or Path(w).name in command]
+    env: list[str] = []
+    if ends:
+        env = [w.split("=", 1)[0] for w in words[: ends[0]] if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)]
+        words = words[ends[-1] + 1 :]
+    return words, env
+
+
+def read_job_file(
+    path: Path | str, command: Sequence[str], parse_words: Callable[[Sequence[str]], dict[str, Any]]
+) -> tuple[dict[str, Any], list[str]]:
+    """A job's fixed arguments from the file the user has: a YAML mapping (:func:`read_fixed_file`), a
+    YAML list of the command's arguments, or the job's shell line (:func:`job_words`).
+
+    Returns:
+        (name → value, the environment variables the shell line set, which a study does not keep).
+    """
+    from autotune.yamlfile import read_yaml
+
+    try:
+        data = read_yaml(path, what="fixed-arguments", flag="--fixed")
+        is_yaml = True
+    except UsageError:
+        if not Path(path).is_file():
+            raise  # missing or unreadable: read_yaml's line says which
+        data, is_yaml = None, False  # not YAML (a shell script YAML refuses): read as a command line
+    if isinstance(data, dict) or (is_yaml and data is None):
+        return read_fixed_file(path), []
+    if isinstance(data, list) and all(isinstance(w, str) for w in data):
+        return parse_words(data), []
+    words, env = job_words(path, command)
+    return parse_words(words), env
 
 
 def load_fixed(path: Path | str | None = None, argv: Sequence[str] = ()) -> dict[str, Any]:

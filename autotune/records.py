@@ -26,6 +26,7 @@ __all__ = [
     "TrialSpec",
     "LaunchPlan",
     "SteadyEstimate",
+    "TrialCeiling",
     "TrialResult",
     "SpeedupInterval",
     "ConfirmRun",
@@ -249,6 +250,40 @@ class SteadyEstimate(_Frozen):
     tokens_per_s: float | None = None
 
 
+class TrialCeiling(_Frozen):
+    """How far a trial's step was from its physical ceiling (:mod:`autotune.estimate.ceiling`).
+
+    Attributes:
+        basis: the peak rates used, in words (catalog or measured, which device).
+        basis_source: ``catalog`` or ``measured``.
+        work: the tokens the ceiling counted, in words.
+        phase_ceiling_s: the ceiling's seconds of each of its phases (``rollout_prefill``,
+            ``rollout_decode``, ``rollout``, ``reference``, ``train``, ``weight_sync``, ``offload``).
+        step_ceiling_s: the least seconds the step could take.
+        step_measured_s: the measured steady step time, when there is one.
+        step_fraction: ceiling ÷ measured step time (1: at the physical limit).
+        phase_measured_s: measured seconds per step of the timeline phases the ceiling bounds
+            (``rollout``, ``train``, ``weight_sync``), where the framework or markers split the step.
+        phase_fraction: ceiling ÷ measured, per timeline phase (where both are positive).
+    """
+
+    basis: str
+    basis_source: str
+    work: str
+    phase_ceiling_s: dict[str, float]
+    step_ceiling_s: float
+    step_measured_s: float | None = None
+    step_fraction: float | None = None
+    phase_measured_s: dict[str, float] = Field(default_factory=dict)
+    phase_fraction: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def beats_ceiling(self) -> bool:
+        """A measured time below its ceiling: a measurement or model error, never a real speed."""
+        fractions = [self.step_fraction, *self.phase_fraction.values()]
+        return any(f is not None and f > 1.0 for f in fractions)
+
+
 class TrialResult(BaseModel):
     """Everything known about one finished (or never launched) trial. Written as ``result.json``."""
 
@@ -283,6 +318,8 @@ class TrialResult(BaseModel):
     # what the runner noticed besides the outcome: processes that escaped the trial's group and were
     # ended (or survived), a sampler that failed, a metrics-file clash
     notes: list[str] = Field(default_factory=list)
+    # the step's physical ceiling and how near the measured step came to it (None: not computed)
+    ceiling: TrialCeiling | None = None
 
     @property
     def throughput(self) -> float | None:

@@ -24,6 +24,7 @@ from autotune.reports._safety import MASK, Sanitizer
 from autotune.reports._signals import TrialSignals
 from autotune.reports.diagnosis import Finding, diagnose, make_context
 from autotune.reports.insight import best_so_far, param_importances, pareto_points
+from autotune.reports.limits import fraction_text, limit_section
 from pydantic import ValidationError
 
 from autotune.records import Recommendation, TrialResult, TrialStatus
@@ -154,6 +155,7 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
     view = {
         **_meta_view(data, clean),
         "winner": win,
+        "limit": limit_section(data, winner.trial if winner else None),
         "no_winner": _no_winner_text(data) if data.kind == "study" and win is None else None,
         "run": _run_summary(data, rows, clean),
         "rows": rows,
@@ -572,6 +574,8 @@ def _trial_row(
         "duration_s": r.duration_s,
         "links": _file_links(t, out_dir),
         "choice_text": clean.clean(choice_text(r.choice)),
+        "limit_text": fraction_text(r.ceiling),
+        "limit_fraction": r.ceiling.step_fraction if r.ceiling is not None else None,
     }
 
 

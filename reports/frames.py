@@ -39,6 +39,7 @@ TRIAL_COLUMNS = (
     "idle_share",
     "steps",
     "steady_steps",
+    "limit_fraction",
     "predicted_peak_bytes",
     "duration_s",
     "evidence",
@@ -183,6 +184,7 @@ def trials_frame(data: StudyData, winner: Recommendation | None) -> pd.DataFrame
             "idle_share": sig.idle_share,
             "steps": row["steps"],
             "steady_steps": steady.steady_steps if steady is not None else None,
+            "limit_fraction": row["limit_fraction"],  # the step's physical ceiling ÷ its measured time
             "predicted_peak_bytes": (r.estimate or {}).get("peak_bytes"),
             "duration_s": row["duration_s"],
             "evidence": row["evidence"],

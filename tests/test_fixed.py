@@ -191,3 +191,52 @@ def test_bad_pins_are_usage_errors(tmp_path: Path, items: list[str], needle: str
     space = load_space(tmp_path / "s.yaml", backend="swift")
     with pytest.raises(UsageError, match=needle):
         parse_pins(items, space)
+
+
+def test_a_job_is_read_as_the_user_has_it(tmp_path: Path) -> None:
+    """--fixed takes an ms-swift shell script, a verl command line or override list, a YAML mapping:
+    each read by the backend that owns the syntax; the environment a shell line sets is named."""
+    from autotune.backends import backend_class
+
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n# my ms-swift job\nCUDA_VISIBLE_DEVICES=0,1 NPROC_PER_NODE=2 \\\n"
+        "swift rlhf \\\n  --rlhf_type grpo \\\n  --dataset 'AI-MO/NuminaMath-TIR#1000' \\\n"
+        "  --num_generations 8 --beta 0.04  # the KL\n"
+    )
+    args, env = backend_class("swift").read_job_file(script)
+    assert args == {
+        "rlhf_type": "grpo",
+        "dataset": "AI-MO/NuminaMath-TIR#1000",
+        "num_generations": "8",
+        "beta": "0.04",
+    }
+    assert env == ["CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE"]
+
+    line = tmp_path / "verl.txt"
+    line.write_text(
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo \\\n  data.train_batch_size=128\n"
+    )
+    assert backend_class("verl").read_job_file(line) == (
+        {"algorithm.adv_estimator": "grpo", "data.train_batch_size": "128"},
+        [],
+    )
+    listed = tmp_path / "overrides.yaml"
+    listed.write_text("- data.train_batch_size=64\n- actor_rollout_ref.rollout.n=4\n")
+    assert backend_class("verl").read_job_file(listed)[0] == {
+        "data.train_batch_size": "64",
+        "actor_rollout_ref.rollout.n": "4",
+    }
+    mapping = tmp_path / "job.yaml"
+    mapping.write_text("beta: 0.04\nnum_generations: 8\n")
+    assert backend_class("trl").read_job_file(mapping) == ({"beta": 0.04, "num_generations": 8}, [])
+    # a file of bare flags, and one that is no command line at all
+    flags = tmp_path / "flags.txt"
+    flags.write_text("--beta 0.04 --num_generations 8\n")
+    assert backend_class("swift").read_job_file(flags)[0] == {"beta": "0.04", "num_generations": "8"}
+    broken = tmp_path / "broken.sh"
+    broken.write_text("swift rlhf --dataset 'unclosed\n")
+    with pytest.raises(UsageError, match="not a shell command line"):
+        backend_class("swift").read_job_file(broken)
+    with pytest.raises(UsageError, match="does not exist"):
+        backend_class("swift").read_job_file(tmp_path / "missing.sh")

@@ -183,6 +183,8 @@ def run_plan(
             "with --vllm-max-model-len"
         )
 
+    basis = _peak_basis(gpu)
+    notes.append(f"ceilings from {basis.text()}")
     result = plan_space(
         space,
         backend=backend,
@@ -192,6 +194,7 @@ def run_plan(
         n_gpus=n_gpus,
         fixed=fixed,
         margin=margin,
+        basis=basis,
     )
     if not result.candidates:
         rules = ", ".join(f"{k} ({v})" for k, v in sorted(result.invalid.items())) or "none"
@@ -200,6 +203,18 @@ def run_plan(
             hint="Change --gpus, --global-batch or the --knob filters",
         )
     return result, notes
+
+
+def _peak_basis(gpu: Any) -> Any:
+    """The peaks of the ceilings: this machine's measured peaks of that GPU where ``autotune doctor
+    --bench`` cached them, else the catalog's."""
+    from autotune.estimate import PeakBasis, cached_peaks
+
+    for name in (*gpu.nvml_names, gpu.name):
+        basis = PeakBasis.resolve(gpu, cached_peaks(name))
+        if basis is not None and basis.source == "measured":
+            return basis
+    return PeakBasis.from_gpu(gpu)
 
 
 def _load_space(backend: str, space_path: str | None) -> Any:

@@ -258,7 +258,6 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
     from autotune.fixed import (
         JOB_ARGS_PLACE,
         coerce_knob_values,
-        load_fixed,
         merge_fixed,
         parse_pins,
         split_baseline,
@@ -269,7 +268,14 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
 
     # The YAML file and the flags after -- (a setting in both must agree). Knob flags among them are the
     # user's own current configuration: trial 0, unless --baseline names one.
-    file_args = load_fixed(req.fixed)
+    file_args, job_env = backend.read_job_file(req.fixed) if req.fixed else ({}, [])
+    if job_env:
+        console.print(
+            f"note: the environment your job line sets is not kept ({', '.join(job_env)}): "
+            "autotune sets the processes and devices of every trial",
+            markup=False,
+            style="yellow",
+        )
     job_args = {} if backend.takes_command else backend.parse_fixed_argv(req.command)
     fixed_args = merge_fixed(file_args, f"--fixed {req.fixed}", job_args, JOB_ARGS_PLACE)
     fixed_args, flag_baseline = split_baseline(fixed_args, [*space.names, *space.dropped])

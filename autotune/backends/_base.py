@@ -233,6 +233,9 @@ class Backend(ABC):
     #: the framework's own defaults for the job's semantics (completions per prompt, completion length,
     #: batch), read when the user sets them nowhere; None for the user's own command.
     job_defaults: ClassVar[FrameworkJobDefaults | None] = None
+    #: the words that start the framework's command in a job's shell line, for ``--fixed job.sh``
+    #: (the arguments are the words after them): ``("swift", "rlhf")``
+    job_command: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_cli(
@@ -341,6 +344,22 @@ class Backend(ABC):
         from autotune.fixed import parse_flag_argv
 
         return parse_flag_argv(argv)
+
+    @classmethod
+    def read_job_file(cls, path: str | Path) -> tuple[dict[str, Any], list[str]]:
+        """The user's job as they have it (``--fixed FILE``): a YAML mapping of arguments, a YAML list of
+        the command's arguments, or the shell line that runs the framework (:attr:`job_command`), read
+        with :meth:`parse_fixed_argv`.
+
+        Returns:
+            (argument name → value, the environment variables the shell line set: not kept).
+
+        Raises:
+            UsageError: a file that cannot be read or parsed, in one line.
+        """
+        from autotune.fixed import read_job_file
+
+        return read_job_file(path, cls.job_command, cls.parse_fixed_argv)
 
     @classmethod
     def job_semantics(cls, args: Mapping[str, Any], n_gpus: int) -> dict[str, tuple[int, str]]:

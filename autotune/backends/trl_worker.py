@@ -204,7 +204,9 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
 
     kwargs = {**config.grpo_config, **_extra_grpo_args(list(extra or []), GRPOConfig)}
     kwargs = current_names(kwargs, deprecated_aliases(GRPOConfig))  # no FutureWarning on every run
+    kwargs, model_kwargs = _split_model_args(kwargs, GRPOConfig)
     args = GRPOConfig(**kwargs)  # TRL's ValueError on an invalid combination propagates
+    peft_config = _model_config(args, config.model, model_kwargs)
     if args.deepspeed:
         _attach_deepspeed_comm()
     dataset = _load_dataset(config.dataset)
@@ -216,6 +218,7 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
+        peft_config=peft_config,
     )
     # The callback users add to their own scripts: step records and the phases of the trainer's methods.
     callback = AutotuneCallback(
@@ -227,6 +230,35 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
     finally:
         callback.close()
     _shutdown_distributed()
+
+
+def _split_model_args(kwargs: dict[str, Any], config_cls: type) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``GRPOConfig`` arguments and, apart, the ``ModelConfig`` ones (``use_peft``, ``lora_r``,
+    ``dtype``, ...): ``trl grpo`` reads one YAML into both, and so does a study's ``--fixed`` file."""
+    import dataclasses
+
+    from trl import ModelConfig
+
+    own = {f.name for f in dataclasses.fields(config_cls)}
+    model = {f.name for f in dataclasses.fields(ModelConfig)} - own
+    return {k: v for k, v in kwargs.items() if k not in model}, {
+        k: v for k, v in kwargs.items() if k in model
+    }
+
+
+def _model_config(args: Any, model: str, model_kwargs: dict[str, Any]) -> Any:
+    """What ``trl grpo`` makes of the ``ModelConfig`` arguments: the LoRA adapter config (None without
+    ``use_peft``) and the model's loading arguments (dtype, attention, revision) in ``model_init_kwargs``."""
+    if not model_kwargs:
+        return None
+    from trl import ModelConfig, get_peft_config
+
+    model_args = ModelConfig(model_name_or_path=model, **model_kwargs)
+    loading = {"dtype": "dtype", "attn_implementation": "attn_implementation", "model_revision": "revision"}
+    init = {to: model_kwargs[name] for name, to in loading.items() if name in model_kwargs}
+    if init:
+        args.model_init_kwargs = {**init, **(args.model_init_kwargs or {})}
+    return get_peft_config(model_args)
 
 
 def _shutdown_distributed() -> None:

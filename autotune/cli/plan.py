@@ -224,10 +224,12 @@ def _render(console: Any, result: Any, top: int) -> None:
         "KV tokens",
         "conc",
         "speed",
+        "step s",
+        "ceiling s",
         "ties",
     ]
     n_knobs = len(shown)
-    right = {0, *range(1, n_knobs + 2), n_knobs + 4, n_knobs + 5, n_knobs + 6, n_knobs + 7}
+    right = {0, *range(1, n_knobs + 2), *range(n_knobs + 4, n_knobs + 10)}
     for title, cands in (("fit (fastest first):", fitting), ("do not fit (closest first):", missing)):
         if not cands:
             continue
@@ -245,6 +247,8 @@ def _render(console: Any, result: Any, top: int) -> None:
                     f"{mem.kv_tokens:,}" if mem.kv_tokens else "",
                     str(mem.rollout_concurrency) if mem.rollout_concurrency else "",
                     f"{c.relative_speed:.{decimals}f}" if c.relative_speed is not None else "",
+                    f"{c.time.total_s:.3g}",
+                    f"{c.ceiling.step_s:.3g}" if c.ceiling is not None else "",
                     f"+{ties[id(c)]}" if ties.get(id(c)) else "",
                 ]
             )
@@ -269,7 +273,9 @@ def _render(console: Any, result: Any, top: int) -> None:
     out.append(
         "speed: predicted throughput relative to the fastest candidate that fits (for ordering only; "
         "rows differ in their predicted step time, shown with as many decimals as it takes to tell them apart); "
-        "tight: over capacity by less than the margin, so a search would still try it"
+        "tight: over capacity by less than the margin, so a search would still try it; "
+        "step s: the predicted step time (rough); ceiling s: the least time the step could take on this "
+        "hardware (physical bound: no run of the candidate is faster)"
     )
     for line in out:
         console.print(line, markup=False, soft_wrap=True)

@@ -3,6 +3,8 @@
 ``catalog`` (models, GPUs) → ``shape`` (a backend's knobs as one job shape) → ``memory`` (per-GPU
 bytes by component and phase, vLLM's checks) and ``timing`` (rough step time, for ordering only) →
 ``calibrate`` (corrections from measured peaks and OOMs) and ``plan`` (a whole space judged).
+``peaks``: the machine's own measured FLOP/s and bandwidths (cached per machine), used in place of the
+catalog's where present.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from autotune.estimate.catalog import (
     model_from_facts,
     resolve_gpu,
 )
+from autotune.estimate.ceiling import (
+    CEILING_PHASES,
+    TIMELINE_PHASES,
+    PeakBasis,
+    StepCeiling,
+    StepWork,
+    step_ceiling,
+    step_ceiling_s,
+)
 from autotune.estimate.machine_table import (
     CalibrationPoint,
     CalibrationTable,
@@ -38,12 +49,23 @@ from autotune.estimate.memory import (
     model_states,
     should_prune,
 )
+from autotune.estimate.peaks import (
+    CPU_DEVICE,
+    MeasuredPeaks,
+    cached_peaks,
+    machine_id,
+    measure_host_peaks,
+    peaks_cache_dir,
+    store_peaks,
+)
 from autotune.estimate.plan import Candidate, PlanResult, candidate_rules, plan_space
 from autotune.estimate.shape import JobShape
 from autotune.estimate.timing import TimeEstimate, estimate_step_time
 
 __all__ = [
+    "CEILING_PHASES",
     "COMPONENTS",
+    "CPU_DEVICE",
     "GIB",
     "Calibration",
     "CalibrationPoint",
@@ -51,14 +73,20 @@ __all__ = [
     "Candidate",
     "GpuSpec",
     "JobShape",
+    "MeasuredPeaks",
     "MemoryEstimate",
     "ModelSpec",
     "ModelStates",
     "Observation",
+    "PeakBasis",
     "PlanResult",
+    "StepCeiling",
+    "StepWork",
+    "TIMELINE_PHASES",
     "TimeEstimate",
     "build_table",
     "cached_table",
+    "cached_peaks",
     "candidate_rules",
     "estimate_memory",
     "estimate_step_time",
@@ -68,13 +96,19 @@ __all__ = [
     "known_gpus",
     "known_models",
     "lora_params",
+    "machine_id",
+    "measure_host_peaks",
     "model_from_config",
     "model_from_facts",
     "model_states",
+    "peaks_cache_dir",
     "plan_space",
     "prediction_error",
     "resolve_gpu",
     "seed_calibration",
     "should_prune",
     "store_table",
+    "step_ceiling",
+    "step_ceiling_s",
+    "store_peaks",
 ]

@@ -28,6 +28,7 @@ import numpy as np
 
 from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GpuSpec, ModelSpec
+from autotune.estimate.ceiling import CEILING_PHASES, PeakBasis, StepCeiling, StepWork, ceiling_terms
 from autotune.estimate.columns import CONFIG_COLUMNS, ShapeColumns, column
 from autotune.estimate.memory import MemoryEstimate, MemoryTerms, memory_terms, terms_estimate
 from autotune.estimate.shape import JobShape
@@ -59,6 +60,8 @@ class Candidate:
         speed_rank: among the candidates that fit, 1 + the number of distinct predicted step times
             faster than this one's (equal ranks are ties of the time model); None when it does not fit.
         shape_of: builds the candidate's :class:`JobShape` (its decoder runs when ``shape`` is read).
+        ceiling: the physical ceiling of its step (:mod:`autotune.estimate.ceiling`), at the declared
+            lengths: no run of it can be faster.
     """
 
     params: dict[str, Any]
@@ -69,6 +72,7 @@ class Candidate:
     pruned: bool
     speed_rank: int | None = None
     shape_of: Callable[[], JobShape] | None = field(default=None, repr=False, compare=False)
+    ceiling: StepCeiling | None = None
 
     @cached_property
     def shape(self) -> JobShape:
@@ -80,6 +84,13 @@ class Candidate:
     def fits(self) -> bool:
         return self.memory.fits()
 
+    @property
+    def ceiling_fraction(self) -> float | None:
+        """The ceiling over the predicted step time (how near the prediction is to the limit)."""
+        if self.ceiling is None or self.time.total_s <= 0:
+            return None
+        return self.ceiling.step_s / self.time.total_s
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "params": dict(self.params),
@@ -90,6 +101,8 @@ class Candidate:
             "speed_rank": self.speed_rank,
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict(),
+            "ceiling": self.ceiling.to_dict() if self.ceiling is not None else None,
+            "ceiling_fraction": self.ceiling_fraction,
         }
 
 
@@ -162,6 +175,7 @@ class PlanResult:
     invalid: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)  # knob → short name (the space's labels)
+    basis: PeakBasis | None = None  # the peaks the candidates' ceilings divide by
 
     @property
     def n_fit(self) -> int:
@@ -189,6 +203,7 @@ class PlanResult:
             },
             "invalid": dict(self.invalid),
             "notes": list(self.notes),
+            "ceiling_basis": self.basis.to_dict() if self.basis is not None else None,
             "candidates": [c.to_dict() for c in shown],
         }
 
@@ -422,6 +437,7 @@ def plan_space(
     n_gpus: int,
     fixed: Mapping[str, Any],
     margin: float = 0.15,
+    basis: PeakBasis | None = None,
 ) -> PlanResult:
     """Judge every valid configuration of ``space`` on ``n_gpus`` × ``gpu``.
 
@@ -435,6 +451,7 @@ def plan_space(
         fixed: job facts (``global_batch``, ``num_generations``, ``max_prompt_length``,
             ``max_completion_length``, ``beta``, LoRA, ``vllm_max_model_len``), framework names.
         margin: the pruning margin reported per candidate.
+        basis: the peaks of each candidate's ceiling (default: ``gpu``'s catalog peaks).
     """
     world = max(1, n_gpus)
 
@@ -484,6 +501,11 @@ def plan_space(
         for t in step_time_terms(rows, gpu, vllm.concurrency)
     ]
     throughput = times[5]
+    peaks = basis or PeakBasis.from_gpu(gpu)
+    limits = ceiling_terms(rows, peaks, rows.max_prompt_length, rows.max_completion_length)
+    limit_cols = {
+        k: np.broadcast_to(np.asarray(x, dtype=np.float64), (len(rows),)) for k, x in limits.items()
+    }
     distinct_t, t_inverse = np.unique(throughput, return_inverse=True)
     keys = np.array([speed_key(float(t)) for t in distinct_t], dtype=np.float64)[t_inverse.reshape(-1)]
     best = float(throughput[fits].max()) if fits.any() else None
@@ -515,6 +537,12 @@ def plan_space(
             pruned=bool(pruned[r]),
             speed_rank=int(rank[r]) if fits[r] else None,
             shape_of=lambda: JobShape(decode(params), model, n_gpus),
+            ceiling=StepCeiling(
+                **{f"{p}_s": float(limit_cols[p][r]) for p in CEILING_PHASES},
+                step_s=float(limit_cols["step"][r]),
+                basis=peaks,
+                work=StepWork(),
+            ),
         )
 
     cands = Candidates(
@@ -539,6 +567,7 @@ def plan_space(
         invalid=dict(invalid),
         notes=notes,
         labels=labels,
+        basis=peaks,
     )
 
 

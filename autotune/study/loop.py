@@ -29,6 +29,7 @@ from autotune.records import Confirmation, Hardware, TrialResult, TrialSpec, Tri
 from autotune.secrets import SecretRule
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import SearchStrategy, infer_infeasible
+from autotune.study.ceiling import TrialCeilings
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
@@ -337,6 +338,7 @@ class Study:
             usable=self.usable,
         )
         self.pruner = SlowerThanBest()
+        self.ceilings = TrialCeilings.for_study(cfg)
         self._results: dict[int, TrialResult] = {}
         self._storage: optuna.storages.BaseStorage | None = None
         self._stale: list[optuna.trial.FrozenTrial] = []  # trials whose worker died, to requeue
@@ -1198,7 +1200,7 @@ class Study:
             _, breakdown = self.memory_gate.check(params, derived)
             if breakdown is not None:
                 result = result.model_copy(update={"estimate": breakdown})
-        return result
+        return self.ceilings.attach(result) if self.ceilings is not None else result
 
 
 #: the name of the value Optuna records (``study.set_metric_names``)

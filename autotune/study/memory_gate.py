@@ -51,6 +51,7 @@ class EstimatorGate:
         self.margin = margin
         self.calibration = Calibration()
         self._seen: set[int] = set()
+        self._basis: Any = None
 
     @classmethod
     def build(
@@ -111,6 +112,20 @@ class EstimatorGate:
         shape, _ = self._estimate(params)
         t = estimate_step_time(shape, self.gpu)
         return {"rollout": t.rollout_s, "train": t.train_s, "weight_sync": t.sync_s, "other": t.offload_s}
+
+    def ceiling_s(self, params: Mapping[str, Any]) -> float:
+        """The least seconds a step of ``params`` could take on these GPUs (:func:`autotune.estimate.
+        step_ceiling_s`, catalog peaks or this machine's measured ones): no run of it can be faster, so
+        a strategy may bound a predicted speed by it (and then record ``ceiling_s`` in the trial's
+        ``choice``, which the report reads)."""
+        from autotune.estimate import PeakBasis, cached_peaks, step_ceiling_s
+
+        if self._basis is None:
+            names = (*self.gpu.nvml_names, self.gpu.name)
+            measured = next((p for p in map(cached_peaks, names) if p is not None), None)
+            self._basis = PeakBasis.resolve(self.gpu, measured)
+        shape, _ = self._estimate(params)
+        return step_ceiling_s(shape, self._basis)
 
     def observe(self, result: TrialResult) -> None:
         if result.number in self._seen or result.status not in (

@@ -138,3 +138,35 @@ def test_both_backends_honour_a_fixed_value_and_refuse_a_conflict_alike(
         "source": "fixed",
         "where": f"--fixed {job} (max_completion_length)",
     }
+
+
+def test_a_trl_grpo_config_yaml_is_read_as_trl_reads_it(cli, tmp_path: Path, env: dict[str, str]) -> None:
+    """`--fixed` takes the YAML of `trl grpo --config` as it is: GRPOConfig and ModelConfig fields are kept
+    (LoRA through use_peft, which GRPOConfig alone rejects), what autotune sets and accelerate's keys are
+    named in one line, and a model of its own is refused."""
+    job = tmp_path / "grpo.yaml"
+    job.write_text(
+        "use_peft: true\nlora_r: 8\nlora_target_modules: [q_proj, v_proj]\nbeta: 0.04\n"
+        "output_dir: /elsewhere\nlogging_steps: 5\naccelerate_config: zero2\nmax_completion_length: 12\n"
+    )
+    out = tmp_path / "runs" / "trljob"
+    short = ("--trials", "1", "--max-steps", "2", "--confirm-runs", "0")
+    proc = cli("search", "--model", "tiny-qwen2", *short, "--fixed", str(job), "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    note = next(line for line in proc.stdout.splitlines() if "not kept from your TRL job" in line)
+    assert (
+        "logging_steps, output_dir (autotune sets them" in note and "accelerate_config (accelerate's" in note
+    )
+    assert "max_completion_length" not in note  # honoured: the job's semantics
+    result = json.loads((out / "trials" / "0" / "result.json").read_text())
+    assert result["status"] == "COMPLETE", result["reason"]
+    config = json.loads((out / "trials" / "0" / "trial_config.json").read_text())["grpo_config"]
+    assert config["use_peft"] is True and config["lora_r"] == 8 and config["max_completion_length"] == 12
+    assert "accelerate_config" not in config and config["logging_steps"] == 1
+
+    job.write_text("model_name_or_path: Qwen/Qwen2-0.5B\nbeta: 0.04\n")
+    refused = cli(
+        "search", "--model", "tiny-qwen2", *short, "--fixed", str(job), "--out", str(tmp_path / "r"), env=env
+    )
+    assert refused.returncode == 2 and "give the model with autotune's --model" in refused.stderr.lower()
+    assert len([line for line in refused.stderr.splitlines() if line.strip()]) == 1

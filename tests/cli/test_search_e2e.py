@@ -52,6 +52,12 @@ def test_real_trl_study_recommends_reports_and_resumes(cli, tmp_path: Path) -> N
         ):
             assert (trial / name).exists(), (r["number"], name)
         assert r["steps"] >= 3 and r["steady"]["throughput"] > 0
+        if r["status"] == "COMPLETE":  # the physical ceiling, from the host's measured peaks
+            ceiling = r["ceiling"]
+            assert ceiling["basis_source"] == "measured", ceiling
+            assert 0 < ceiling["step_fraction"] <= 1
+            assert {"rollout", "train"} <= set(ceiling["phase_fraction"]), ceiling
+            assert all(0 < f <= 1 for f in ceiling["phase_fraction"].values()), ceiling
     assert results[0]["status"] == "COMPLETE"
     study = json.loads((out / "study.json").read_text())
     winner = study["outcome"]["recommended_trial"]
@@ -61,6 +67,7 @@ def test_real_trl_study_recommends_reports_and_resumes(cli, tmp_path: Path) -> N
     for report in ("report.html", "report.md"):
         text = (out / report).read_text()
         assert f"trial {winner}" in text.lower() or f"trial&nbsp;{winner}" in text.lower(), report
+        assert "How far from the limit" in text and "of the limit" in text, report
     assert (out / "best" / "knobs.json").exists()
     every_dir = sorted(p.name for p in (out / "trials").iterdir() if p.is_dir())  # re-measurement runs too
     before = {d: (out / "trials" / d / "result.json").read_bytes() for d in every_dir}

@@ -153,6 +153,7 @@ class SwiftBackend(Backend):
     # num_generations 8, max_completion_length 512, per_device_train_batch_size 1, and
     # gradient_accumulation_steps 1 for GRPO. Its default generation batch (1 × world) fails its own
     # "divisible by num_generations" rule below 8 GPUs: raised to the smallest batch it accepts.
+    job_command = ("swift", "rlhf")
     job_defaults = FrameworkJobDefaults(
         framework="ms-swift's GRPO",
         num_generations=8,

@@ -32,6 +32,7 @@ from autotune.backends._base import (
 )
 from autotune.backends._phases import MarkerPhases
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
+from autotune.backends.trl.job import SCRIPT_KEEPS, installed_fields, job_notes
 from autotune.errors import BackendError
 from autotune.jobconfig import JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
@@ -82,6 +83,12 @@ _OWNED = frozenset(
         "use_cpu",
         "deepspeed",
     }
+)
+
+
+#: owned arguments a study honours from the user's job: its semantics, and the batch of the baseline
+_SEMANTIC = frozenset(
+    {"num_generations", "max_completion_length", "per_device_train_batch_size", "gradient_accumulation_steps"}
 )
 
 
@@ -231,12 +238,23 @@ class TrlMetricsParser(StepParser):
             return None
 
 
+def _rewards(fixed: Mapping[str, Any]) -> list[str]:
+    """The trials' rewards: ``reward_funcs`` (default autotune's) and ``reward_model_name_or_path``."""
+    given = fixed.get("reward_funcs") or ["autotune"]
+    rewards = [given] if isinstance(given, str) else [str(r) for r in given]
+    model = fixed.get("reward_model_name_or_path")
+    if model and (not fixed.get("reward_funcs")):
+        rewards = [str(model)]
+    elif model:
+        rewards.append(str(model))
+    return rewards
+
+
 def _everything_local(ctx: TrialContext) -> bool:
     """True when the dataset and every reward are on disk or in code (the model is checked apart)."""
     if ctx.dataset is not None and not Path(ctx.dataset).expanduser().exists():
         return False
-    rewards = ctx.fixed.get("reward_funcs") or ["autotune"]
-    for reward in [rewards] if isinstance(rewards, str) else rewards:
+    for reward in _rewards(ctx.fixed):
         if reward != "autotune" and ":" not in str(reward) and not Path(str(reward)).expanduser().exists():
             return False  # a reward model id: TRL may need the hub
     return True
@@ -286,9 +304,24 @@ class TrlBackend(Backend):
     @classmethod
     def uses_demo_reward(cls, fixed: Mapping[str, Any]) -> bool:
         """TRL trials score with autotune's reward unless ``reward_funcs`` leaves ``autotune`` out."""
-        rewards = fixed.get("reward_funcs") or ["autotune"]
-        rewards = [rewards] if isinstance(rewards, str) else list(rewards)
-        return "autotune" in rewards
+        return "autotune" in _rewards(fixed)
+
+    def check_flags(
+        self, params: dict[str, Any], fixed: dict[str, Any], ctx: TrialContext | None = None
+    ) -> list[str]:
+        """Name what of the user's TRL job (a ``trl grpo --config`` YAML) cannot stay fixed
+        (:mod:`autotune.backends.trl.job`).
+
+        Raises:
+            BackendError: the job names its own model.
+        """
+        # the job's semantics and the batch are honoured (autotune.jobsemantics; the batch is the baseline's)
+        notes = job_notes(fixed, _OWNED - _SEMANTIC, installed_fields())
+        notes += [
+            f"{name} is a tuned knob: trials set their own value (yours is the baseline)"
+            for name in sorted(set(params) & set(fixed))
+        ]
+        return notes
 
     def probe(self) -> BackendInfo:
         """Find trl and torch in this interpreter (the worker runs with ``sys.executable``)."""
@@ -428,7 +461,10 @@ class TrlBackend(Backend):
         self, params: dict[str, Any], derived: dict[str, Any], ctx: TrialContext
     ) -> dict[str, Any]:
         """The ``GRPOConfig`` keyword arguments of a trial (the user's fixed ones included)."""
-        fixed = {k: v for k, v in ctx.fixed.items() if k not in ("reward_funcs", "dataset")}
+        fixed = {k: v for k, v in ctx.fixed.items() if k not in ("reward_funcs", "dataset", *SCRIPT_KEEPS)}
+        fields = installed_fields()
+        if fields is not None:  # GRPOConfig's and ModelConfig's (the worker splits them); no accelerate keys
+            fixed = {k: v for k, v in fixed.items() if fields.kind(k) in ("grpo", "model")}
         kwargs: dict[str, Any] = {"disable_tqdm": True}
         if ctx.cpu_only:
             kwargs.update(bf16=False, fp16=False)
@@ -476,9 +512,10 @@ class TrlBackend(Backend):
         world = int(derived["world_size"])
         zero = int(self._value(params, "zero_stage"))
         ctx.trial_dir.mkdir(parents=True, exist_ok=True)
-        if ctx.dataset:
-            local = Path(ctx.dataset).expanduser()
-            dataset = str(local.resolve()) if local.exists() else ctx.dataset
+        named = ctx.dataset or ctx.fixed.get("dataset_name")  # --dataset, else the job's dataset_name
+        if named:
+            local = Path(str(named)).expanduser()
+            dataset = str(local.resolve()) if local.exists() else str(named)
         else:
             from autotune.workload.datasets import write_prompts
 
@@ -494,7 +531,7 @@ class TrlBackend(Backend):
                 cpu_only=ctx.cpu_only,
             )
             write_text_atomic(trial_path(ctx, DS_CONFIG_FILE), json.dumps(config, indent=2) + "\n")
-        rewards = ctx.fixed.get("reward_funcs") or ["autotune"]
+        rewards = _rewards(ctx.fixed)
         grpo_config, secret_env = _secrets_to_env(self.grpo_kwargs(params, derived, ctx))
         worker_config = {
             "model": ctx.model.path_or_id,

@@ -172,6 +172,7 @@ class VerlBackend(Backend):
     needs_gpu: ClassVar[bool] = True
     # verl 0.9.1's ppo_trainer.yaml: data.train_batch_size 1024 prompts, data.max_response_length 512;
     # its rollout.n defaults to 1, which is not GRPO (verl's GRPO docs: n > 1), so n is 8 as in plan.
+    job_command = ("verl.trainer.main_ppo", "main_ppo.py")
     job_defaults = FrameworkJobDefaults(
         framework="verl's ppo_trainer.yaml",
         num_generations=8,
