@@ -6,12 +6,12 @@ On GPUs (torch imported here, only for ``--bench``): dense bf16 matmul FLOP/s, d
 machine without GPU the host's own (``estimate.peaks.measure_host_peaks``). Either way the record is
 stored with ``estimate.peaks.store_peaks``, where ``plan``, ``search`` and the report read it.
 
-Each rate is the median of repeated timed runs after a warm-up, for about ``seconds`` each.
+Each rate is the best of repeated timed runs after a warm-up, for about ``seconds`` each (a peak, as
+``estimate.peaks`` counts it).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.doctor._allreduce import measure_allreduce
 from autotune.doctor._base import Facts, Finding, Status
-from autotune.estimate.peaks import MeasuredPeaks, measure_host_peaks, store_peaks
+from autotune.estimate import MeasuredPeaks, machine_id, measure_host_peaks, store_peaks
 
 __all__ = ["BenchOutcome", "GpuPeakNumbers", "measure_gpu_peaks", "run_bench"]
 
@@ -59,39 +59,40 @@ class BenchOutcome:
         }
 
 
-def _median_rate(work: float, step: Callable[[], None], sync: Callable[[], None], seconds: float) -> float:
-    """``work`` units per second of ``step``: the median of timed repetitions after one warm-up."""
+def _best_rate(work: float, step: Callable[[], None], sync: Callable[[], None], seconds: float) -> float:
+    """``work`` units per second of the fastest of repeated ``step()`` calls after one warm-up (a peak,
+    as ``estimate.peaks`` counts: a busy neighbour can only lower it)."""
     step()
     sync()
-    rates: list[float] = []
+    best = float("inf")
     deadline = time.perf_counter() + seconds
-    while not rates or time.perf_counter() < deadline:
+    repeats = 0
+    while repeats < 3 or time.perf_counter() < deadline:
         t0 = time.perf_counter()
         step()
         sync()
-        dt = time.perf_counter() - t0
-        if dt > 0:
-            rates.append(work / dt)
-    return statistics.median(rates)
+        best = min(best, time.perf_counter() - t0)
+        repeats += 1
+    return work / max(best, 1e-9)
 
 
 def _matmul_rate(torch: Any, dev: Any, seconds: float) -> float:  # pragma: no cover - needs a GPU
     a = torch.randn(MATMUL_N, MATMUL_N, device=dev, dtype=torch.bfloat16)
     b = torch.randn(MATMUL_N, MATMUL_N, device=dev, dtype=torch.bfloat16)
     c = torch.empty_like(a)
-    return _median_rate(2.0 * MATMUL_N**3, lambda: torch.matmul(a, b, out=c), torch.cuda.synchronize, seconds)
+    return _best_rate(2.0 * MATMUL_N**3, lambda: torch.matmul(a, b, out=c), torch.cuda.synchronize, seconds)
 
 
 def _copy_rate(torch: Any, dev: Any, seconds: float) -> float:  # pragma: no cover - needs a GPU
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    return _median_rate(2.0 * COPY_BYTES, lambda: dst.copy_(src), torch.cuda.synchronize, seconds)
+    return _best_rate(2.0 * COPY_BYTES, lambda: dst.copy_(src), torch.cuda.synchronize, seconds)
 
 
 def _host_to_device_rate(torch: Any, dev: Any, seconds: float) -> float:  # pragma: no cover - needs a GPU
     host = torch.empty(HOST_BYTES, dtype=torch.uint8, pin_memory=True)
     target = torch.empty(HOST_BYTES, dtype=torch.uint8, device=dev)
-    return _median_rate(
+    return _best_rate(
         float(HOST_BYTES), lambda: target.copy_(host, non_blocking=True), torch.cuda.synchronize, seconds
     )
 
@@ -121,18 +122,20 @@ def measure_gpu_peaks(n_devices: int, seconds: float) -> GpuPeakNumbers:  # prag
     )
 
 
-def _gpu_record(numbers: GpuPeakNumbers, host: MeasuredPeaks) -> MeasuredPeaks:
-    """The GPU's numbers in the shared record, with the host's machine id and time stamp."""
-    from dataclasses import replace
+def _gpu_record(numbers: GpuPeakNumbers, gpu_names: tuple[str, ...]) -> MeasuredPeaks:
+    """The GPUs' numbers as ``estimate.peaks``' record, keyed by this machine and its GPUs' NVML names
+    (the name ``plan`` and the ceiling look the GPU up by)."""
+    from datetime import datetime, timezone
 
-    return replace(
-        host,
-        device=numbers.device,
+    return MeasuredPeaks(
+        device=gpu_names[0],
         matmul_flops_per_s=numbers.matmul_flops_per_s,
         memory_bytes_per_s=numbers.memory_bytes_per_s,
         host_to_device_bytes_per_s=numbers.host_to_device_bytes_per_s,
         allreduce_bus_bytes_per_s=numbers.allreduce_bus_bytes_per_s,
         n_devices=numbers.n_devices,
+        machine_id=machine_id(gpu_names),
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
 
 
@@ -141,7 +144,7 @@ def _lines(peaks: MeasuredPeaks, path: Path) -> tuple[Finding, ...]:
         return "—" if v is None else f"{v / scale:,.1f} {unit}"
 
     detail = (
-        f"{peaks.device} ×{peaks.n_devices}: matmul {rate(peaks.matmul_flops_per_s, 'TFLOP/s', 1e12)}, "
+        f"{peaks.device} x{peaks.n_devices}: matmul {rate(peaks.matmul_flops_per_s, 'TFLOP/s', 1e12)}, "
         f"memory {rate(peaks.memory_bytes_per_s, 'GB/s', 1e9)}, "
         f"host→device {rate(peaks.host_to_device_bytes_per_s, 'GB/s', 1e9)}, "
         f"all-reduce bus {rate(peaks.allreduce_bus_bytes_per_s, 'GB/s', 1e9)}; cached in {path}"
@@ -169,9 +172,10 @@ def run_bench(
         gpu: the GPUs' measurement (tests pass a fake).
     """
     try:
-        peaks = host(seconds)
         if facts.gpus:
-            peaks = _gpu_record(gpu(len(facts.gpus), seconds), peaks)
+            peaks = _gpu_record(gpu(len(facts.gpus), seconds), tuple(g.name for g in facts.gpus))
+        else:
+            peaks = host(seconds)
         path = store_peaks(peaks, cache_dir)
     except Exception as exc:  # noqa: BLE001 - a benchmark that breaks is reported, not raised
         where = "GPU" if facts.gpus else "host"
