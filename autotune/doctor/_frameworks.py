@@ -2,10 +2,13 @@
 imported) and whether the installed versions meet each other's own pins.
 
 The pins are the frameworks' own: each installed distribution's ``Requires-Dist`` metadata (what its
-``setup.py`` / ``pyproject.toml`` declares, e.g. vLLM's exact ``torch==`` pin, ms-swift's ``trl``
-range, TRL's ``vllm`` range under its ``[vllm]`` extra and its ``transformers!=5.1.0`` under
-``[deepspeed]``). An extra of a framework counts when the package it is named after is installed
-(TRL's ``[vllm]`` requirements bind once vLLM is there).
+``setup.py`` / ``pyproject.toml`` declares), read with ``importlib.metadata``, so the source of every
+conflict reported is the installed package itself and the table never goes stale. For example TRL
+1.16.0's METADATA declares ``vllm<=0.31.0,>=0.22.0; extra == "vllm"`` and ``transformers!=5.1.0;
+extra == "deepspeed"``; vLLM's pins the exact ``torch==`` its kernels were built against; ms-swift's
+and verl's bound the ``trl`` / ``transformers`` / ``vllm`` they were tested with. An extra of a framework
+counts when the package it is named after is installed (TRL's ``[vllm]`` requirements bind once vLLM is
+there).
 """
 
 from __future__ import annotations

@@ -150,6 +150,12 @@ class HostRamCheck(Check):
                     "Stop what holds the host's memory",
                 )
             ]
+        if host.model:
+            return [
+                self.ok(
+                    f"{have}; the size of {host.model} is unknown here (a catalog name or a local folder says it)"
+                )
+            ]
         return [self.ok(f"{have} (give --model to check what offload would need)")]
 
 

@@ -440,3 +440,8 @@ def test_offload_need_is_the_estimators_zero3_host_states() -> None:
     assert spec is not None
     need = offload_need_bytes("Qwen2-7B", 8)
     assert need == int(spec.params * 18 * 1.5)  # DeepSpeed's zero_init estimate for full offload
+
+
+def test_a_model_of_unknown_size_says_so() -> None:
+    (finding,) = _findings(_cpu(model="org/unknown"), "host-ram")
+    assert finding.status is Status.OK and "the size of org/unknown is unknown" in finding.detail
