@@ -309,7 +309,8 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
     from autotune.doctor import preflight
     from autotune.studydir import ensure_writable
 
-    preflight(out)  # the doctor's quick checks: a failure stops here with its line and fix
+    # the doctor's quick checks on the GPUs the search uses: a failure stops here with its line and fix
+    preflight(out, gpu_indices=[g.index for g in hardware.gpus if not g.declared])
     ensure_writable(out)
     # 3. the study.
     return _run(

@@ -3,7 +3,9 @@ search`` runs before its first trial."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -71,15 +73,27 @@ def run_checks(
     return DoctorReport(tuple(findings))
 
 
-def preflight(out_dir: Path, *, nvml: ModuleType | None = None) -> DoctorReport:
+def preflight(
+    out_dir: Path, *, gpu_indices: Sequence[int] | None = None, nvml: ModuleType | None = None
+) -> DoctorReport:
     """The quick subset, before a search's first trial.
+
+    Args:
+        out_dir: the study directory (free disk).
+        gpu_indices: the NVML indices of the GPUs the search uses (None: every visible GPU); another
+            user's process on a GPU the search leaves alone is none of its business.
+        nvml: the ``pynvml`` module (tests pass the autospec fake).
 
     Raises:
         MachineError: a check failed; the message is the doctor's line for the first failure.
     """
     from autotune.doctor._facts import gather_facts
 
-    report = run_checks(gather_facts(out_dir, nvml=nvml), quick=True)
+    facts = gather_facts(out_dir, nvml=nvml)
+    if gpu_indices is not None:
+        chosen = set(gpu_indices)
+        facts = dataclasses.replace(facts, gpus=tuple(g for g in facts.gpus if g.index in chosen))
+    report = run_checks(facts, quick=True)
     if report.failed:
         first = report.failed[0]
         more = f" (and {len(report.failed) - 1} more failure(s))" if len(report.failed) > 1 else ""

@@ -14,7 +14,7 @@ from autotune.probes.testing import FakeGpu
 from autotune.doctor import CHECKS, Status
 from autotune.errors import MachineError
 from tests.cli.conftest import run_cli
-from tests.doctor.conftest import gpu_facts
+from tests.doctor.conftest import gpu_facts, recorded_host
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
 
@@ -60,9 +60,8 @@ def test_search_stops_before_its_first_trial_with_the_doctors_line(
     import autotune
     from autotune.doctor import _facts
 
-    broken = gpu_facts([FakeGpu(uuid="GPU-a", mig_mode=1)])
-    broken = dataclasses.replace(broken, packages={**broken.packages, "torch": "2.6.0+cu124"})
-    monkeypatch.setattr(_facts, "gather_facts", lambda *a, **k: broken)
+    full = gpu_facts(1, driver="no_library", host=recorded_host(disk_free_bytes=100 * 1024**2))
+    monkeypatch.setattr(_facts, "gather_facts", lambda *a, **k: full)
     space = tmp_path / "space.yaml"
     space.write_text("backend: command\nknobs:\n  bs: {type: int, choices: [1, 2], default: 1}\n")
     out = tmp_path / "study"
@@ -76,10 +75,21 @@ def test_search_stops_before_its_first_trial_with_the_doctors_line(
             confirm_runs=0,
         )
     line = caught.value.one_line()
-    assert line.startswith("autotune doctor: mig: MIG mode is on for GPU 0")
-    assert "-mig 0" in line and "`autotune doctor` lists every check" in line
+    assert line.startswith("autotune doctor: disk: 0.1 GiB free under /work/runs")
+    assert "--out on a larger disk" in line and "`autotune doctor` lists every check" in line
     assert caught.value.exit_code == 2
     assert not out.exists()  # nothing touched
+
+
+def test_preflight_looks_only_at_the_gpus_the_search_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.doctor import _facts, preflight
+
+    facts = gpu_facts([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", mig_mode=1)])
+    facts = dataclasses.replace(facts, packages={**facts.packages, "torch": "2.6.0+cu124"})
+    monkeypatch.setattr(_facts, "gather_facts", lambda *a, **k: facts)
+    assert preflight(Path("runs"), gpu_indices=[0]).exit_code == 0  # GPU 1 is not the search's
+    with pytest.raises(MachineError, match="autotune doctor: mig: MIG mode is on for GPU 1"):
+        preflight(Path("runs"))
 
 
 def test_preflight_passes_warnings_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
