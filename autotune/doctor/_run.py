@@ -89,7 +89,20 @@ def preflight(
     """
     from autotune.doctor._facts import gather_facts
 
-    facts = gather_facts(out_dir, nvml=nvml)
+    try:
+        facts = gather_facts(out_dir, nvml=nvml)
+    except Exception as exc:  # noqa: BLE001 - the doctor's own bug must not stop a search
+        log.debug("doctor: gathering facts failed", exc_info=True)
+        return DoctorReport(
+            (
+                Finding(
+                    "doctor",
+                    Status.WARN,
+                    f"the machine could not be read ({type(exc).__name__}: {exc}); the search goes on",
+                    "Run `autotune doctor` to see what it cannot read",
+                ),
+            )
+        )
     if gpu_indices is not None:
         chosen = set(gpu_indices)
         facts = dataclasses.replace(facts, gpus=tuple(g for g in facts.gpus if g.index in chosen))

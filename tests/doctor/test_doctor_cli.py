@@ -99,3 +99,16 @@ def test_preflight_passes_warnings_through(tmp_path: Path, monkeypatch: pytest.M
     report = preflight(tmp_path)
     assert report.exit_code == 0
     assert [f.status for f in report.findings if f.check == "nvml"] == [Status.WARN]
+
+
+def test_preflight_that_cannot_read_the_machine_lets_the_search_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.doctor import _facts, preflight
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise PermissionError("/proc is not mounted")
+
+    monkeypatch.setattr(_facts, "gather_facts", broken)
+    report = preflight(tmp_path)
+    assert report.exit_code == 0 and "PermissionError: /proc is not mounted" in report.findings[0].detail
