@@ -53,34 +53,19 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         import json
-        from pathlib import Path
 
-        from autotune.cli._console import say
-        from autotune.doctor import gather_facts, run_checks
+        from autotune.app.doctor import DoctorRequest, run_doctor
+        from autotune.cli._console import err_console, say
 
-        if seconds <= 0:
-            from autotune.errors import UsageError
-
-            raise UsageError(f"--seconds must be positive, got {seconds:g}", hint="For example --seconds 3")
-        facts = gather_facts(Path(out), model=model)
-        report = run_checks(facts, quick=quick)
-        extra: dict[str, object] = {}
-        if bench:
-            from autotune.doctor.bench import run_bench
-
-            measured = run_bench(facts, seconds=seconds)
-            report = report.with_findings(measured.findings)
-            extra["bench"] = measured.to_dict()
-        if calibrate:
-            from autotune.app.calibrate import run_calibration
-            from autotune.cli._console import err_console
-
-            calibrated = run_calibration(facts, out_dir=Path(out), model=model, console=err_console)
-            report = report.with_findings(calibrated.findings)
-            extra["calibrate"] = calibrated.to_dict()
+        outcome = run_doctor(
+            DoctorRequest(
+                out=out, model=model, quick=quick, bench=bench, seconds=seconds, calibrate=calibrate
+            ),
+            err_console,
+        )
         if as_json:
-            say(json.dumps({**report.to_dict(), **extra}, indent=2))
+            say(json.dumps(outcome.to_dict(), indent=2))
         else:
-            for finding in report.findings:
+            for finding in outcome.report.findings:
                 say(finding.line())
-        raise typer.Exit(report.exit_code)
+        raise typer.Exit(outcome.report.exit_code)
