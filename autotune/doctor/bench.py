@@ -143,8 +143,10 @@ def _lines(peaks: MeasuredPeaks, path: Path) -> tuple[Finding, ...]:
     def rate(v: float | None, unit: str, scale: float) -> str:
         return "—" if v is None else f"{v / scale:,.1f} {unit}"
 
+    flops = peaks.matmul_flops_per_s
+    matmul = rate(flops, "TFLOP/s", 1e12) if flops >= 1e12 else rate(flops, "GFLOP/s", 1e9)
     detail = (
-        f"{peaks.device} x{peaks.n_devices}: matmul {rate(peaks.matmul_flops_per_s, 'TFLOP/s', 1e12)}, "
+        f"{peaks.device} x{peaks.n_devices}: matmul {matmul}, "
         f"memory {rate(peaks.memory_bytes_per_s, 'GB/s', 1e9)}, "
         f"host→device {rate(peaks.host_to_device_bytes_per_s, 'GB/s', 1e9)}, "
         f"all-reduce bus {rate(peaks.allreduce_bus_bytes_per_s, 'GB/s', 1e9)}; cached in {path}"
