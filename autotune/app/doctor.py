@@ -52,7 +52,7 @@ def run_doctor(req: DoctorRequest, console: Console | None = None) -> DoctorOutc
     report = run_checks(facts, quick=req.quick)
     extra: dict[str, Any] = {}
     if req.bench:
-        from autotune.doctor.bench import run_bench
+        from autotune.doctor import run_bench
 
         measured = run_bench(facts, seconds=req.seconds)
         report = report.with_findings(measured.findings)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.doctor import Status
-from autotune.doctor.bench import GpuPeakNumbers, run_bench
+from autotune.doctor import GpuPeakNumbers, Status, run_bench
 from autotune.estimate import CPU_DEVICE, cached_peaks
 from tests.cli.conftest import run_cli
 from tests.doctor.conftest import gpu_facts
