@@ -232,20 +232,19 @@ def read_job_file(
     Returns:
         (name → value, the environment variables the shell line set, which a study does not keep).
     """
-    from autotune.yamlfile import read_yaml
+    from autotune.yamlfile import NOT_YAML, read_yaml
 
-    try:
-        data = read_yaml(path, what="fixed-arguments", flag="--fixed")
-        is_yaml = True
-    except UsageError:
-        if not Path(path).is_file():
-            raise  # missing or unreadable: read_yaml's line says which
-        data, is_yaml = None, False  # not YAML (a shell script YAML refuses): read as a command line
-    if isinstance(data, dict) or (is_yaml and data is None):
+    data = read_yaml(path, what="fixed-arguments", flag="--fixed", other_syntax=True)
+    if isinstance(data, dict) or data is None:
         return read_fixed_file(path), []
     if isinstance(data, list) and all(isinstance(w, str) for w in data):
         return parse_words(data), []
-    words, env = job_words(path, command)
+    if data is not NOT_YAML and not isinstance(data, str):
+        raise UsageError(
+            f"fixed-arguments file {path} is neither a mapping, a list of arguments nor a command line",
+            hint="Write one 'name: value' per line, or the command line of your job",
+        )
+    words, env = job_words(path, command)  # a shell line (YAML reads it as one string, or not at all)
     return parse_words(words), env
 
 

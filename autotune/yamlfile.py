@@ -15,14 +15,22 @@ from typing import Any
 
 from autotune.errors import UsageError
 
-__all__ = ["MAX_BYTES", "MAX_VALUES", "read_yaml"]
+__all__ = ["MAX_BYTES", "MAX_VALUES", "NOT_YAML", "read_yaml"]
+
+#: what :func:`read_yaml` returns for a file that is not YAML when the caller accepts other syntaxes
+NOT_YAML = object()
 
 MAX_BYTES = 1 << 20  # 1 MiB: a search space or a job's fixed arguments is a few KiB
 MAX_VALUES = 100_000  # scalars, lists and mappings once every alias is expanded
 
 
 def read_yaml(
-    source: Path | Traversable | str, *, what: str, flag: str, error: type[UsageError] = UsageError
+    source: Path | Traversable | str,
+    *,
+    what: str,
+    flag: str,
+    error: type[UsageError] = UsageError,
+    other_syntax: bool = False,
 ) -> Any:
     """The parsed content of a YAML file (None for an empty one).
 
@@ -31,6 +39,8 @@ def read_yaml(
         what: what the file is, for the message ("search-space", "--baseline").
         flag: the flag that named it, for the fix ("--space").
         error: the error class raised (a :class:`UsageError`).
+        other_syntax: the file may be in another syntax (a shell line): invalid YAML returns
+            :data:`NOT_YAML` instead of raising (every other refusal still raises).
 
     Raises:
         UsageError: (``error``) the file is missing or unreadable, is not valid YAML (with the line), is
@@ -66,6 +76,8 @@ def read_yaml(
             )
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
+        if other_syntax:
+            return NOT_YAML
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise error(f"{what} file {source} is not valid YAML{at}", hint="Fix the YAML syntax") from None

@@ -67,7 +67,7 @@ from autotune.backends import Backend, TrialContext, job_shape  # noqa: E402
 from autotune.estimate import estimate_memory  # noqa: E402
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus  # noqa: E402
 from autotune.space import SearchSpace, canonical_key  # noqa: E402
-from autotune.strategy import DeepSpeedSweep, launched  # noqa: E402
+from autotune.strategy import Collaborators, DeepSpeedSweep, SweepSettings, launched  # noqa: E402
 from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
 from autotune.study.recommend import recommend  # noqa: E402
@@ -383,12 +383,13 @@ def run_one(
         gate = ModelStatesGate(setting, backend, ctx)
         kwargs["strategy"] = DeepSpeedSweep(
             space,
-            base=space.active(dict(setting.baseline)),
-            stage_knob=setting.stage_knob,
-            stages=setting.stages,
-            feasible=gate.feasible,
-            usable=lambda r: _usable(r, capacity),
+            Collaborators(feasible=gate.feasible, usable=lambda r: _usable(r, capacity)),
             seed=seed,
+            settings=SweepSettings(
+                base=space.active(dict(setting.baseline)),
+                stage_knob=setting.stage_knob,
+                stages=tuple(setting.stages),
+            ),
         )
     else:
         gate = EstimatorGate.build(

@@ -294,3 +294,116 @@ def test_no_framework_knob_is_named_outside_its_backend_and_space() -> None:
                 if hits:
                     found.append(f"{module}:{node.lineno} {sorted(hits)}")
     assert found == []
+
+
+# -- search strategies: one class per strategy, reached through its contract -------------------------
+
+#: words that name an operand holding a strategy's kind: ``strategy.kind``, ``cfg.search``, ``kind``
+_STRATEGY_WORDS = ("kind", "search", "strategy")
+
+
+def _strategy_registry() -> tuple[set[str], set[str]]:
+    """The registered strategies' names and class names (``autotune.strategy.STRATEGIES``)."""
+    from autotune.strategy import STRATEGIES
+
+    return set(STRATEGIES), {entry.target.partition(":")[2] for entry in STRATEGIES.values()}
+
+
+def _names_a_strategy(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return any(w in node.id.lower() for w in _STRATEGY_WORDS)
+    if isinstance(node, ast.Attribute):
+        return any(w in node.attr.lower() for w in _STRATEGY_WORDS)
+    return False
+
+
+def _strategy_branches(tree: ast.AST) -> list[int]:
+    """Lines that branch on a strategy's kind: a comparison of a strategy-ish operand with a registered
+    strategy's name (``strategy.kind == "grid"``, ``cfg.search in ("auto", "tpe")``), an
+    ``isinstance`` on a registered strategy class, or a ``match`` on a strategy-ish subject with a case
+    naming a strategy."""
+    names, classes = _strategy_registry()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            literals = {s for o in operands for s in _string_constants(o)}
+            if literals & names and any(_names_a_strategy(o) for o in operands):
+                out.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            kinds = node.args[1:2]
+            if kinds and isinstance(kinds[0], ast.Tuple):
+                kinds = list(kinds[0].elts)
+            if any(isinstance(k, ast.Name | ast.Attribute) and _leaf(k) in classes for k in kinds):
+                out.append(node.lineno)
+        elif isinstance(node, ast.Match) and _names_a_strategy(node.subject):
+            cases = {
+                p.value.value
+                for c in node.cases
+                for p in ast.walk(c.pattern)
+                if isinstance(p, ast.MatchValue) and isinstance(p.value, ast.Constant)
+            }
+            if cases & names:
+                out.append(node.lineno)
+    return sorted(out)
+
+
+def _leaf(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def test_no_code_outside_the_strategies_branches_on_a_strategy_kind() -> None:
+    """A strategy is added beside the others (``autotune/strategy/``, its registry entry), never as a
+    branch on its name or class in the study loop, the application or the CLI."""
+    found = [
+        f"{module}:{line}"
+        for module, path in MODULES.items()
+        if not module.startswith("autotune.strategy")
+        for line in _strategy_branches(ast.parse(path.read_text(), filename=str(path)))
+    ]
+    assert found == []
+
+
+def test_the_strategy_kind_check_can_fail() -> None:
+    source = (
+        'if self.strategy.kind == "grid":\n    pass\n'  # 1: flagged
+        'if cfg.search in ("auto", "tpe"):\n    pass\n'  # 3: flagged
+        "if isinstance(s, GridStrategy):\n    pass\n"  # 5: flagged
+        'match req.search:\n    case "random":\n        pass\n'  # 7: flagged
+        'if fmt == "grid":\n    pass\n'  # 10: not a strategy operand
+        'if setting.kind == "estimator":\n    pass\n'  # 12: not a strategy's name
+        "if isinstance(p, Exhausted):\n    pass\n"  # 14: not a strategy class
+    )
+    assert _strategy_branches(ast.parse(source)) == [1, 3, 5, 7]
+
+
+# -- rooms stay small -------------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 700
+#: packages whose every module is held to the limit (the rest of the code base is on its way there)
+SMALL_PACKAGES = ("autotune.study", "autotune.strategy")
+
+
+def _oversized(modules: dict[str, Path], packages: tuple[str, ...]) -> list[str]:
+    """Modules of ``packages`` over :data:`MAX_MODULE_LINES` lines, with their length."""
+    out = []
+    for name, path in sorted(modules.items()):
+        if any(name == p or name.startswith(f"{p}.") for p in packages):
+            n = len(path.read_text().splitlines())
+            if n > MAX_MODULE_LINES:
+                out.append(f"{name}: {n} lines")
+    return out
+
+
+def test_no_module_of_the_study_or_the_strategies_is_over_700_lines() -> None:
+    assert any(name.startswith("autotune.study.") for name in MODULES)  # the check sees them
+    assert _oversized(MODULES, SMALL_PACKAGES) == []
+
+
+def test_the_module_size_check_can_fail(tmp_path: Path) -> None:
+    big, small, elsewhere = tmp_path / "big.py", tmp_path / "small.py", tmp_path / "other.py"
+    big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    small.write_text("x = 1\n" * MAX_MODULE_LINES)
+    elsewhere.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    modules = {"autotune.study.big": big, "autotune.strategy.small": small, "autotune.trial.other": elsewhere}
+    assert _oversized(modules, SMALL_PACKAGES) == [f"autotune.study.big: {MAX_MODULE_LINES + 1} lines"]

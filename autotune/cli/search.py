@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from autotune.backends import BACKENDS
+from autotune.strategy import search_help
 
 HELP = """Run short real GRPO trials over a search space and recommend the fastest configuration that
 neither OOMs, hangs nor breaks training on the GPUs detected (or on the CPU with a tiny model).
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
         time_budget: Annotated[
             str | None, typer.Option("--time-budget", help="Wall-time budget, e.g. 30m or 2h.")
         ] = None,
-        search_kind: Annotated[str, typer.Option("--search", help="auto, random or grid.")] = "auto",
+        search_kind: Annotated[str, typer.Option("--search", help=search_help())] = "auto",
         storage: Annotated[
             str | None,
             typer.Option(

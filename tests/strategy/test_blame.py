@@ -9,7 +9,7 @@ import pytest
 
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
 from autotune.space import SearchSpace, canonical_key, load_space
-from autotune.strategy import SearchStrategy
+from autotune.strategy import AutoStrategy
 from autotune.strategy._blame import blamed_knobs
 
 SPACE = """
@@ -63,7 +63,7 @@ def _risk_of(space: SearchSpace, phase: str | None, probe: dict) -> float:
         _ok(1, {"tp": 2, "workers": 4, "batch": 4}),
         _hang(2, {"tp": 4, "workers": 2, "batch": 2}, phase),
     ]
-    s = SearchStrategy(space, seed=0)
+    s = AutoStrategy(space, seed=0)
     return s.failure_risk(history, [probe])
 
 
@@ -86,7 +86,7 @@ def test_refuted_phase_knobs_leave_the_blame_outside_the_phase(space: SearchSpac
         _ok(0, {"tp": 4, "workers": 0, "batch": 2}),  # tp 4 works: the sync phase has no culprit left
         _hang(1, {"tp": 4, "workers": 2, "batch": 2}, "weight_sync"),
     ]
-    s = SearchStrategy(space, seed=0)
+    s = AutoStrategy(space, seed=0)
     untried = [
         p for p in space.grid() if p["workers"] == 2 and canonical_key(p) != canonical_key(history[1].params)
     ]

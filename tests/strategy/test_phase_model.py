@@ -9,7 +9,7 @@ import pytest
 
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
 from autotune.space import load_space
-from autotune.strategy._strategy import observed_phases
+from autotune.strategy import observed_phases
 from autotune.strategy._surrogate import ConfigEncoder, PhaseSpeedModel, SpeedModel
 
 SPACE = """

@@ -12,7 +12,20 @@ import pytest
 from autotune.errors import UsageError
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
 from autotune.space import SearchSpace, canonical_key, load_space
-from autotune.strategy import SearchStrategy, launched
+from autotune.strategy import (
+    AutoSettings,
+    AutoStrategy,
+    BaseStrategy,
+    Collaborators,
+    Exhausted,
+    GridStrategy,
+    Pending,
+    Proposal,
+    RandomStrategy,
+    TPEStrategy,
+    build_strategy,
+    launched,
+)
 
 SPACE = """
 knobs:
@@ -55,33 +68,52 @@ def result(
     )
 
 
+def auto(
+    space: SearchSpace,
+    *,
+    seed: int = 0,
+    rank: Callable[[dict[str, Any]], float] | None = None,
+    feasible: Callable[[dict[str, Any]], bool] | None = None,
+    **settings: Any,
+) -> AutoStrategy:
+    """The auto strategy with an estimator (``rank``), a pre-check and settings."""
+    collab = Collaborators(rank=rank, **({"feasible": feasible} if feasible is not None else {}))
+    return AutoStrategy(space, collab, seed=seed, settings=AutoSettings(**settings))
+
+
+def at(visited: set[str], trials_left: int | None = None) -> Pending:
+    return Pending(visited=frozenset(visited), trials_left=trials_left)
+
+
 def drive(
-    strategy: SearchStrategy, truth: Callable[[dict[str, Any]], tuple[TrialStatus, float | None]], n: int
+    strategy: BaseStrategy, truth: Callable[[dict[str, Any]], tuple[TrialStatus, float | None]], n: int
 ) -> list[TrialResult]:
     """Run ``n`` proposals against a truth function (the study loop without Optuna)."""
     history: list[TrialResult] = []
     for number in range(n):
         visited = {canonical_key(r.params) for r in history}
-        params = strategy.propose(history, visited)
-        if params is None:
+        proposal = strategy.propose(history, at(visited))
+        if not isinstance(proposal, Proposal):
             break
-        status, tp = truth(params)
-        history.append(result(number, params, status, tp))
+        status, tp = truth(proposal.params)
+        history.append(result(number, proposal.params, status, tp))
     return history
 
 
 def test_first_proposal_is_the_predicted_fastest_feasible(space: SearchSpace) -> None:
     infeasible = {canonical_key(p) for p in space.grid() if p["batch"] == 16 and not p["checkpointing"]}
-    s = SearchStrategy(space, seed=1, rank=predicted, feasible=lambda p: canonical_key(p) not in infeasible)
-    first = s.propose([], set())
-    assert first is not None and canonical_key(first) not in infeasible
+    s = auto(space, seed=1, rank=predicted, feasible=lambda p: canonical_key(p) not in infeasible)
+    proposal = s.propose([], at(set()))
+    assert isinstance(proposal, Proposal)
+    first = proposal.params
+    assert canonical_key(first) not in infeasible
     best = max((p for p in space.grid() if canonical_key(p) not in infeasible), key=predicted)
     assert predicted(first) == pytest.approx(predicted(best))
 
 
 def test_never_proposes_a_visited_or_infeasible_configuration(space: SearchSpace) -> None:
     feasible = lambda p: p["batch"] <= 8  # noqa: E731
-    s = SearchStrategy(space, seed=2, rank=predicted, feasible=feasible, stop_gain_frac=0.0)
+    s = auto(space, seed=2, rank=predicted, feasible=feasible, stop_gain_frac=0.0)
     history = drive(s, lambda p: (TrialStatus.COMPLETE, predicted(p) * (1.1 if p["workers"] else 1.0)), 25)
     keys = [canonical_key(r.params) for r in history]
     assert len(keys) == len(set(keys)) == 25
@@ -95,7 +127,7 @@ def test_a_value_that_always_fails_is_learned_and_the_best_working_one_found(spa
     def truth(p: dict[str, Any]) -> tuple[TrialStatus, float | None]:
         return (TrialStatus.HANG, None) if p["workers"] == 2 else (TrialStatus.COMPLETE, predicted(p))
 
-    s = SearchStrategy(space, seed=3, rank=rank, stop_gain_frac=0.0)
+    s = auto(space, seed=3, rank=rank, stop_gain_frac=0.0)
     history = drive(s, truth, 12)
     assert history[0].params["workers"] == 2  # the prior's favourite is tried first ...
     hangs = [r for r in history if r.status is TrialStatus.HANG]
@@ -103,7 +135,7 @@ def test_a_value_that_always_fails_is_learned_and_the_best_working_one_found(spa
     best_working = max(predicted(p) for p in space.grid() if p["workers"] == 0)
     assert max(r.throughput or 0.0 for r in history) == pytest.approx(best_working)
     # the model knows: an untried configuration with workers=2 is now predicted to fail
-    proposal = s.explain(history, {canonical_key(r.params) for r in history})
+    proposal = s.explain(history, at({canonical_key(r.params) for r in history}))
     assert proposal is not None
     untried = [
         p
@@ -121,29 +153,29 @@ def test_failures_are_infeasible_not_slow(space: SearchSpace) -> None:
             return TrialStatus.OOM, None
         return TrialStatus.COMPLETE, predicted(p)
 
-    s = SearchStrategy(space, seed=4, rank=predicted, stop_gain_frac=0.0)
+    s = auto(space, seed=4, rank=predicted, stop_gain_frac=0.0)
     history = drive(s, truth, 6)
     # OOMs did not drag the predicted throughput of their neighbours below what was measured
-    proposal = s.explain(history, {canonical_key(r.params) for r in history})
+    proposal = s.explain(history, at({canonical_key(r.params) for r in history}))
     assert proposal is not None and proposal.predicted_throughput is not None
     completed = [r for r in history if r.status is TrialStatus.COMPLETE]
     assert completed and proposal.predicted_throughput > 0.5 * max(r.throughput or 0 for r in completed)
 
 
 def test_stopping_waits_for_enough_trials_then_says_why(space: SearchSpace) -> None:
-    s = SearchStrategy(space, seed=5, rank=predicted, min_trials=6, patience=4)
+    s = auto(space, seed=5, rank=predicted, min_trials=6, patience=4)
     history = drive(s, lambda p: (TrialStatus.COMPLETE, predicted(p)), 5)
-    assert s.converged(history, 10) is None  # fewer than min_trials
+    assert s.converged(history, Pending.of(history, 10)) is None  # fewer than min_trials
     # a truth exactly as predicted: the model soon expects too little from untried configurations
     reasons = []
     for n in range(6, 30):
         history = drive(
-            SearchStrategy(space, seed=5, rank=predicted, min_trials=6, patience=4),
+            auto(space, seed=5, rank=predicted, min_trials=6, patience=4),
             lambda p: (TrialStatus.COMPLETE, predicted(p)),
             n,
         )
-        reason = SearchStrategy(space, seed=5, rank=predicted, min_trials=6, patience=4).converged(
-            history, 30 - n
+        reason = auto(space, seed=5, rank=predicted, min_trials=6, patience=4).converged(
+            history, Pending.of(history, 30 - n)
         )
         if reason:
             reasons.append((n, reason))
@@ -151,33 +183,34 @@ def test_stopping_waits_for_enough_trials_then_says_why(space: SearchSpace) -> N
     assert reasons, "never converged on a surface that matches the estimator"
     assert "unlikely to gain more" in reasons[0][1]
     assert (
-        SearchStrategy(space, seed=5, rank=predicted, min_trials=6).converged(history, 0) is None
+        auto(space, seed=5, rank=predicted, min_trials=6).converged(history, Pending.of(history, 0)) is None
     )  # no budget left
 
 
 def test_patience_counts_only_trials_that_ran(space: SearchSpace) -> None:
-    s = SearchStrategy(space, seed=6, rank=predicted, min_trials=2, patience=3, stop_gain_frac=0.0)
+    s = auto(space, seed=6, rank=predicted, min_trials=2, patience=3, stop_gain_frac=0.0)
     grid = list(space.grid())
     history = [result(0, grid[0], TrialStatus.COMPLETE, 1.0)]
     history += [result(i, grid[i], TrialStatus.HANG) for i in range(1, 6)]
-    assert s.converged(history, 10) is None  # five failures in a row are not "no gain"
+    assert s.converged(history, Pending.of(history, 10)) is None  # five failures in a row are not "no gain"
     history += [result(i, grid[i], TrialStatus.COMPLETE, 0.9) for i in range(6, 9)]
-    reason = s.converged(history, 10)
+    reason = s.converged(history, Pending.of(history, 10))
     assert reason is not None and "last 3 trials that ran" in reason
 
 
 def test_same_history_same_proposal(space: SearchSpace) -> None:
     history = drive(
-        SearchStrategy(space, seed=7, rank=predicted), lambda p: (TrialStatus.COMPLETE, predicted(p) * 0.9), 5
+        auto(space, seed=7, rank=predicted), lambda p: (TrialStatus.COMPLETE, predicted(p) * 0.9), 5
     )
     visited = {canonical_key(r.params) for r in history}
-    a = SearchStrategy(space, seed=7, rank=predicted).propose(history, visited)
-    b = SearchStrategy(space, seed=7, rank=predicted).propose(list(reversed(history)), visited)
-    assert a is not None and canonical_key(a) == canonical_key(b)
+    a = auto(space, seed=7, rank=predicted).propose(history, at(visited))
+    b = auto(space, seed=7, rank=predicted).propose(list(reversed(history)), at(visited))
+    assert isinstance(a, Proposal) and isinstance(b, Proposal)
+    assert canonical_key(a.params) == canonical_key(b.params)
 
 
 def test_large_spaces_are_sampled_not_enumerated(space: SearchSpace) -> None:
-    s = SearchStrategy(space, seed=8, rank=predicted, full_grid_limit=5, pool_size=8, stop_gain_frac=0.0)
+    s = auto(space, seed=8, rank=predicted, full_grid_limit=5, pool_size=8, stop_gain_frac=0.0)
     assert s.size() == len(list(space.grid())) > 5
     history = drive(s, lambda p: (TrialStatus.COMPLETE, predicted(p)), 12)
     keys = {canonical_key(p) for p in space.grid()}
@@ -189,27 +222,28 @@ def test_large_spaces_are_sampled_not_enumerated(space: SearchSpace) -> None:
 
 
 def test_grid_walks_the_space_in_order_and_ends(space: SearchSpace) -> None:
-    s = SearchStrategy(space, "grid")
+    s = GridStrategy(space)
     grid = list(space.grid())
     visited: set[str] = set()
     seen = []
-    while (p := s.propose([], visited)) is not None:
-        seen.append(p)
-        visited.add(canonical_key(p))
+    while isinstance(p := s.propose([], at(visited)), Proposal):
+        seen.append(p.params)
+        visited.add(canonical_key(p.params))
     assert seen == grid
+    assert isinstance(p, Exhausted) and "every configuration" in p.detail
 
 
 def test_random_and_tpe_leave_the_choice_to_optuna(space: SearchSpace) -> None:
-    assert SearchStrategy(space, "random").propose([], set()) is None
-    assert isinstance(SearchStrategy(space, "random").sampler(), optuna.samplers.RandomSampler)
-    assert SearchStrategy(space, "tpe").propose([], set()) is None
-    assert isinstance(SearchStrategy(space, "tpe").sampler(), optuna.samplers.TPESampler)
-    assert SearchStrategy(space, "random").converged([], 5) is None
+    assert RandomStrategy(space).propose([], at(set())) is None
+    assert isinstance(RandomStrategy(space).sampler(), optuna.samplers.RandomSampler)
+    assert TPEStrategy(space).propose([], at(set())) is None
+    assert isinstance(TPEStrategy(space).sampler(), optuna.samplers.TPESampler)
+    assert RandomStrategy(space).converged([], at(set(), 5)) is None
 
 
 def test_unknown_kind_is_a_usage_error(space: SearchSpace) -> None:
     with pytest.raises(UsageError, match="unknown search"):
-        SearchStrategy(space, "bayes")
+        build_strategy("bayes", space)
 
 
 def test_launched_ignores_pruned_and_interrupted(space: SearchSpace) -> None:
@@ -233,8 +267,8 @@ def test_failed_gpu_time_makes_the_choice_more_risk_averse(space: SearchSpace) -
             result(0, baseline, TrialStatus.COMPLETE, 1.0).model_copy(update={"gpu_seconds": 100.0}),
             result(1, hung, TrialStatus.HANG).model_copy(update={"gpu_seconds": hang_gpu_s}),
         ]
-        s = SearchStrategy(space, seed=0, rank=predicted, budget_aversion=budget_aversion)
-        return s.explain(history, {canonical_key(r.params) for r in history})
+        s = auto(space, seed=0, rank=predicted, budget_aversion=budget_aversion)
+        return s.explain(history, at({canonical_key(r.params) for r in history}))
 
     plain = proposal(100.0, 0.0)  # constrained expected improvement: the faster, riskier candidate
     averse = proposal(100.0, 1.0)  # half the GPU time went to a failure: weigh the risk more
@@ -264,13 +298,13 @@ def test_a_suspect_next_to_a_large_predicted_gain_is_tested_on_the_best_trial(sp
         result(4, {"batch": 16, "checkpointing": True, "zero": 0, "workers": 0}, TrialStatus.COMPLETE, 2.0),
     ]
     visited = {canonical_key(r.params) for r in history}
-    plain = SearchStrategy(space, seed=0, rank=rank, max_probes=0).explain(history, visited, 20)
-    looked = SearchStrategy(space, seed=0, rank=rank).explain(history, visited, 20)
+    plain = auto(space, seed=0, rank=rank, max_probes=0).explain(history, at(visited, 20))
+    looked = auto(space, seed=0, rank=rank).explain(history, at(visited, 20))
     assert plain is not None and looked is not None
     assert plain.mode != "probe" and plain.params.get("workers") != 2
     assert looked.mode == "probe" and looked.incumbent == 4
     assert looked.params == {"batch": 16, "checkpointing": True, "zero": 0, "workers": 2}
     assert looked.suspect == "workers=2"
     # with no trial left after it, knowing more is worth nothing
-    last = SearchStrategy(space, seed=0, rank=rank).explain(history, visited, 1)
+    last = auto(space, seed=0, rank=rank).explain(history, at(visited, 1))
     assert last is not None and last.mode != "probe"

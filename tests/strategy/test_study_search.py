@@ -4,6 +4,7 @@ strategy can be passed in."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from autotune.records import (
     TrialStatus,
 )
 from autotune.space import canonical_key, load_space
-from autotune.strategy import DeepSpeedSweep
+from autotune.strategy import Collaborators, DeepSpeedSweep, SweepSettings, build_strategy
 from autotune.study.loop import Study, StudyConfig, summary_line
 
 SPACE = """
@@ -141,14 +142,19 @@ def make(tmp_path: Path, name: str, n_trials: int, **kwargs: Any) -> tuple[Study
     return Study(cfg, FakeBackend(), space, executor, memory_gate=FakeGate(), **kwargs), executor
 
 
+def no_early_stop(study: Study) -> None:
+    """The auto strategy of ``study``, told to run its whole budget."""
+    study.strategy.settings = replace(study.strategy.settings, min_trials=100)  # type: ignore[call-arg]
+
+
 def test_a_resumed_study_continues_the_same_search(tmp_path: Path) -> None:
     straight, ex_straight = make(tmp_path, "straight", 9)
-    straight.strategy.min_trials = 100  # no early stop: compare whole sequences
+    no_early_stop(straight)  # compare whole sequences
     straight.run()
     first, ex_first = make(tmp_path, "resumed", 4)
     first.run()
     second, ex_second = make(tmp_path, "resumed", 9)
-    second.strategy.min_trials = 100
+    no_early_stop(second)
     second.run()
     resumed = ex_first.ran + ex_second.ran
     assert [canonical_key(p) for p in resumed] == [canonical_key(p) for p in ex_straight.ran]
@@ -180,10 +186,12 @@ def test_a_strategy_can_be_passed_in(tmp_path: Path) -> None:
     space = load_space(space_file, backend="fake")
     sweep = DeepSpeedSweep(
         space,
-        base=space.defaults(),
-        stage_knob="zero_stage",
-        stages=(0, 2, 3),
-        batch_knob="per_device_train_batch_size",
+        settings=SweepSettings(
+            base=space.defaults(),
+            stage_knob="zero_stage",
+            stages=(0, 2, 3),
+            batch_knob="per_device_train_batch_size",
+        ),
     )
     study, ex = make(tmp_path, "sweep", 30, strategy=sweep)
     outcome = study.run()
@@ -199,7 +207,9 @@ def test_a_strategy_can_be_passed_in(tmp_path: Path) -> None:
 def test_comparison_kinds_run_through_the_same_loop(tmp_path: Path, search: str) -> None:
     study, ex = make(tmp_path, search, 6)
     study.cfg = study.cfg.__class__(**{**study.cfg.__dict__, "search": search})
-    study.strategy = study.strategy.__class__(study.space, search, seed=1, feasible=study._cheap_feasible)
+    study.strategy = build_strategy(
+        search, study.space, Collaborators(feasible=study.screen.cheap_feasible), seed=1
+    )
     outcome = study.run()
     keys = [canonical_key(p) for p in ex.ran]
     assert len(keys) == len(set(keys)) == outcome.trials_run == 6
@@ -211,7 +221,7 @@ def test_refinement_moves_change_one_or_two_knobs_of_the_best_trial_and_never_a_
     from autotune.strategy import infer_infeasible
 
     study, _ = make(tmp_path, "refine", 16)
-    study.strategy.min_trials = 100  # run the whole budget
+    no_early_stop(study)  # run the whole budget
     outcome = study.run()
     results = sorted(outcome.results, key=lambda r: r.number)
     assert results[0].choice == {"mode": "baseline"}

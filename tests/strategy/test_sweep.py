@@ -9,7 +9,7 @@ import pytest
 
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
 from autotune.space import SearchSpace, load_space
-from autotune.strategy import DeepSpeedSweep
+from autotune.strategy import Collaborators, DeepSpeedSweep, Pending, Proposal, SweepSettings
 
 SPACE = """
 knobs:
@@ -30,9 +30,17 @@ def space(tmp_path: Path) -> SearchSpace:
 BATCH = "per_device_train_batch_size"
 
 
+def sweep_of(space: SearchSpace, feasible: Any = None, **settings: Any) -> DeepSpeedSweep:
+    collab = Collaborators(feasible=feasible) if feasible is not None else None
+    return DeepSpeedSweep(space, collab, settings=SweepSettings(batch_knob=BATCH, **settings))
+
+
 def run(sweep: DeepSpeedSweep, truth: Any, limit: int = 30) -> list[TrialResult]:
     history: list[TrialResult] = []
-    while len(history) < limit and (p := sweep.propose(history, set())) is not None:
+    while len(history) < limit and isinstance(
+        proposal := sweep.propose(history, Pending.of(history)), Proposal
+    ):
+        p = proposal.params
         status, tp = truth(p)
         steady = (
             SteadyEstimate(step_time_s=1.0, rel_ci95=0.01, steady_steps=4, warmup_steps=1, throughput=tp)
@@ -56,9 +64,7 @@ def test_stage_by_stage_batch_up_to_the_first_oom(space: SearchSpace) -> None:
             return TrialStatus.OOM, None
         return TrialStatus.COMPLETE, b * (1.0 if z < 3 else 0.9)
 
-    sweep = DeepSpeedSweep(
-        space, base={"use_vllm": False}, stage_knob="zero_stage", stages=(0, 2, 3), batch_knob=BATCH
-    )
+    sweep = sweep_of(space, base={"use_vllm": False}, stage_knob="zero_stage", stages=(0, 2, 3))
     history = run(sweep, truth)
     tried = [(r.params["zero_stage"], r.params["per_device_train_batch_size"], r.status) for r in history]
     assert tried == [
@@ -71,7 +77,8 @@ def test_stage_by_stage_batch_up_to_the_first_oom(space: SearchSpace) -> None:
     # every other knob stays at the baseline; offload stays at its default
     assert all(r.params["use_vllm"] is False for r in history)
     assert all(r.params.get("offload_optimizer", False) is False for r in history)
-    assert sweep.converged(history, 10) is not None and sweep.propose(history, set()) is None
+    assert sweep.converged(history, Pending.of(history, 10)) is not None
+    assert sweep.propose(history, Pending.of(history)) is None
 
 
 def test_a_slower_stage_ends_the_sweep(space: SearchSpace) -> None:
@@ -81,18 +88,14 @@ def test_a_slower_stage_ends_the_sweep(space: SearchSpace) -> None:
             return TrialStatus.OOM, None
         return TrialStatus.COMPLETE, b * (1.0 if z == 0 else 0.5)
 
-    history = run(
-        DeepSpeedSweep(space, base={}, stage_knob="zero_stage", stages=(0, 2, 3), batch_knob=BATCH), truth
-    )
+    history = run(sweep_of(space, stage_knob="zero_stage", stages=(0, 2, 3)), truth)
     assert {r.params["zero_stage"] for r in history} == {0, 2}  # stage 2 was slower: stage 3 never runs
 
 
 def test_a_stage_predicted_not_to_fit_is_skipped(space: SearchSpace) -> None:
     feasible = lambda p: p["zero_stage"] != 0 or p["per_device_train_batch_size"] <= 2  # noqa: E731
     history = run(
-        DeepSpeedSweep(
-            space, base={}, stage_knob="zero_stage", stages=(0, 2), feasible=feasible, batch_knob=BATCH
-        ),
+        sweep_of(space, feasible, stage_knob="zero_stage", stages=(0, 2)),
         lambda p: (TrialStatus.COMPLETE, float(p["per_device_train_batch_size"])),
     )
     assert [(r.params["zero_stage"], r.params["per_device_train_batch_size"]) for r in history][:3] == [
@@ -112,9 +115,7 @@ def test_an_unhealthy_run_does_not_stop_the_sweep_but_is_never_its_best(space: S
             return TrialStatus.UNHEALTHY, 9.0  # fast, but useless
         return TrialStatus.COMPLETE, float(b) * {2: 1.0, 3: 1.5, 0: 0.5}[z]
 
-    history = run(
-        DeepSpeedSweep(space, base={}, stage_knob="zero_stage", stages=(2, 3, 0), batch_knob=BATCH), truth
-    )
+    history = run(sweep_of(space, stage_knob="zero_stage", stages=(2, 3, 0)), truth)
     stage2 = [
         (r.params["per_device_train_batch_size"], r.status) for r in history if r.params["zero_stage"] == 2
     ]
