@@ -81,7 +81,7 @@ def points_from_results(
 
     points = []
     for r in results:
-        if r.status is TrialStatus.PRUNED:
+        if r.status is TrialStatus.PRUNED and not r.steps:  # never launched: nothing was measured
             continue
         raw = MemoryEstimate.from_dict(r.estimate).scaled(1.0).to_dict() if r.estimate else None
         peak = max((p for p in r.peak_mem_bytes if p is not None), default=None)

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 TABLE_VERSION = 1
-COMPLETE, OOM = TrialStatus.COMPLETE.value, TrialStatus.OOM.value
+OOM = TrialStatus.OOM.value
 
 
 @dataclass(frozen=True)
@@ -165,13 +165,15 @@ def build_table(
     """The table of these points: their memory correction, step-time ratio and OOM verdict."""
     cal = Calibration()
     for p in points:
-        # a trial sized to run out of memory on purpose is not evidence of the estimate's error
-        if p.estimate is None or p.expected_oom or p.status not in (COMPLETE, OOM):
+        # a trial sized to run out of memory on purpose is not evidence of the estimate's error; any
+        # other that ran out of memory or left a measured peak is (one stopped as slower included)
+        oom = p.status == OOM
+        if p.estimate is None or p.expected_oom or (not oom and p.measured_peak_bytes is None):
             continue
         cal.observe(
             MemoryEstimate.from_dict(p.estimate),
-            None if p.status == OOM else p.measured_peak_bytes,
-            p.status == OOM,
+            None if oom else p.measured_peak_bytes,
+            oom,
             trial=p.trial,
         )
     ratios = [r for p in points if not p.expected_oom and (r := p.step_ratio) is not None]

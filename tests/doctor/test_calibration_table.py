@@ -160,3 +160,17 @@ def test_calibrate_on_a_cpu_machine_says_it_needs_a_gpu(tmp_path: Path) -> None:
     assert finding.status is Status.WARN and "needs a GPU" in finding.detail
     assert "GPU host" in finding.fix
     assert list(tmp_path.iterdir()) == []  # nothing was run or written
+
+
+def test_a_trial_stopped_as_slower_still_counts_and_one_never_launched_does_not() -> None:
+    ran = _recorded(3, 4, measured_ratio=1.0, step_s=2.5).model_copy(
+        update={"status": TrialStatus.PRUNED, "steps": 4, "reason": "pruned: clearly below the best"}
+    )
+    never = _recorded(4, 64, measured_ratio=None, step_s=None).model_copy(
+        update={"status": TrialStatus.PRUNED, "steps": 0, "reason": "not launched: predicted not to fit"}
+    )
+    points = points_from_results([ran, never], predict_step_s=_predict)
+    assert [(p.trial, p.status, p.measured_step_s) for p in points] == [(3, "PRUNED", 2.5)]
+    # a slower trial's peak is evidence of the memory estimate like any other
+    memory = build_table(H100, "m", 1, points, "t").calibration()
+    assert [o.trial for o in memory.observations] == [3] and memory.factor == pytest.approx(1.0, rel=1e-3)
