@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the tests need from scratch and runs them.
-#   .venv        autotune + TRL + DeepSpeed (CPU) + dev tools
+#   .venv        autotune + TRL + DeepSpeed (CPU) + the trackers' clients (--report-to) + dev tools
 #   .venv-swift  autotune + ms-swift (it pins its own trl/transformers, so it gets its own environment)
 #   .venv-verl   verl's config files + hydra, to compose exported overrides (no training)
 # Chromium (Debian) renders report.html in the report tests.
@@ -18,7 +18,7 @@ fi
 setup_main() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e '.[trl,deepspeed,dev,postgres]'
+  .venv/bin/pip install -q -e '.[trl,deepspeed,dev,postgres,tensorboard,wandb,mlflow]'
 }
 setup_swift() {
   [ -x .venv-swift/bin/python ] || "$PY" -m venv .venv-swift

@@ -78,7 +78,8 @@ def plan(model: str, **options: Any) -> Any:
 
 
 def _options(cls: Any, options: dict[str, Any], what: str) -> dict[str, Any]:
-    """``options`` checked against the request's fields (a list of pins or knobs becomes a tuple)."""
+    """``options`` checked against the request's fields (a list of pins, knobs, trackers or secret names
+    becomes a tuple)."""
     known = {f.name for f in fields(cls)} - {"command", "model" if what == "plan" else ""}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -86,7 +87,7 @@ def _options(cls: Any, options: dict[str, Any], what: str) -> dict[str, Any]:
             f"autotune.{what}() has no option {unknown[0]!r}", hint=f"Options: {', '.join(sorted(known))}"
         )
     out = dict(options)
-    for key in ("pins", "knobs"):
+    for key in ("pins", "knobs", "report_to", "secret_args"):
         if key in out:
             out[key] = (out[key],) if isinstance(out[key], str) else tuple(out[key])
     return out

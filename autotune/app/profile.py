@@ -21,6 +21,7 @@ from typing import TextIO
 from autotune.backends._base import OpenPhase, StepParser
 from autotune.errors import UsageError
 from autotune.records import Hardware, LaunchPlan, StepMetrics, TrialResult
+from autotune.trial.live import LiveGpus
 
 __all__ = ["AnyFormatParser", "EchoParser", "ProfileOutcome", "ProfileRequest", "run_profile"]
 
@@ -109,13 +110,15 @@ class ProfileRequest:
     hang_floor_s: float = 1800.0
     hang_k: float = 20.0
     secret_args: tuple[str, ...] = ()
+    report_to: tuple[str, ...] = ()
 
 
-def run_profile(req: ProfileRequest, echo: bool = True) -> ProfileOutcome:
+def run_profile(req: ProfileRequest, live: LiveGpus | None = None, echo: bool = True) -> ProfileOutcome:
     """Run the command under the probes; write the run's files, ``profile.json`` and the report.
 
     Args:
         req: what to run and how.
+        live: a board the live view reads the run's GPUs from (:mod:`autotune.trial.live`), or None.
         echo: show the command's output live (the CLI); its logs are recorded either way.
     """
     from autotune.backends._loglines import TrainerLogParser
@@ -132,6 +135,9 @@ def run_profile(req: ProfileRequest, echo: bool = True) -> ProfileOutcome:
         raise UsageError(
             "autotune profile needs a command after --", hint="e.g. autotune profile -- python train.py"
         )
+    from autotune.app.tracking import ProfileTracking
+
+    tracking = ProfileTracking(req.report_to, req.out)  # a missing tracker package: before anything runs
     ensure_writable(req.out)
     files = TrialDir(req.out)
     if files.profile_json.exists() or files.result_json.exists():
@@ -143,6 +149,7 @@ def run_profile(req: ProfileRequest, echo: bool = True) -> ProfileOutcome:
         "AUTOTUNE_PHASES_FILE": str(files.phases_jsonl.resolve()),
         "AUTOTUNE_METRICS_FILE": str(metrics.resolve()),
         "VERL_FILE_LOGGER_PATH": str((req.out / _VERL_METRICS).resolve()),
+        **tracking.env(),
     }
     if req.hardware.gpus and req.hardware.visible:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
@@ -175,17 +182,23 @@ def run_profile(req: ProfileRequest, echo: bool = True) -> ProfileOutcome:
         "started_wall_s": time.time(),
     }
     write_json_atomic(files.profile_json, header)
-    record = run_trial(
-        plan,
-        parser,
-        req.out,
-        global_batch=req.global_batch or 1,
-        watchdog=watchdog,
-        early_stop=EarlyStopConfig(enabled=False),
-        samplers=make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
-        stop_event=threading.Event(),
-        secrets=secrets,
-    )
+    samplers = make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s))
+    watched = live.open("profile", parser.open_phase) if live is not None else None
+    try:
+        record = run_trial(
+            plan,
+            parser,
+            req.out,
+            global_batch=req.global_batch or 1,
+            watchdog=watchdog,
+            early_stop=EarlyStopConfig(enabled=False),
+            samplers=watched.samplers(samplers) if watched is not None else samplers,
+            stop_event=threading.Event(),
+            secrets=secrets,
+        )
+    finally:
+        if watched is not None:
+            watched.close()
     steps = list(record.steps)
     batch = req.global_batch or next((s.samples for s in steps if s.samples), None)
     steady = steady_estimate(steps, batch) if batch else None
@@ -218,6 +231,7 @@ def run_profile(req: ProfileRequest, echo: bool = True) -> ProfileOutcome:
         gpu_seconds=record.duration_s * max(1, len(req.hardware.gpus)),
     )
     write_json_atomic(files.result_json, result.model_dump(mode="json"))
+    tracking.log(result)
     write_json_atomic(
         files.profile_json,
         {

@@ -20,9 +20,11 @@ from typing import Any, Protocol
 from rich.console import Console
 
 from autotune.app.durations import format_duration, parse_duration_s
+from autotune.app.tracking import trackers_for, tracking_view
 from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_TO_RECOMMEND, EXIT_OK, UsageError
 from autotune.study.loop import NullView, StudyView
 from autotune.studydir import StudyDir
+from autotune.trial.live import LiveGpus
 
 __all__ = ["SearchRequest", "SearchSummary", "run_search", "search_study", "collect_versions"]
 
@@ -71,6 +73,8 @@ class SearchRequest:
     pins: tuple[str, ...] = ()
     # how the study was asked for, for study.json and "resume with:" (default: this process's argv)
     command_line: str | None = None
+    # --report-to: experiment trackers (autotune.trackers.TRACKERS) the trials and the study log to
+    report_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             hint="An interval needs two runs of each configuration: use --confirm-runs 2, or 0 to skip",
         )
     _check_workers(req)
+    trackers = trackers_for(req.report_to)
     backend = backend_class(req.backend).from_cli(
         command=req.command, space=req.space, metrics_file=req.metrics_file, executable=req.executable
     )
@@ -328,6 +333,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
             watchdog=watchdog,
             time_budget_s=time_budget_s,
             semantics=semantics,
+            trackers=trackers,
         ),
         view if view is not None else _QuietView(),
     )
@@ -339,6 +345,9 @@ class ClosingView(StudyView, Protocol):
     def use_labels(self, labels: Mapping[str, str]) -> None:
         """Short knob names (from the search space) to show instead of the framework's long ones."""
 
+    def gpu_board(self) -> LiveGpus | None:
+        """Where the executors put the running trials' GPUs for the view (None: not shown)."""
+
     def close(self) -> None: ...
 
 
@@ -347,6 +356,9 @@ class _QuietView(NullView):
 
     def use_labels(self, labels: Mapping[str, str]) -> None:
         pass
+
+    def gpu_board(self) -> LiveGpus | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -367,6 +379,7 @@ class _Prepared:
     watchdog: Any
     time_budget_s: float | None
     semantics: Any  # autotune.jobsemantics.JobSemantics
+    trackers: Any = None  # autotune.trackers.Trackers (--report-to), or None
 
 
 def job_semantics(
@@ -519,6 +532,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
     beta = backend.describe(space.defaults(), {}, _job(req, fixed_args), len(cfg.hardware.gpus)).beta
+    view = tracking_view(view, prep.trackers, out, tuple(k.name for k in space.knobs))
     view.use_labels({k.name: k.short for k in space.knobs})
 
     def worker(slot: int, gpus: tuple[Any, ...]) -> Study:
@@ -533,6 +547,8 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
             stop_event=stop_event,
             beta=beta,
             secrets=secrets,
+            live=view.gpu_board(),
+            trackers=prep.trackers,
         )
         return Study(
             dataclasses.replace(cfg, hardware=hw, worker_slot=slot if len(slices) > 1 else None),

@@ -74,6 +74,11 @@ class TrialContext:
         master_port: a free TCP port for torch.distributed.
         dataset: a dataset path the user named, or None for autotune's generated prompts.
         seed: training seed, the same for every trial.
+        report_to: the experiment trackers the framework reports to (``--report-to``: ``tensorboard``,
+            ``wandb``, ``mlflow``, the names the Trainer's ``report_to`` and verl's ``trainer.logger``
+            share); empty: none.
+        run_name: the framework's run name in those trackers (``<study>-trial-<n>``).
+        project: the trackers' project (the study's name; verl's ``trainer.project_name``).
     """
 
     study_dir: Path
@@ -88,6 +93,9 @@ class TrialContext:
     master_port: int = 29500
     dataset: str | None = None
     seed: int = 0
+    report_to: tuple[str, ...] = ()
+    run_name: str = ""
+    project: str = ""
 
     @property
     def cpu_only(self) -> bool:

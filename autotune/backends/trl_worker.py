@@ -307,5 +307,24 @@ def _exit_at_once(code: int) -> None:
     os._exit(code)
 
 
+def _fail_at_once() -> None:
+    """Print the exception the run raised as Python would (the traceback is the failure text the runner
+    classifies: TRL's ValueError, a CUDA OOM) and exit 1 at once: tearing down an interpreter that has
+    torch, transformers and the trackers TRL imports takes seconds, a failed trial's seconds for nothing,
+    past the runner's grace after a fatal line on a loaded host."""
+    import traceback
+
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 if __name__ == "__main__":
-    _exit_at_once(main())
+    try:
+        code = main()
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:  # noqa: BLE001 - printed as Python would, then the process ends at once
+        _fail_at_once()
+    _exit_at_once(code)

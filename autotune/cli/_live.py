@@ -1,4 +1,5 @@
-"""The live view of a study: a table of trials and an overall progress bar with an ETA (rich)."""
+"""The live view of a study: a table of trials, the running trials' GPUs and an overall progress bar
+with an ETA that counts the re-measurement runs (rich)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autotune.cli._gpus import GpuPanel
 from autotune.records import TrialResult, TrialStatus
+from autotune.trial.live import LiveGpus
 
 __all__ = ["RichView", "short_params"]
 
@@ -47,14 +50,21 @@ def short_params(params: Mapping[str, Any], limit: int = 6, labels: Mapping[str,
 
 
 class RichView:
-    """Renders the study live on a terminal; prints one line per trial elsewhere (CI logs)."""
+    """Renders the study live on a terminal; prints one line per trial elsewhere (CI logs).
 
-    def __init__(self, console: Console) -> None:
+    Args:
+        console: where it draws.
+        gpu_lines_every_s: without a terminal, seconds between two lines of each running trial's GPUs.
+    """
+
+    def __init__(self, console: Console, gpu_lines_every_s: float = 30.0) -> None:
         self.console = console
+        self.gpus = GpuPanel(console, LiveGpus(), every_s=gpu_lines_every_s)
+        self.remeasure_runs = 0
         self.rows: dict[int, dict[str, Any]] = {}
         self.live: Live | None = None
         self.progress = Progress(
-            TextColumn("trials"),
+            TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -70,12 +80,44 @@ class RichView:
         """Short names of the knobs (from the search space), for the table and the trial lines."""
         self.labels = dict(labels)
 
+    def gpu_board(self) -> LiveGpus:
+        """The board the executors put their running trials' GPUs on."""
+        return self.gpus.board
+
     # StudyView protocol ---------------------------------------------------------------------
     def study_started(self, cfg: Any, done: int, budget: int) -> None:
-        self.progress.update(self.task, total=max(budget, done), completed=done)
+        # the winner and the baseline are re-measured (--confirm-runs) after the trials: the ETA
+        # counts those runs from the start (runners-up, when there are any, once they are known)
+        self.remeasure_runs = 2 * max(0, int(getattr(cfg, "confirm_runs", 0) or 0))
+        self._retotal(max(budget, done), done)
         if self.console.is_terminal and self.live is None:  # workers of one process share one view
-            self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self.live = Live(
+                console=self.console, refresh_per_second=4, transient=False, get_renderable=self._render
+            )
             self.live.start()
+        elif self.live is None:
+            self.gpus.start()
+            if self.remeasure_runs:
+                self.console.print(
+                    f"the ETA counts {self.remeasure_runs} re-measurement runs after the trials (--confirm-runs)",
+                    markup=False,
+                    highlight=False,
+                )
+
+    def remeasure_started(self, runs: int) -> None:
+        done = int(next(t.completed for t in self.progress.tasks if t.id == self.task))
+        self.remeasure_runs = runs
+        self._retotal(done, done)
+
+    def remeasure_ran(self) -> None:
+        self.progress.advance(self.task)
+        self._refresh()
+
+    def _retotal(self, trials: int, done: int) -> None:
+        extra = f" + {self.remeasure_runs} re-measurement runs" if self.remeasure_runs else ""
+        self.progress.update(
+            self.task, description=f"trials{extra}", total=trials + self.remeasure_runs, completed=done
+        )
 
     def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None:
         self.rows[number] = {
@@ -112,8 +154,9 @@ class RichView:
             "step": result.steps,
             "baseline": result.is_baseline,
             "reason": result.reason,
+            "counted": result.steps > 0 or result.status is not TrialStatus.PRUNED,
         }
-        if result.steps > 0 or result.status is not TrialStatus.PRUNED:
+        if self.rows[result.number]["counted"]:
             self.progress.advance(self.task)
         if self.live is None:
             tp = f"{result.throughput:.3g} completions/s" if result.throughput else "—"
@@ -128,15 +171,16 @@ class RichView:
         self.console.print(f"note: {text}", markup=False, highlight=False, style="yellow")
 
     def close(self) -> None:
+        self.gpus.stop()
         if self.live is not None:
-            self.live.update(self._render())
+            self.live.refresh()
             self.live.stop()
             self.live = None
 
     # rendering -------------------------------------------------------------------------------
     def _refresh(self) -> None:
         if self.live is not None:
-            self.live.update(self._render())
+            self.live.refresh()
 
     def _render(self) -> Group:
         table = Table("#", "knobs", "status", "steps", "completions/s", "peak mem", expand=False)
@@ -155,4 +199,5 @@ class RichView:
                 tp,
                 mem,
             )
-        return Group(table, self.progress)
+        gpus = self.gpus.table()
+        return Group(table, gpus, self.progress) if gpus is not None else Group(table, self.progress)

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from autotune.trackers import TRACKERS, trackers_help
+
 HELP = """Run one training command under the GPU and host probes (no search) and write its timeline,
 phase breakdown and a report with the same charts and diagnosis as a study.
 
@@ -50,6 +52,9 @@ def register(app: typer.Typer) -> None:
                 help="An argument name whose value is a secret (repeatable): never written to a file.",
             ),
         ] = None,
+        report_to: Annotated[
+            list[str] | None, typer.Option("--report-to", help=trackers_help(TRACKERS), show_default=False)
+        ] = None,
     ) -> None:
         import time
         from pathlib import Path
@@ -75,8 +80,16 @@ def register(app: typer.Typer) -> None:
             hang_floor_s=parse_duration_s(hang_floor, flag="--hang-floor"),
             startup_timeout_s=parse_duration_s(startup_timeout, flag="--startup-timeout"),
             secret_args=tuple(secret_arg or ()),
+            report_to=tuple(report_to or ()),
         )
-        outcome = run_profile(req)
+        import contextlib
+
+        from autotune.cli._console import console
+        from autotune.cli._gpus import watching_gpus
+
+        sampled = req.hardware.visible and bool(req.hardware.gpus)  # a CPU run has no GPU rows
+        with watching_gpus(console) if sampled else contextlib.nullcontext() as board:
+            outcome = run_profile(req, live=board)
         say(outcome.summary)
         say(f"report: {outcome.html}  {outcome.markdown}")
         raise typer.Exit(outcome.exit_code)

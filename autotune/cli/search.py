@@ -8,6 +8,7 @@ import typer
 
 from autotune.backends import BACKENDS
 from autotune.strategy import search_help
+from autotune.trackers import TRACKERS, trackers_help
 
 HELP = """Run short real GRPO trials over a search space and recommend the fastest configuration that
 neither OOMs, hangs nor breaks training on the GPUs detected (or on the CPU with a tiny model).
@@ -201,6 +202,9 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--json", help="Print the final summary as JSON on stdout (the rest on stderr)."),
         ] = False,
+        report_to: Annotated[
+            list[str] | None, typer.Option("--report-to", help=trackers_help(TRACKERS), show_default=False)
+        ] = None,
     ) -> None:
         import json
 
@@ -242,6 +246,7 @@ def register(app: typer.Typer) -> None:
             confirm_runs=confirm_runs,
             secret_args=tuple(secret_arg or ()),
             pins=tuple(pin or ()),
+            report_to=tuple(report_to or ()),
         )
         shown = err_console if as_json else console
         summary = search_study(request, shown, RichView(shown))

@@ -116,7 +116,7 @@ class Asker(StudyPart):
             return None
         trial.set_user_attr("duplicate_of", twin.number if twin else -1)
         if twin is not None and twin.status is not TrialStatus.INTERRUPTED:
-            tell(loop.study, trial, twin, self.dir)
+            tell(loop.study, trial, twin, self.dir)  # a twin never reported: nothing of its own to keep
         else:
             loop.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         loop.duplicates += 1

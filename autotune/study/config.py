@@ -127,6 +127,11 @@ class StudyView(Protocol):
     def trial_step(self, number: int, step: int, throughput: float | None) -> None: ...
     def trial_finished(self, result: TrialResult) -> None: ...
     def notice(self, text: str) -> None: ...
+    def remeasure_started(self, runs: int) -> None:
+        """The re-measurement after the search begins: ``runs`` runs in all (those on disk included)."""
+
+    def remeasure_ran(self) -> None:
+        """One re-measurement run ended (or was found finished on disk)."""
 
 
 class NullView:
@@ -145,6 +150,12 @@ class NullView:
         pass
 
     def notice(self, text: str) -> None:
+        pass
+
+    def remeasure_started(self, runs: int) -> None:
+        pass
+
+    def remeasure_ran(self) -> None:
         pass
 
 

@@ -151,6 +151,7 @@ class Confirmer:
         interrupted: True once the user asked the study to stop.
         reaper: ends a run's process group left by a killed autotune (given the run's directory).
         notice: one line for the live view.
+        ran: called once per run that ended or was found finished on disk (the live view's ETA).
     """
 
     study_dir: StudyDir
@@ -159,6 +160,7 @@ class Confirmer:
     interrupted: Callable[[], bool] = lambda: False
     reaper: Callable[[Path], str | None] | None = None
     notice: Callable[[str], None] = lambda text: None
+    ran: Callable[[], None] = lambda: None
 
     def run(self, tasks: Sequence[ConfirmTask]) -> tuple[list[ConfirmRun], str | None, bool]:
         """Run (or take from disk) every task in order.
@@ -172,6 +174,7 @@ class Confirmer:
             done = self._stored(task)
             if done is not None:
                 runs.append(to_run(task, done))
+                self.ran()
                 continue
             if self.interrupted():
                 return runs, "stopped by the user", True
@@ -180,6 +183,7 @@ class Confirmer:
                 return runs, "the time budget ran out", False
             result = self._run(task, left)
             runs.append(to_run(task, result))
+            self.ran()
             if result.status is TrialStatus.INTERRUPTED:
                 if self.interrupted():
                     return runs, "stopped by the user", True

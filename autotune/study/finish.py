@@ -9,6 +9,7 @@ from pathlib import Path
 from autotune.records import Confirmation, TrialResult, TrialSpec, TrialStatus
 from autotune.study.config import StudyOutcome, free_port
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
+from autotune.study.optuna_view import MachineAttrs
 from autotune.study.prescreen import Prescreen
 from autotune.study.recommend import Recommendation, recommend
 from autotune.study.state import LoopState, Stop, StudyPart, StudyState
@@ -67,7 +68,7 @@ class Finisher(StudyPart):
             settings["calibration"] = self.memory_gate.state()
         self.dir.write_settings(settings)
         if final:
-            loop.study.set_user_attr("settings", settings)
+            MachineAttrs(loop.study).set("settings", settings)
         return StudyOutcome(
             results=results,
             recommendation=rec,
@@ -100,7 +101,9 @@ class Finisher(StudyPart):
             interrupted=self.interrupted,
             reaper=self.reaper,
             notice=self.view.notice,
+            ran=self.view.remeasure_ran,
         )
+        self.view.remeasure_started(len(tasks))
         compared = ", ".join(f"trial {t.trial}" for t in tasks if t.round == 1)
         self.view.notice(f"re-measuring {compared}: {n} interleaved run(s) of each")
         runs, note, interrupted = runner.run(tasks)

@@ -53,6 +53,7 @@ from autotune.study.config import (
 from autotune.study.finish import Finisher
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
+from autotune.study.optuna_view import MachineAttrs, shown_attrs
 from autotune.study.prescreen import Prescreen
 from autotune.study.state import LoopState, Stop, StudyPart, StudyState
 from autotune.study.storage import Heartbeat, Worker, grace_s, open_storage, storage_error
@@ -254,13 +255,16 @@ class Study(StudyPart):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([METRIC_NAME])
+        machine = MachineAttrs(study)
         for key, value in self._study_attrs().items():
+            machine.set(key, value)
+        for key, value in self._shown_attrs().items():
             study.set_user_attr(key, value)
         return study
 
     def _check_same_definition(self, study: optuna.Study, url: str) -> None:
         """A study name already in the storage must hold the same study (its identity attribute)."""
-        stored = study.user_attrs.get("identity")
+        stored = MachineAttrs(study).get("identity")
         if not isinstance(stored, dict):
             return
         differences = identity_differences(stored, self.identity())
@@ -271,8 +275,20 @@ class Study(StudyPart):
                 hint="Join it with the same arguments as its other workers, or choose another --study-name",
             )
 
+    def _shown_attrs(self) -> dict[str, str]:
+        """What Optuna's tools show about the study (:func:`~autotune.study.optuna_view.shown_attrs`)."""
+        gpus = self.cfg.hardware.gpus
+        names = sorted({g.name for g in gpus})
+        shown = f"{len(gpus)}x {' / '.join(names)}" if gpus else "cpu"
+        return shown_attrs(
+            backend=self.cfg.backend,
+            model=self.cfg.model.name,
+            gpus=shown,
+            settings_path=str(self.dir.root / StudyDir.SETTINGS),
+        )
+
     def _study_attrs(self) -> dict[str, Any]:
-        """What Optuna's tools show about the study: hardware, model, backend and versions."""
+        """What autotune reads back about the study: hardware, model, backend, versions, identity."""
         c = self.cfg
         return {
             "backend": c.backend,
@@ -339,8 +355,9 @@ class Study(StudyPart):
         study = self._open()  # a storage that cannot be opened leaves the study directory as it was
         self.dir.own_dir(self.dir.trials_dir)
         self.dir.write_settings(settings)
-        if "settings" not in study.user_attrs:  # what `autotune report --storage` shows before the end
-            study.set_user_attr("settings", settings)
+        machine = MachineAttrs(study)
+        if machine.get("settings") is None:  # what `autotune report --storage` shows before the end
+            machine.set("settings", settings)
         for r in self.dir.results():
             self._results[r.number] = r
         for r in self._results.values():
@@ -486,7 +503,7 @@ class Study(StudyPart):
             loop.visited.discard(key)  # an interrupted trial says nothing: its configuration may run again
         self._learn(result)
         try:
-            tell(loop.study, trial, result, self.dir)
+            tell(loop.study, trial, result, self.dir, self.pruner.reports)
         except optuna.exceptions.UpdateFinishedTrialError:
             # another worker took this one for dead (its heartbeat lapsed: a stalled host or database)
             # and queued its configuration again; the result stays in the study directory
@@ -546,7 +563,7 @@ class Study(StudyPart):
             if throughput is None or is_baseline:
                 return None
             try:
-                trial.report(optimistic, step)
+                self.pruner.reports.report(trial, step, throughput, optimistic)
             except optuna.exceptions.UpdateFinishedTrialError:  # failed by another worker: see _record
                 return None
             if trial.should_prune():

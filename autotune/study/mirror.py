@@ -21,6 +21,7 @@ import optuna
 from autotune.errors import UsageError
 from autotune.records import TrialResult, TrialStatus
 from autotune.secrets import SecretRule
+from autotune.study.optuna_view import MachineAttrs
 from autotune.study.storage import open_storage, workers_of
 from autotune.studydir import StudyDir, ensure_writable, write_json_atomic, write_text_atomic
 
@@ -59,7 +60,7 @@ def pull(url: str, study_name: str, directory: Path, secrets: SecretRule | None 
             f"no study named {study_name!r} in {rule.redact_url(url)}",
             hint=f"Pass one of its studies with --study-name: {', '.join(names) or 'it holds none'}",
         ) from None
-    settings = study.user_attrs.get("settings")
+    settings = MachineAttrs(study).get("settings")
     if not isinstance(settings, dict):
         raise UsageError(
             f"the study {study_name!r} in {rule.redact_url(url)} was not written by autotune search",

@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import UsageError
 from autotune.secrets import SecretRule
+from autotune.study.optuna_view import MachineAttrs
 
 __all__ = [
     "HEARTBEAT_ENV",
@@ -281,7 +282,7 @@ class Heartbeat:
         if trial_id is not None and record_heartbeat is not None:
             record_heartbeat(trial_id)
         record = {**self._worker.to_dict(), "started_wall_s": self.started_wall_s, "seen_wall_s": time.time()}
-        self._study.set_user_attr(_WORKER_ATTR + self._worker.name, record)
+        MachineAttrs(self._study).set(_WORKER_ATTR + self._worker.name, record)
 
     def _run(self) -> None:
         while not self._stop.wait(heartbeat_s()):
@@ -302,17 +303,16 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
-            record = self._study.user_attrs.get(_WORKER_ATTR + self._worker.name) or {}
-            self._study.set_user_attr(
-                _WORKER_ATTR + self._worker.name, {**record, "ended_wall_s": time.time()}
-            )
+            machine = MachineAttrs(self._study)
+            record = machine.get(_WORKER_ATTR + self._worker.name) or {}
+            machine.set(_WORKER_ATTR + self._worker.name, {**record, "ended_wall_s": time.time()})
 
 
 def live_workers(study: optuna.Study, now_wall_s: float | None = None) -> list[dict[str, Any]]:
     """The workers of a study seen within the grace period and not ended, oldest first."""
     now = time.time() if now_wall_s is None else now_wall_s
     out = []
-    for key, rec in study.user_attrs.items():
+    for key, rec in MachineAttrs(study).items():
         if not key.startswith(_WORKER_ATTR) or not isinstance(rec, dict) or rec.get("ended_wall_s"):
             continue
         if now - float(rec.get("seen_wall_s") or 0) <= grace_s():
@@ -322,5 +322,5 @@ def live_workers(study: optuna.Study, now_wall_s: float | None = None) -> list[d
 
 def workers_of(study: optuna.Study) -> list[dict[str, Any]]:
     """Every worker that ever joined the study, oldest first."""
-    recs = [r for k, r in study.user_attrs.items() if k.startswith(_WORKER_ATTR) and isinstance(r, dict)]
+    recs = [r for k, r in MachineAttrs(study).items() if k.startswith(_WORKER_ATTR) and isinstance(r, dict)]
     return sorted(recs, key=lambda r: float(r.get("started_wall_s") or 0))

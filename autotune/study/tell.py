@@ -11,6 +11,7 @@ import optuna
 
 from autotune.records import TrialResult, TrialStatus
 from autotune.space import canonical_key
+from autotune.study.optuna_view import MeasuredReports
 from autotune.studydir import StudyDir
 
 __all__ = [
@@ -34,14 +35,18 @@ METRIC_NAME = "completions_per_s"
 class SlowerThanBest(optuna.pruners.BasePruner):
     """Prune a trial whose optimistic throughput is clearly below the best completed trial.
 
-    The study reports ``throughput × (1 + rel_ci95)`` (the optimistic end of the estimate) after every
-    steady step; the trial is pruned once it has ``min_reports`` reports and that value is below
-    ``best × (1 − margin)``. The baseline is never pruned (its throughput defines the speedup).
+    The study reports the measured throughput after every steady step and hands the pruner
+    ``throughput × (1 + rel_ci95)`` (the optimistic end of the estimate) beside it (``reports``); the
+    trial is pruned once it has ``min_reports`` reports and that bound is below ``best × (1 − margin)``.
+    The baseline is never pruned (its throughput defines the speedup).
     """
 
-    def __init__(self, margin: float = 0.15, min_reports: int = 3) -> None:
+    def __init__(
+        self, margin: float = 0.15, min_reports: int = 3, reports: MeasuredReports | None = None
+    ) -> None:
         self.margin = margin
         self.min_reports = min_reports
+        self.reports = reports or MeasuredReports()
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if trial.user_attrs.get("is_baseline") or len(trial.intermediate_values) < self.min_reports:
@@ -56,11 +61,19 @@ class SlowerThanBest(optuna.pruners.BasePruner):
         )
         if best is None:
             return False
-        last = trial.intermediate_values[max(trial.intermediate_values)]
-        return last < best * (1 - self.margin)
+        bound = self.reports.bound(trial.number)
+        if bound is None:  # reported by another process: its measured value is all there is
+            bound = trial.intermediate_values[max(trial.intermediate_values)]
+        return bound < best * (1 - self.margin)
 
 
-def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, study_dir: StudyDir) -> None:
+def tell(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: TrialResult,
+    study_dir: StudyDir,
+    reports: MeasuredReports | None = None,
+) -> None:
     """Record a trial in Optuna as Optuna's own tools read it (optuna-dashboard, ``load_study``).
 
     A configuration that does not work (OOM, hang, crash, ...) is FAIL and one never launched (the
@@ -76,12 +89,16 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, study_di
         for key, value in stored_attrs(result, study_dir).items():
             trial.set_user_attr(key, value)
     trial.set_constraint("infeasible", 1.0 if infeasible else 0.0)
+    reports = reports or MeasuredReports()
     if result.status is TrialStatus.COMPLETE and result.throughput is not None:
+        reports.forget(trial.number)
         study.tell(trial, result.throughput)
     elif result.status is TrialStatus.PRUNED:
-        # Optuna keeps the last reported value of a pruned trial (none when it never launched)
+        # Optuna keeps the last reported value of a pruned trial: make it what the trial measured
+        reports.finish_pruned(trial, result.throughput, result.steps)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     else:
+        reports.forget(trial.number)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 

@@ -17,7 +17,9 @@ from autotune.backends import Backend, TrialContext
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
+from autotune.trackers import Trackers, TrialPlace
 from autotune.trial.failure_phase import trial_failure_phase
+from autotune.trial.live import LiveGpus, run_label
 from autotune.trial.outcome import classify, health_check, host_oom_reason, live_health, ran_every_step
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
 from autotune.trial.steady import steady_estimate
@@ -98,6 +100,8 @@ class Executor:
         baseline_steps: step records of the baseline (health gate: degenerate rollouts).
         secrets: the secret rule (:mod:`autotune.secrets`): no file of a trial holds a secret, and a
             result's reason and evidence (a log line) have the trial's secret values masked.
+        live: the live view's board of running GPUs (:mod:`autotune.trial.live`), or None.
+        trackers: the experiment trackers each trial's framework reports to (``--report-to``), or None.
     """
 
     backend: Backend
@@ -111,6 +115,8 @@ class Executor:
     model_flops_per_step: Callable[[TrialSpec], float | None] | None = None
     peak_flops: float | None = None
     secrets: SecretRule = field(default_factory=SecretRule)
+    live: LiveGpus | None = None
+    trackers: Trackers | None = None
     _run: Callable[..., RunRecord] = field(default=run_trial, repr=False)
 
     def execute(
@@ -121,7 +127,12 @@ class Executor:
         on_step: Callable[[int, float | None, float], str | None],
         time_left_s: float | None,
     ) -> TrialResult:
+        tracker_env: dict[str, str] = {}
+        if self.trackers is not None:
+            ctx, tracker_env = _tracked(ctx, self.trackers)
         plan = self.backend.render(spec, ctx)
+        if tracker_env:
+            plan = plan.model_copy(update={"env": {**tracker_env, **plan.env}})
         parser = self.backend.parser(spec, ctx)
         watchdog = self.watchdog
         if time_left_s is not None and (
@@ -131,6 +142,7 @@ class Executor:
 
         beta = self.beta
         baseline = None if spec.is_baseline else self.baseline_steps
+        shown = self.live.open(run_label(ctx.trial_dir.name), parser.open_phase) if self.live else None
 
         class _Observer:
             def __init__(self) -> None:
@@ -143,6 +155,8 @@ class Executor:
             def on_step(self, step: StepMetrics, estimate: Any) -> str | None:
                 # a run that cannot learn is stopped at once (classified UNHEALTHY below)
                 self.steps.append(step)
+                if shown is not None:
+                    shown.stepped(step.step)
                 self.problems = live_health(self.steps, beta=beta, baseline=baseline)
                 if self.problems:
                     return f"stopped: {self.problems[0]}"
@@ -152,19 +166,23 @@ class Executor:
 
         t0 = time.time()
         patterns = self.backend.failure_patterns()
-        record = self._run(
-            plan,
-            parser,
-            ctx.trial_dir,
-            global_batch=ctx.global_batch,
-            watchdog=watchdog,
-            early_stop=self.early_stop,
-            observer=(observer := _Observer()),
-            samplers=self.samplers,
-            stop_event=self.stop_event,
-            patterns=patterns,
-            secrets=self.secrets,
-        )
+        try:
+            record = self._run(
+                plan,
+                parser,
+                ctx.trial_dir,
+                global_batch=ctx.global_batch,
+                watchdog=watchdog,
+                early_stop=self.early_stop,
+                observer=(observer := _Observer()),
+                samplers=shown.samplers(self.samplers) if shown is not None else self.samplers,
+                stop_event=self.stop_event,
+                patterns=patterns,
+                secrets=self.secrets,
+            )
+        finally:
+            if shown is not None:
+                shown.close()
         steps = list(record.steps)
         steady = steady_estimate(steps, ctx.global_batch)
         health: list[str] = []
@@ -251,3 +269,11 @@ class Executor:
             and watchdog.trial_timeout_s is not None
             and abs(watchdog.trial_timeout_s - time_left_s) < 1e-6
         )
+
+
+def _tracked(ctx: TrialContext, trackers: Trackers) -> tuple[TrialContext, dict[str, str]]:
+    """The context with the trackers' names and the run's name, and the trackers' variables for the run
+    (a variable the user set is left to them: the trackers only fill the unset)."""
+    place = TrialPlace(study=ctx.study_dir.name, study_dir=ctx.study_dir, trial_dir=ctx.trial_dir)
+    tracked = replace(ctx, report_to=trackers.report_to, run_name=place.run_name, project=ctx.study_dir.name)
+    return tracked, trackers.trial_env(place)

@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.study.optuna_view import MachineAttrs
 from tests.cli.conftest import run_cli
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
@@ -75,10 +76,12 @@ def test_optuna_load_study_sees_fail_pruned_and_complete(study: Path) -> None:
     # nothing failed is a best trial any more
     assert ostudy.best_trial.user_attrs["status"] == "COMPLETE"
     assert ostudy.metric_names == ["completions_per_s"]
-    attrs = ostudy.user_attrs
-    assert attrs["backend"] == "command"
-    assert attrs["hardware"]["gpus"] == [] and attrs["hardware"]["host"]
-    assert attrs["model"]["name"] and "optuna" in attrs["versions"]
+    attrs = ostudy.user_attrs  # short, for people; the full records are autotune's (MachineAttrs)
+    assert attrs["backend"] == "command" and attrs["gpus"] == "cpu" and attrs["model"]
+    assert attrs["study_json"] == str(study / "study.json")
+    machine = MachineAttrs(ostudy)
+    assert machine.get("hardware")["gpus"] == [] and machine.get("hardware")["host"]
+    assert machine.get("model")["name"] and "optuna" in machine.get("versions")
 
 
 def test_the_cpu_study_stores_what_it_measured(study: Path) -> None:
@@ -133,6 +136,5 @@ def test_optuna_dashboard_shows_failures_as_fail(study: Path) -> None:
     assert [shown[b["number"]]["state"] for b in detail["best_trials"]] == ["Complete"]
     assert detail["objective_names"] == ["completions_per_s"]
     study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
-    assert study_attrs["backend"] == "command"
-    assert json.loads(study_attrs["hardware"])["gpus"] == []
-    assert json.loads(study_attrs["model"])["name"]
+    assert study_attrs["backend"] == "command" and study_attrs["gpus"] == "cpu"
+    assert study_attrs["study_json"].endswith("study.json") and study_attrs["model"]

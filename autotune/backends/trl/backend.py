@@ -474,7 +474,7 @@ class TrlBackend(Backend):
         kwargs.update(
             output_dir=str(trial_path(ctx, "output")),
             use_cpu=ctx.cpu_only,
-            report_to="none",
+            report_to=list(ctx.report_to) or "none",
             save_strategy="no",
             logging_steps=1,
             max_steps=ctx.max_steps,
@@ -487,6 +487,8 @@ class TrlBackend(Backend):
             gradient_checkpointing=bool(self._value(params, "gradient_checkpointing")),
             dataloader_num_workers=int(self._value(params, "dataloader_num_workers")),
         )
+        if ctx.report_to:
+            kwargs["run_name"] = ctx.run_name
         if int(self._value(params, "zero_stage")) > 0:
             kwargs["deepspeed"] = str(trial_path(ctx, DS_CONFIG_FILE))
         if self._value(params, "use_vllm"):

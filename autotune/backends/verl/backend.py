@@ -492,7 +492,12 @@ class VerlBackend(Backend):
             "trainer.save_freq": -1,
             "trainer.test_freq": -1,
             "trainer.val_before_train": False,
-            "trainer.logger": ["console"],
+            "trainer.logger": ["console", *ctx.report_to],
+            **(
+                {"trainer.project_name": ctx.project, "trainer.experiment_name": ctx.run_name}
+                if ctx.report_to
+                else {}
+            ),
             "trainer.nnodes": 1,
             "trainer.n_gpus_per_node": max(1, len(ctx.gpus)),
             "trainer.default_local_dir": str(ctx.trial_dir / "checkpoints"),
