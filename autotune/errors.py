@@ -12,6 +12,7 @@ __all__ = [
     "UsageError",
     "SpaceError",
     "HardwareError",
+    "MachineError",
     "BackendError",
     "StudyError",
     "WriteError",
@@ -63,6 +64,11 @@ class SpaceError(UsageError):
 
 class HardwareError(UsageError):
     """The GPUs asked for cannot be had (no driver, too few GPUs, unknown GPU type)."""
+
+
+class MachineError(HardwareError):
+    """The machine is not ready to run trials: ``autotune doctor`` found a failure (a torch without
+    CUDA on a GPU host, MIG on, another user's memory on the GPUs, a full disk). Exit code 2."""
 
 
 class BackendError(UsageError):

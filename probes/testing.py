@@ -81,6 +81,11 @@ class FakeGpu:
     sample_buffer_len: int = 100  # samples the driver's ring buffer holds (per sampling type)
     not_supported: set[str] = field(default_factory=set)
     lost: bool = False
+    # modes ``autotune doctor`` reads (NVML_DEVICE_MIG_ENABLE / NVML_FEATURE_ENABLED are 1)
+    mig_mode: int = 0
+    persistence_mode: int = 1
+    ecc_mode: int = 1
+    ecc_uncorrected_volatile: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,10 @@ USED_FUNCTIONS: tuple[str, ...] = (
     "nvmlGpmSampleFree",
     "nvmlGpmSampleGet",
     "nvmlGpmMetricsGet",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetTotalEccErrors",
 )
 
 
@@ -390,6 +399,18 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
         return [real.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": used}) for pid, used in g.processes]
 
     device("nvmlDeviceGetComputeRunningProcesses", processes)
+
+    # -- modes (autotune doctor): [current, pending] for MIG and ECC, as the binding returns them
+    device("nvmlDeviceGetMigMode", lambda g: [g.mig_mode, g.mig_mode])
+    device("nvmlDeviceGetPersistenceMode", lambda g: g.persistence_mode)
+    device("nvmlDeviceGetEccMode", lambda g: [g.ecc_mode, g.ecc_mode])
+
+    def ecc_errors(g: FakeGpu, error_type: int, counter_type: int) -> int:
+        if error_type != real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED or counter_type != real.NVML_VOLATILE_ECC:
+            raise_(real.NVML_ERROR_NOT_SUPPORTED)
+        return g.ecc_uncorrected_volatile
+
+    device("nvmlDeviceGetTotalEccErrors", ecc_errors)
 
     def samples(g: FakeGpu, kind: int, last_us: int) -> tuple[int, list[Any]]:
         explicit = g.driver_samples.get(kind)

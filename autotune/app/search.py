@@ -310,8 +310,11 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
     ):
         console.print(f"note: {notice}", markup=False, style="yellow")
+    from autotune.doctor import preflight
     from autotune.studydir import ensure_writable
 
+    # the doctor's quick checks on the GPUs the search uses: a failure stops here with its line and fix
+    preflight(out, gpu_indices=[g.index for g in hardware.gpus if not g.declared])
     ensure_writable(out)
     # 3. the study.
     return _run(

@@ -9,6 +9,7 @@ from typing import cast
 
 import typer
 
+from autotune.cli import doctor as doctor_cmd
 from autotune.cli import export as export_cmd
 from autotune.cli import gpus as gpus_cmd
 from autotune.cli import plan as plan_cmd
@@ -48,7 +49,7 @@ def _root(
     """Profile and auto-tune GRPO fine-tuning jobs (ms-swift, TRL, verl) on the GPUs you have."""
 
 
-for module in (gpus_cmd, plan_cmd, search_cmd, report_cmd, export_cmd, profile_cmd):
+for module in (gpus_cmd, doctor_cmd, plan_cmd, search_cmd, report_cmd, export_cmd, profile_cmd):
     module.register(app)
 
 

@@ -32,6 +32,14 @@ from autotune.estimate.ceiling import (
     step_ceiling,
     step_ceiling_s,
 )
+from autotune.estimate.machine_table import (
+    CalibrationPoint,
+    CalibrationTable,
+    build_table,
+    cached_table,
+    seed_calibration,
+    store_table,
+)
 from autotune.estimate.memory import (
     COMPONENTS,
     MemoryEstimate,
@@ -60,6 +68,8 @@ __all__ = [
     "CPU_DEVICE",
     "GIB",
     "Calibration",
+    "CalibrationPoint",
+    "CalibrationTable",
     "Candidate",
     "GpuSpec",
     "JobShape",
@@ -74,6 +84,8 @@ __all__ = [
     "StepWork",
     "TIMELINE_PHASES",
     "TimeEstimate",
+    "build_table",
+    "cached_table",
     "cached_peaks",
     "candidate_rules",
     "estimate_memory",
@@ -93,7 +105,9 @@ __all__ = [
     "plan_space",
     "prediction_error",
     "resolve_gpu",
+    "seed_calibration",
     "should_prune",
+    "store_table",
     "step_ceiling",
     "step_ceiling_s",
     "store_peaks",

@@ -64,7 +64,7 @@ class EstimatorGate:
         calibration: Mapping[str, Any] | None = None,
     ) -> EstimatorGate | None:
         """A gate for this study, or None when the model's facts or the GPUs are unknown."""
-        from autotune.estimate import Calibration, model_from_facts, resolve_gpu
+        from autotune.estimate import Calibration, model_from_facts, resolve_gpu, seed_calibration
 
         if not hardware.gpus or not model.facts:
             return None
@@ -75,6 +75,8 @@ class EstimatorGate:
         gate = cls(backend, spec, gpu, len(hardware.gpus), job, derive)
         if calibration:
             gate.calibration = Calibration.from_dict(dict(calibration))
+        else:  # a new study starts from this GPU type's table (autotune doctor --calibrate), if any
+            gate.calibration = seed_calibration(hardware.gpus[0].name, spec.params) or gate.calibration
         return gate
 
     def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:

@@ -121,7 +121,7 @@ def test_unwritable_out(cli, tmp_path: Path) -> None:
 
 
 def test_help_has_an_example_for_every_command(cli) -> None:
-    for command in ("gpus", "plan", "search", "report", "export", "profile"):
+    for command in ("gpus", "doctor", "plan", "search", "report", "export", "profile"):
         proc = cli(command, "--help")
         assert proc.returncode == 0, (command, proc.stderr)
         assert "autotune " + command in proc.stdout or "Example" in proc.stdout, command

@@ -23,7 +23,9 @@ def test_version(flag: str) -> None:
     assert out.stdout.strip() == f"autotune {__version__}"
 
 
-@pytest.mark.parametrize("command", [[], ["search"], ["plan"], ["profile"], ["export"], ["report"], ["gpus"]])
+@pytest.mark.parametrize(
+    "command", [[], ["search"], ["plan"], ["profile"], ["export"], ["report"], ["gpus"], ["doctor"]]
+)
 def test_short_help_everywhere(command: list[str]) -> None:
     out = _run(*command, "-h")
     assert out.returncode == 0, out.stderr

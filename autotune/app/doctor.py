@@ -1,0 +1,66 @@
+"""The ``autotune doctor`` job: the checks, and ``--bench`` / ``--calibrate`` when asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from autotune.doctor import DoctorReport
+from autotune.errors import UsageError
+
+__all__ = ["DoctorRequest", "DoctorOutcome", "run_doctor"]
+
+
+@dataclass(frozen=True)
+class DoctorRequest:
+    """What the user asked for (the CLI's flags as one object)."""
+
+    out: str = "runs"
+    model: str | None = None
+    quick: bool = False
+    bench: bool = False
+    seconds: float = 3.0
+    calibrate: bool = False
+
+
+@dataclass(frozen=True)
+class DoctorOutcome:
+    """Every finding (the checks', then the benchmark's and the calibration's) and their records."""
+
+    report: DoctorReport
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``autotune doctor --json``."""
+        return {**self.report.to_dict(), **self.extra}
+
+
+def run_doctor(req: DoctorRequest, console: Console | None = None) -> DoctorOutcome:
+    """Check this machine; measure its peaks and calibrate on its GPU when asked.
+
+    Raises:
+        UsageError: ``--seconds`` not positive; an unknown ``--model``.
+    """
+    from autotune.doctor import gather_facts, run_checks
+
+    if req.seconds <= 0:
+        raise UsageError(f"--seconds must be positive, got {req.seconds:g}", hint="For example --seconds 3")
+    facts = gather_facts(Path(req.out), model=req.model)
+    report = run_checks(facts, quick=req.quick)
+    extra: dict[str, Any] = {}
+    if req.bench:
+        from autotune.doctor import run_bench
+
+        measured = run_bench(facts, seconds=req.seconds)
+        report = report.with_findings(measured.findings)
+        extra["bench"] = measured.to_dict()
+    if req.calibrate:
+        from autotune.app.calibrate import run_calibration
+
+        calibrated = run_calibration(facts, out_dir=Path(req.out), model=req.model, console=console)
+        report = report.with_findings(calibrated.findings)
+        extra["calibrate"] = calibrated.to_dict()
+    return DoctorOutcome(report, extra)
