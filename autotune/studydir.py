@@ -37,6 +37,7 @@ __all__ = [
     "StudyDir",
     "TrialDir",
     "create_file",
+    "ensure_study_out",
     "ensure_writable",
     "write_bytes_atomic",
     "write_json_atomic",
@@ -118,6 +119,49 @@ def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
         raise UsageError(
             f"cannot write to {flag} {directory}: {reason}", hint=f"Choose a writable directory with {flag}"
         ) from None
+
+
+def ensure_study_out(directory: Path, *, flag: str = "--out") -> None:
+    """Accept ``directory`` for a study only when it is new, empty, or a study; then prove it writable.
+
+    A directory that holds anything else (a project, ``$HOME``) is refused: the study would write its
+    ``report.md``, ``charts/``, ``best/`` … into it, over files of the same name.
+
+    Raises:
+        UsageError: ``directory`` is not a directory, or holds files that are not a study's (one line
+            naming those autotune would have replaced), or cannot be written.
+    """
+    held = _foreign_entries(directory, flag)
+    if held:
+        clash = sorted(n for n in held if n in StudyDir.WRITES)
+        shown = clash or sorted(held)
+        listed = ", ".join(shown[:6]) + (f" and {len(shown) - 6} more" if len(shown) > 6 else "")
+        what = f"autotune would replace {listed}" if clash else f"it holds {listed}"
+        raise UsageError(
+            f"{flag} {directory} is neither empty nor a study: {what}",
+            hint=f"Choose a new or empty directory with {flag}, or the directory of an existing study",
+        )
+    ensure_writable(directory, flag=flag)
+
+
+def _foreign_entries(directory: Path, flag: str) -> list[str]:
+    """The entries of ``directory`` that make it neither new, empty, nor a study (empty: none)."""
+    try:
+        if not directory.exists():
+            return []
+        if not directory.is_dir():
+            return [directory.name]
+        names = [child.name for child in directory.iterdir()]
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise UsageError(
+            f"cannot read {flag} {directory}: {reason}", hint=f"Choose a readable directory with {flag}"
+        ) from None
+    if StudyDir.SETTINGS in names:
+        return []
+    # what a study writes before its study.json (the storage, its lock, the trials' directory)
+    early = {StudyDir.LOCK, StudyDir.TRIALS, "cache"}
+    return [n for n in names if n not in early and not n.startswith(StudyDir.DB)]
 
 
 class TrialDir:
@@ -202,6 +246,8 @@ class StudyDir:
     BEST_COMMAND = "command.sh"
     # in trials/: the re-measurement runs, confirm-<trial>-<round>
     CONFIRM_PREFIX = "confirm-"
+    # what a study writes at its root: an existing file of one of these names would be replaced
+    WRITES = frozenset({SETTINGS, DB, LOCK, TRIALS, BEST, CHARTS, REPORT_HTML, REPORT_MD, "cache"})
 
     def __init__(self, root: Path) -> None:
         self.root = root

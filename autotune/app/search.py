@@ -293,9 +293,9 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
     ):
         console.print(f"note: {notice}", markup=False, style="yellow")
-    from autotune.studydir import ensure_writable
+    from autotune.studydir import ensure_study_out
 
-    ensure_writable(out)
+    ensure_study_out(out)
     # 3. the study.
     return _run(
         req,

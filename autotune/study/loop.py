@@ -17,7 +17,7 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -29,6 +29,7 @@ from autotune.records import Confirmation, Hardware, TrialResult, TrialSpec, Tri
 from autotune.secrets import SecretRule
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import SearchStrategy, infer_infeasible
+from autotune.study.binding import bind_storage, bound_name, claim_number, study_uid
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.identity import identity_differences, study_identity
 from autotune.study.lock import StudyLock
@@ -751,7 +752,9 @@ class Study:
     def _resume(self) -> _Loop:
         """Write the settings, open the Optuna study and take in what the study directory already holds."""
         old = self._check_compatible()
-        settings = self.settings()
+        # a renamed or copied directory resumes under the name it recorded (see autotune.study.binding)
+        self.cfg = replace(self.cfg, study_name=bound_name(self.dir, old, self.cfg.study_name))
+        settings = {**self.settings(), "uid": study_uid(old)}
         if old is not None:
             settings["created_wall_s"] = old.get("created_wall_s", settings["created_wall_s"])
             if "calibration" in old:
@@ -761,6 +764,13 @@ class Study:
         except OSError as exc:
             raise WriteError.of(self.dir.root, exc) from None
         study = self._open()  # a storage that cannot be opened leaves the study directory as it was
+        url = self.cfg.secrets.redact_url(self.cfg.storage_url) or str(self.dir.db_path)
+        attrs = lambda r: {**trial_attrs(r), **stored_attrs(r, self.dir)}  # noqa: E731
+        rebuilt = bind_storage(
+            study, self.dir, settings["uid"], shared=self.cfg.shared, space=self.space, attrs=attrs, where=url
+        )
+        if rebuilt:
+            self.view.notice(f"the study storage was rebuilt from {rebuilt} trial directories")
         self.dir.own_dir(self.dir.trials_dir)
         self.dir.write_settings(settings)
         if "settings" not in study.user_attrs:  # what `autotune report --storage` shows before the end
@@ -879,6 +889,7 @@ class Study:
                 warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with Study.optimize"
                 trial = loop.study.ask()
             trial.set_user_attr("worker", self.worker.to_dict())
+        claim_number(self.dir, loop.study, trial)
         if loop.heartbeat is not None:
             loop.heartbeat.beat_for(trial._trial_id)
         queued = fixed_params is not None or "is_baseline" in trial.user_attrs
