@@ -212,7 +212,7 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
         "host": clean.clean(_host_summary(data)),
         "meta": _meta_pairs(data.meta, clean),
         "search": clean.clean(str(data.meta.get("search") or DASH)),
-        "outcome": {k: clean.clean(str(v)) for k, v in outcome.items() if k in ("stopped", "detail")},
+        "outcome": _outcome_view(data, outcome, clean),
         "trials_total": len(data.trials),
         "trials_launched": launched,
         "hours_label": "GPU-hours" if not cpu_only else "CPU-hours",
@@ -220,6 +220,20 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
         "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
         "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
     }
+
+
+def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) -> dict[str, str]:
+    """How the study ended (``stopped``, ``detail``), or, for one that has not (still running, killed,
+    a damaged ``study.json``), what is missing."""
+    view = {k: clean.clean(str(outcome[k])) for k in ("stopped", "detail") if outcome.get(k)}
+    if data.kind == "study" and not view.get("stopped"):
+        view["stopped"] = "not ended"
+        view.setdefault(
+            "detail",
+            f"{StudyDir.SETTINGS} holds no outcome: the search is still running, or was stopped before "
+            "it ended; this report shows the trials on disk so far",
+        )
+    return {"stopped": view.get("stopped", ""), "detail": view.get("detail", "")}
 
 
 def _outcome(data: StudyData) -> dict[str, Any]:
