@@ -13,6 +13,7 @@ __all__ = [
     "SpaceError",
     "HardwareError",
     "BackendError",
+    "LaunchError",
     "StudyError",
     "WriteError",
     "NothingToRecommend",
@@ -67,6 +68,11 @@ class HardwareError(UsageError):
 
 class BackendError(UsageError):
     """A backend that cannot run here (framework missing, unsupported flag for its version)."""
+
+
+class LaunchError(BackendError):
+    """A trial's command that the system refuses to start (not found, not executable, an argument list
+    too long for the kernel: ``E2BIG``). The trial is INVALID; the study goes on."""
 
 
 class StudyError(AutotuneError):

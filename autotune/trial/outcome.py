@@ -146,7 +146,8 @@ def classify(
 
     1. Interrupted by the user (``stopped_by == "interrupt"``) → INTERRUPTED.
     2. The trial was making progress when *we* stopped it: ``early_stop`` → COMPLETE, ``pruned`` →
-       PRUNED. A clean exit (code 0) with at least one step → COMPLETE. A COMPLETE or PRUNED trial
+       PRUNED, ``max_steps`` (every allowed step made) → COMPLETE. A clean exit (code 0) with at least
+       one step → COMPLETE. A COMPLETE or PRUNED trial
        with health problems (``health``, from :func:`health_check`) becomes UNHEALTHY (a trial stopped
        early by :func:`live_health` is "pruned" for its health).
     3. Otherwise the trial failed or was stopped by the watchdog. Failure text on any rank
@@ -255,6 +256,8 @@ def _stopped_by_us_or_done(record: RunRecord, health: Sequence[str]) -> Verdict 
         return _complete_or_unhealthy(
             record.stop_reason or f"stopped at steady state after {n_steps} steps", health
         )
+    if record.stopped_by == "max_steps":  # every allowed step made; the script would have gone on
+        return _complete_or_unhealthy(record.stop_reason or f"completed {n_steps} steps", health)
     if record.stopped_by == "pruned":  # by the study (slower than the best) or for its health
         if health:
             return _complete_or_unhealthy("", health)
