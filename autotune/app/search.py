@@ -158,7 +158,7 @@ def collect_versions(backend: str) -> dict[str, str]:
 
 
 def _positive(value: float, flag: str, example: str) -> None:
-    if value <= 0:
+    if not value > 0 or value == float("inf"):  # NaN compares false: refused too
         raise UsageError(f"{flag} must be positive, got {value:g}", hint=f"For example {flag} {example}")
 
 
@@ -220,6 +220,8 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         (req.hang_k, "--hang-k", "5"),
     ):
         _positive(value, flag, example)
+    if not 0 <= req.seed < 2**32:
+        raise UsageError(f"--seed must be from 0 to 2**32 - 1, got {req.seed}", hint="For example --seed 0")
     if req.confirm_runs < 0 or req.confirm_runs == 1:
         raise UsageError(
             f"--confirm-runs must be 0 or at least 2, got {req.confirm_runs}",

@@ -19,6 +19,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autotune.plaintext import plain
 from autotune.records import TrialResult, TrialStatus
 
 __all__ = ["RichView", "short_params"]
@@ -118,14 +119,14 @@ class RichView:
         if self.live is None:
             tp = f"{result.throughput:.3g} completions/s" if result.throughput else "—"
             self.console.print(
-                f"trial {result.number}: {result.status.value} {tp} ({result.steps} steps, {result.duration_s:.1f}s): {result.reason}",
+                f"trial {result.number}: {result.status.value} {tp} ({result.steps} steps, {result.duration_s:.1f}s): {plain(result.reason)}",
                 markup=False,
                 highlight=False,
             )
         self._refresh()
 
     def notice(self, text: str) -> None:
-        self.console.print(f"note: {text}", markup=False, highlight=False, style="yellow")
+        self.console.print(f"note: {plain(text)}", markup=False, highlight=False, style="yellow")
 
     def close(self) -> None:
         if self.live is not None:

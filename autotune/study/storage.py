@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.errors import UsageError
+from autotune.errors import UsageError, WriteError
 from autotune.secrets import SecretRule
 
 __all__ = [
@@ -42,13 +42,20 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
+def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError | WriteError:
     """The one-line error for a storage that cannot be opened: a URL no driver knows, a missing
     directory, a driver not installed, a server out of reach or refusing the login (the URL's password
-    masked)."""
+    masked); a storage that cannot be written (a read-only ``study.db``) is a :class:`WriteError`
+    (exit 74), as every write failure is."""
     cause = getattr(exc, "orig", None) or exc
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     text = lines[0] if lines else type(cause).__name__
+    if _READ_ONLY.search(text):
+        return WriteError(
+            f"cannot write the study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}",
+            hint="Fix the permissions of the file and of its directory (or free space), then run the same "
+            "command again to resume",
+        )
     hint = (
         "Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
         "directory or server exists"
@@ -62,6 +69,13 @@ def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
     return UsageError(
         f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}", hint=hint
     )
+
+
+#: what SQLite and the servers say of a storage they cannot write
+_READ_ONLY = re.compile(
+    r"readonly database|read-only|permission denied|disk I/O error",
+    re.IGNORECASE,
+)
 
 
 class _Server(NamedTuple):

@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune.backends import Backend, TrialContext
 from autotune.errors import LaunchError
+from autotune.plaintext import plain
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
@@ -305,7 +306,7 @@ def argv_too_long(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
 def _not_launched(spec: TrialSpec, why: str) -> TrialResult:
     """The result of a trial whose command could not be rendered or started: INVALID, with one line
     (bounded: a 20 MB argument is not copied into the result)."""
-    text = " ".join(why.split())
+    text = " ".join(plain(why).split())
     return TrialResult(
         number=spec.number,
         params=dict(spec.params),

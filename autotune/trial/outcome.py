@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autotune.backends._base import FailurePattern
+from autotune.plaintext import plain
 from autotune.records import StepMetrics, TrialStatus
 from autotune.trial.evidence import (
     COMMON_PATTERNS,
@@ -76,7 +77,7 @@ def _signal_name(signum: int) -> str:
 
 
 def _one_line(text: str) -> str:
-    text = " ".join(text.split())
+    text = " ".join(plain(text).split())  # no terminal control sequence reaches a record or a terminal
     return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
 
 
