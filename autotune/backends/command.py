@@ -238,7 +238,8 @@ class CommandParser(StepParser):
         self._json = True
         return StepMetrics(
             step=step,
-            t_mono_s=t_mono if t_mono is not None and math.isfinite(t_mono) else t_mono_s,
+            # the script's own stamp, never later than when its line was read (one clock on one host)
+            t_mono_s=min(t_mono, t_mono_s) if t_mono is not None and math.isfinite(t_mono) else t_mono_s,
             t_wall_s=t_wall if t_wall is not None and math.isfinite(t_wall) else t_wall_s,
             duration_s=duration if duration is not None and math.isfinite(duration) else None,
             samples=int(samples) if samples is not None and math.isfinite(samples) else None,
