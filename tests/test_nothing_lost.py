@@ -41,8 +41,8 @@ def test_a_lost_storage_is_rebuilt_with_the_same_numbers(tmp_path: Path) -> None
     for n, status in ((0, TrialStatus.COMPLETE), (2, TrialStatus.OOM), (3, TrialStatus.RUNNING)):
         sd.write_result(_result(n, status, bs=1 + n % 3))
     study = optuna.create_study(direction="maximize")
-    rebuilt = bind_storage(study, sd, "u1", shared=False, space=space, attrs=lambda r: {}, where="mem")
-    assert rebuilt == 3
+    bound = bind_storage(study, sd, "u1", shared=False, space=space, attrs=lambda r: {}, where="mem")
+    assert bound.rebuilt == 3 and bound.uid == "u1"
     states = [t.state for t in study.get_trials()]
     assert states == [
         optuna.trial.TrialState.FAIL,  # 0: COMPLETE without a throughput is not a value
@@ -63,8 +63,13 @@ def test_a_storage_of_another_study_or_that_lost_some_trials_is_refused(tmp_path
     sd.write_result(_result(1))
     other = optuna.create_study()
     other.set_user_attr(UID_ATTR, "someone-else")
-    with pytest.raises(UsageError, match="another study directory"):
-        bind_storage(other, sd, "mine", shared=False, space=space, attrs=lambda r: {}, where="x")
+    with pytest.raises(UsageError, match="another study directory"):  # an outside --storage
+        bind_storage(other, sd, "mine", shared=False, own=False, space=space, attrs=lambda r: {}, where="x")
+    # workers joining one study (each maybe with its own directory) take the storage's uid
+    for _ in range(2):
+        other.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+    joined = bind_storage(other, sd, "mine", shared=True, space=space, attrs=lambda r: {}, where="x")
+    assert joined.uid == "someone-else"
     partial = optuna.create_study()
     partial.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
     with pytest.raises(UsageError, match="holds 1 trial"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -28,10 +29,24 @@ from autotune.records import TrialResult, TrialStatus
 from autotune.space import SearchSpace
 from autotune.studydir import StudyDir
 
-__all__ = ["UID_ATTR", "bound_name", "study_uid", "bind_storage", "claim_number"]
+__all__ = ["UID_ATTR", "Bound", "bound_name", "study_uid", "bind_storage", "claim_number"]
 
 #: the storage's user attribute that holds the study directory's uid
 UID_ATTR = "study_uid"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A study directory bound to its storage.
+
+    Attributes:
+        uid: the study's uid (``study.json``'s ``uid``): the directory's, or in a shared storage the
+            storage's (every worker's directory joins the one study).
+        rebuilt: how many trials were rebuilt from the trial directories (0: none needed).
+    """
+
+    uid: str
+    rebuilt: int = 0
 
 
 def study_uid(old: Mapping[str, Any] | None) -> str:
@@ -64,30 +79,38 @@ def bind_storage(
     uid: str,
     *,
     shared: bool,
+    own: bool = True,
     space: SearchSpace,
     attrs: Callable[[TrialResult], dict[str, Any]],
     where: str,
-) -> int:
+) -> Bound:
     """Check that ``study`` (just opened) is the directory's study, rebuild it when it lost its trials,
     and record ``uid`` in it.
+
+    A shared storage (workers, each maybe with its own directory) is the study: a worker's directory
+    takes the storage's uid.
 
     Args:
         study: the Optuna study opened for ``sd``.
         sd: the study directory.
         uid: the directory's uid (:func:`study_uid`).
-        shared: workers may share the storage (a lost storage is then refused, not rebuilt: two
-            workers could rebuild it at once).
+        shared: workers may share the storage (its uid wins; a lost storage is refused, not rebuilt:
+            two workers could rebuild it at once).
+        own: the storage is the directory's own ``study.db`` (its uid wins); an outside one
+            (``--storage``) holding another directory's uid is refused.
         space: the study's space (the rebuilt trials' distributions).
         attrs: the user attributes a finished trial keeps in the storage.
         where: the storage, as it may be shown (password masked).
 
     Returns:
-        How many trials were rebuilt from the trial directories (0: none needed).
+        The uid to record and how many trials were rebuilt.
 
     Raises:
         UsageError: the storage holds another study, or lost trials that cannot be rebuilt here.
     """
     stored_uid = study.user_attrs.get(UID_ATTR)
+    if (shared or own) and isinstance(stored_uid, str):
+        uid = stored_uid  # the directory's own study.db, or the study every worker joins
     if isinstance(stored_uid, str) and stored_uid != uid:
         raise UsageError(
             f"the study {study.study_name!r} in {where} belongs to another study directory than "
@@ -106,8 +129,9 @@ def bind_storage(
                 "rebuilt from the trial directories",
             )
         rebuilt = _rebuild(study, results, space, attrs)
-    study.set_user_attr(UID_ATTR, uid)
-    return rebuilt
+    if stored_uid != uid:
+        study.set_user_attr(UID_ATTR, uid)
+    return Bound(uid=uid, rebuilt=rebuilt)
 
 
 def claim_number(sd: StudyDir, study: optuna.Study, trial: optuna.Trial) -> None:

@@ -39,8 +39,10 @@ from autotune.study.storage import (
     Worker,
     fail_stale,
     grace_s,
+    heartbeat_s,
     live_workers,
     open_storage,
+    silent_trials,
     storage_error,
 )
 from autotune.study.verdict import METHOD, headline, judge, not_remeasured
@@ -339,6 +341,7 @@ class Study:
         self._results: dict[int, TrialResult] = {}
         self._storage: optuna.storages.BaseStorage | None = None
         self._stale: list[optuna.trial.FrozenTrial] = []  # trials whose worker died, to requeue
+        self._silent_waited_s = 0.0  # how long this worker waited for a dead worker's trial to go stale
 
     # -- settings -----------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -691,7 +694,10 @@ class Study:
         loop.visited = {
             canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
         } | set(running.values())
-        loop.launched_total = sum(1 for r in self._results.values() if _counts(r)) + len(running)
+        # a running trial is counted once (its RUNNING placeholder in a shared --out is not a second one)
+        loop.launched_total = sum(
+            1 for n, r in self._results.items() if _counts(r) and n not in running
+        ) + len(running)
         started = [float(w.get("started_wall_s") or 0) for w in live_workers(loop.study)]
         if loop.heartbeat is not None:
             started.append(loop.heartbeat.started_wall_s)
@@ -745,9 +751,33 @@ class Study:
                     while stop is None:
                         self._sync(loop)
                         stop = self._stopping_rule(loop) or self._plan(loop) or self._next_trial(loop)
+                        if stop is not None and self._wait_for_silent(loop, stop):
+                            stop = None
                     return self._finish(loop, stop)
             except optuna.exceptions.StorageInternalError as exc:
                 raise self._storage_failure(exc) from None
+
+    def _wait_for_silent(self, loop: _Loop, stop: _Stop) -> bool:
+        """Whether to wait (one heartbeat, then go on) instead of stopping: a shared study's running
+        trials whose worker stopped beating go stale after the grace and run again, so the study never
+        ends with a slot lost to a dead worker. Bounded: twice the grace at most."""
+        if not self.cfg.shared or stop.stopped == "interrupted" or self.interrupted():
+            self._silent_waited_s = 0.0
+            return False
+        silent = silent_trials(loop.study)
+        if not silent:
+            self._silent_waited_s = 0.0
+            return False
+        if self._silent_waited_s > 2 * grace_s():
+            return False
+        if self._silent_waited_s == 0.0:
+            self.view.notice(
+                f"waiting for trial(s) {', '.join(map(str, silent))} of a worker that stopped beating: "
+                f"they run again once stale (at most {grace_s()} s)"
+            )
+        time.sleep(heartbeat_s())
+        self._silent_waited_s += heartbeat_s()
+        return True
 
     def _resume(self) -> _Loop:
         """Write the settings, open the Optuna study and take in what the study directory already holds."""
@@ -766,11 +796,19 @@ class Study:
         study = self._open()  # a storage that cannot be opened leaves the study directory as it was
         url = self.cfg.secrets.redact_url(self.cfg.storage_url) or str(self.dir.db_path)
         attrs = lambda r: {**trial_attrs(r), **stored_attrs(r, self.dir)}  # noqa: E731
-        rebuilt = bind_storage(
-            study, self.dir, settings["uid"], shared=self.cfg.shared, space=self.space, attrs=attrs, where=url
+        bound = bind_storage(
+            study,
+            self.dir,
+            settings["uid"],
+            shared=self.cfg.shared,
+            own=self.cfg.storage_url is None,
+            space=self.space,
+            attrs=attrs,
+            where=url,
         )
-        if rebuilt:
-            self.view.notice(f"the study storage was rebuilt from {rebuilt} trial directories")
+        settings["uid"] = bound.uid
+        if bound.rebuilt:
+            self.view.notice(f"the study storage was rebuilt from {bound.rebuilt} trial directories")
         self.dir.own_dir(self.dir.trials_dir)
         self.dir.write_settings(settings)
         if "settings" not in study.user_attrs:  # what `autotune report --storage` shows before the end
@@ -1288,7 +1326,7 @@ def _has_complete(study: optuna.Study) -> bool:
 
 def _counts(result: TrialResult) -> bool:
     """Whether a trial used a slot of the trial budget: it was launched and was not interrupted."""
-    if result.status is TrialStatus.INTERRUPTED:
+    if result.status in (TrialStatus.INTERRUPTED, TrialStatus.RUNNING):  # RUNNING: counted as running
         return False
     return result.steps > 0 or result.status is not TrialStatus.PRUNED
 

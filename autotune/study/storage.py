@@ -35,6 +35,7 @@ __all__ = [
     "heartbeat_s",
     "live_workers",
     "open_storage",
+    "silent_trials",
     "storage_error",
     "workers_of",
 ]
@@ -332,6 +333,29 @@ def live_workers(study: optuna.Study, now_wall_s: float | None = None) -> list[d
         if now - float(rec.get("seen_wall_s") or 0) <= grace_s():
             out.append(rec)
     return sorted(out, key=lambda r: float(r.get("started_wall_s") or 0))
+
+
+#: a worker that has not beaten for this many heartbeats has probably died: the study waits for its
+#: running trial to go stale (:func:`grace_s`) rather than end with that trial's slot lost
+_SILENT_BEATS = 2
+
+
+def silent_trials(study: optuna.Study, now_wall_s: float | None = None) -> list[int]:
+    """The running trials whose worker stopped beating (or never named itself) and that are not yet
+    stale: a worker about to end the study waits for them to go stale, then runs them again."""
+    now = time.time() if now_wall_s is None else now_wall_s
+    seen = {
+        str(rec.get("name")): float(rec.get("seen_wall_s") or 0)
+        for key, rec in study.user_attrs.items()
+        if key.startswith(_WORKER_ATTR) and isinstance(rec, dict) and not rec.get("ended_wall_s")
+    }
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        name = (t.user_attrs.get("worker") or {}).get("name")
+        last = seen.get(str(name)) if name is not None else None
+        if last is None or now - last > _SILENT_BEATS * heartbeat_s():
+            out.append(t.number)
+    return out
 
 
 def workers_of(study: optuna.Study) -> list[dict[str, Any]]:
