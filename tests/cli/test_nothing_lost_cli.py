@@ -165,6 +165,9 @@ def test_report_at_any_moment_and_damaged_files_in_one_line(tmp_path: Path) -> N
             assert expected in _one_line(proc.stderr)
         assert _digests(out) == before
     (out / "study.json").write_text(json.dumps(settings))
+    # an export name the filesystem refuses: one line
+    proc = _cli("export", str(out), "--out", str(tmp_path / ("n" * 300)))
+    assert proc.returncode == 2 and "File name too long" in _one_line(proc.stderr)
     winner = settings["recommendation"]["trial"]
     shutil.rmtree(out / "trials" / str(winner))
     proc = _cli("export", str(out), "--out", str(tmp_path / "y"))
