@@ -141,13 +141,16 @@ def claim_number(sd: StudyDir, study: optuna.Study, trial: optuna.Trial) -> None
         StudyError: the storage handed out a number the directory already used (the trial is failed
             in the storage; nothing on disk is touched).
     """
-    if sd.trial(trial.number).result_json.exists() or sd.trial(trial.number).result_json.is_symlink():
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        raise StudyError(
-            f"the study storage gave trial number {trial.number}, which {sd.trial_dir(trial.number)} "
-            "already holds: it is out of step with the study directory",
-            hint=f"Restore {sd.DB}, or move it away so that it is rebuilt from the trial directories",
-        )
+    path = sd.trial(trial.number).result_json
+    # a link planted in a study is never a result (the writers replace it, or refuse a linked directory)
+    if sd.trial_dir(trial.number).is_symlink() or path.is_symlink() or not path.is_file():
+        return
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    raise StudyError(
+        f"the study storage gave trial number {trial.number}, which {sd.trial_dir(trial.number)} "
+        "already holds: it is out of step with the study directory",
+        hint=f"Restore {sd.DB}, or move it away so that it is rebuilt from the trial directories",
+    )
 
 
 def _rebuild(
