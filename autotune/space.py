@@ -111,19 +111,20 @@ class Knob:
         return self.label or self.name
 
     def values(self) -> tuple[Any, ...]:
-        """Every value the knob can take (a range is expanded by its step)."""
+        """Every value the knob can take (a range by its step; past 64 values, 64 spread evenly)."""
         if self.choices is not None:
             return self.choices
         assert self.low is not None and self.high is not None  # guaranteed by the loader
+        low, high = self.low, self.high
         # counted, then sampled evenly: a range of 10^12 steps is never expanded
         if self.type == "int":
             step = int(self.step or 1)
-            n = (int(self.high) - int(self.low)) // step + 1
-            at: Callable[[int], Any] = lambda i: int(self.low) + i * step  # noqa: E731
+            n = (int(high) - int(low)) // step + 1
+            at: Callable[[int], Any] = lambda i: int(low) + i * step  # noqa: E731
         else:
-            step_f = self.step or (self.high - self.low) / 8
-            n = int(math.floor((self.high - self.low) / step_f + 1e-9)) + 1 if step_f > 0 else 1
-            at = lambda i: round(self.low + i * step_f, 10)  # noqa: E731
+            step_f = self.step or (high - low) / 8
+            n = int(math.floor((high - low) / step_f + 1e-9)) + 1 if step_f > 0 else 1
+            at = lambda i: round(low + i * step_f, 10)  # noqa: E731
         if n > _GRID_LIMIT:
             return tuple(
                 at(i) for i in sorted({round(i * (n - 1) / (_GRID_LIMIT - 1)) for i in range(_GRID_LIMIT)})
