@@ -24,8 +24,8 @@ from autotune.reports._safety import MASK, Sanitizer
 from autotune.reports._signals import TrialSignals
 from autotune.reports.diagnosis import Finding, diagnose, make_context
 from autotune.reports.insight import best_so_far, param_importances, pareto_points
-from pydantic import ValidationError
 
+from autotune.errors import UsageError
 from autotune.records import Recommendation, TrialResult, TrialStatus
 from autotune.study.verdict import headline, speedup_text
 from autotune.studydir import StudyDir, TrialDir, ensure_writable, write_text_atomic
@@ -69,10 +69,9 @@ def pick_winner(data: StudyData) -> Recommendation | None:
     study_dir = StudyDir(data.root)
     try:
         return study_dir.recommendation(data.meta, data.results)
-    except ValidationError as exc:
+    except UsageError:  # StudyDir's guarded read: the stored one is not a recommendation
         data.problems.append(
-            f"{StudyDir.SETTINGS}: the recommendation is unreadable ({exc.error_count()} error(s));"
-            " decided again from the trial results"
+            f"{StudyDir.SETTINGS}: the recommendation is unreadable; decided again from the trial results"
         )
     settings = {k: v for k, v in data.meta.items() if k != "recommendation"}
     return study_dir.recommendation(settings, data.results)
