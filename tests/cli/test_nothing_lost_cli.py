@@ -116,6 +116,11 @@ def test_out_refuses_a_directory_that_is_not_a_study(tmp_path: Path) -> None:
     assert "report.md" in line and "charts" in line and "neither empty nor a study" in line
     assert _digests(project) == before
     assert sorted(p.name for p in project.iterdir()) == ["charts", "report.md", "src"]
+    # flags refused as flags (not blamed on the storage), before anything is written
+    for flag, value in (("--seed", "-1"), ("--sample-interval", "nan")):
+        proc = _search(tmp_path / "fresh", _space(tmp_path), "--trials", "1", flag, value)
+        assert proc.returncode == 2 and flag in _one_line(proc.stderr) and "storage" not in proc.stderr
+        assert not (tmp_path / "fresh").exists()
 
 
 def test_report_at_any_moment_and_damaged_files_in_one_line(tmp_path: Path) -> None:
