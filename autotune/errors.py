@@ -14,6 +14,7 @@ __all__ = [
     "HardwareError",
     "MachineError",
     "BackendError",
+    "LaunchError",
     "StudyError",
     "WriteError",
     "NothingToRecommend",
@@ -73,6 +74,11 @@ class MachineError(HardwareError):
 
 class BackendError(UsageError):
     """A backend that cannot run here (framework missing, unsupported flag for its version)."""
+
+
+class LaunchError(BackendError):
+    """A trial's command that the system refuses to start (not found, not executable, an argument list
+    too long for the kernel: ``E2BIG``). The trial is INVALID; the study goes on."""
 
 
 class StudyError(AutotuneError):

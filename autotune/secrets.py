@@ -55,8 +55,10 @@ _TOKENS = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
     r"|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})"
 )
-# scheme://user:password@host
-_URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):(?P<value>[^/\s@]+)@")
+# scheme://user:password@host (a scheme starts a word: tried once per word, not at every letter of a long one)
+_URL_CREDENTIALS = re.compile(
+    r"(?P<head>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):(?P<value>[^/\s@]+)@"
+)
 # an argv item that assigns: NAME=value, a.b.name=value, +a.b=value (hydra), --name=value
 _ARG_ASSIGN = re.compile(r"^(?P<name>-{0,2}[+~]{0,2}[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>.*)$", re.DOTALL)
 # values that are flags of a boolean option, never credentials (--use_auth_token true)

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -57,6 +58,9 @@ _KNOB_FIELDS = {
     "help",
     "label",
 }
+#: the most choices a knob may list (a longer list is a range: the search samples it)
+MAX_CHOICES = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _GRID_LIMIT = 64  # values a continuous knob may expand to for grid search / dedupe
 
 
@@ -107,22 +111,25 @@ class Knob:
         return self.label or self.name
 
     def values(self) -> tuple[Any, ...]:
-        """Every value the knob can take (a range is expanded by its step)."""
+        """Every value the knob can take (a range by its step; past 64 values, 64 spread evenly)."""
         if self.choices is not None:
             return self.choices
         assert self.low is not None and self.high is not None  # guaranteed by the loader
-        vals: tuple[Any, ...]
+        low, high = self.low, self.high
+        # counted, then sampled evenly: a range of 10^12 steps is never expanded
         if self.type == "int":
             step = int(self.step or 1)
-            vals = tuple(range(int(self.low), int(self.high) + 1, step))
+            n = (int(high) - int(low)) // step + 1
+            at: Callable[[int], Any] = lambda i: int(low) + i * step  # noqa: E731
         else:
-            step_f = self.step or (self.high - self.low) / 8
-            n = int(math.floor((self.high - self.low) / step_f + 1e-9)) + 1
-            vals = tuple(round(self.low + i * step_f, 10) for i in range(n))
-        if len(vals) > _GRID_LIMIT:
-            idx = sorted({round(i * (len(vals) - 1) / (_GRID_LIMIT - 1)) for i in range(_GRID_LIMIT)})
-            vals = tuple(vals[i] for i in idx)
-        return vals
+            step_f = self.step or (high - low) / 8
+            n = int(math.floor((high - low) / step_f + 1e-9)) + 1 if step_f > 0 else 1
+            at = lambda i: round(low + i * step_f, 10)  # noqa: E731
+        if n > _GRID_LIMIT:
+            return tuple(
+                at(i) for i in sorted({round(i * (n - 1) / (_GRID_LIMIT - 1)) for i in range(_GRID_LIMIT)})
+            )
+        return tuple(at(i) for i in range(n))
 
     def describe_values(self) -> str:
         """The values this knob can take, for an error's hint ("1, 2, 4" or "int from 1 to 8")."""
@@ -395,6 +402,22 @@ def _describe_values(knob: Knob) -> str:
     return f"{knob.type} from {knob.low} to {knob.high}"
 
 
+def _finite(value: Any, where: str) -> Any:
+    """``value`` when it is a finite number (a range to ``.inf`` has no grid nor midpoint)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpaceError(f"{where}: {value} is not a finite number", hint="Give a finite bound and step")
+    return value
+
+
+def _plain_text(value: str, where: str) -> str:
+    """``value`` when it holds no control character (it reaches terminals, reports and argv)."""
+    if _CONTROL.search(value):
+        raise SpaceError(
+            f"{where}: {value[:40]!r} holds a control character", hint="Remove it: names and values are text"
+        )
+    return value
+
+
 def _coerce(value: Any, typ: str, where: str) -> Any:
     if value is None:
         return None
@@ -409,7 +432,7 @@ def _coerce(value: Any, typ: str, where: str) -> Any:
             return float(value)
     elif typ == "str":
         if isinstance(value, str):
-            return value
+            return _plain_text(value, where)
     raise SpaceError(f"{where}: {value!r} is not a {typ}", hint="Fix the value's type in the space file")
 
 
@@ -435,20 +458,27 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
             raise SpaceError(f"{here} has both choices and low/high", hint="Keep one of them")
         if not isinstance(choices, list) or not choices:
             raise SpaceError(f"{here}: choices must be a non-empty list", hint="Write choices: [a, b, c]")
+        if len(choices) > MAX_CHOICES:
+            raise SpaceError(
+                f"{here} has {len(choices)} choices, more than {MAX_CHOICES}",
+                hint="Give a range (low:, high:, step:) instead: the search samples it",
+            )
         choices_t: tuple[Any, ...] | None = tuple(_coerce(c, typ, f"{here} choice") for c in choices)
     else:
         if typ not in ("int", "float") or low is None or high is None:
             raise SpaceError(
                 f"{here} needs choices, or low and high", hint="Write choices: [...] or low:/high:"
             )
-        low = _coerce(low, typ, f"{here} low")
-        high = _coerce(high, typ, f"{here} high")
+        low = _finite(_coerce(low, typ, f"{here} low"), f"{here} low")
+        high = _finite(_coerce(high, typ, f"{here} high"), f"{here} high")
         if low > high:
             raise SpaceError(f"{here}: low {low} is above high {high}", hint="Swap them")
         choices_t = None
     step = spec.get("step")
     if step is not None:
-        step = _coerce(step, typ if typ in ("int", "float") else "float", f"{here} step")
+        step = _finite(
+            _coerce(step, typ if typ in ("int", "float") else "float", f"{here} step"), f"{here} step"
+        )
         if step <= 0:
             raise SpaceError(f"{here}: step must be positive", hint="Use a step above 0")
     log = spec.get("log", False)
@@ -533,6 +563,7 @@ def load_space(
             raise SpaceError(
                 f"{where}: knob name {name!r} is not text", hint="Name knobs as the framework does"
             )
+        _plain_text(name, f"{where}: knob name")
         if known_knobs is not None and name not in known_knobs:
             raise SpaceError(
                 f"{where}: unknown knob {name!r} for backend {backend}",

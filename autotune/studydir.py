@@ -37,7 +37,9 @@ __all__ = [
     "StudyDir",
     "TrialDir",
     "create_file",
+    "ensure_study_out",
     "ensure_writable",
+    "read_text_guarded",
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",
@@ -86,6 +88,33 @@ def write_bytes_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         raise WriteError.of(path, exc) from None
 
 
+def read_text_guarded(path: Path, *, fix: str) -> str:
+    """The text of a file autotune reads, or one line naming it and what to do (never a traceback).
+
+    Raises:
+        UsageError: the file is missing, unreadable (permissions, a directory) or not UTF-8.
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist", hint=fix) from None
+    except PermissionError:
+        raise UsageError(
+            f"cannot read {path}: permission denied", hint=f"Fix its permissions (chmod u+r), or: {fix}"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc.__class__.__name__
+        raise UsageError(f"cannot read {path}: {reason}", hint=fix) from None
+
+
+def _json_kind(value: Any) -> str:
+    """How a JSON value is named in a message ("a list", "null", "a string")."""
+    if value is None:
+        return "null"
+    names = {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
 def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
     """Open ``path`` as a fresh, empty file for writing (unbuffered bytes), never through a symbolic link.
 
@@ -118,6 +147,49 @@ def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
         raise UsageError(
             f"cannot write to {flag} {directory}: {reason}", hint=f"Choose a writable directory with {flag}"
         ) from None
+
+
+def ensure_study_out(directory: Path, *, flag: str = "--out") -> None:
+    """Accept ``directory`` for a study only when it is new, empty, or a study; then prove it writable.
+
+    A directory that holds anything else (a project, ``$HOME``) is refused: the study would write its
+    ``report.md``, ``charts/``, ``best/`` … into it, over files of the same name.
+
+    Raises:
+        UsageError: ``directory`` is not a directory, or holds files that are not a study's (one line
+            naming those autotune would have replaced), or cannot be written.
+    """
+    held = _foreign_entries(directory, flag)
+    if held:
+        clash = sorted(n for n in held if n in StudyDir.WRITES)
+        shown = clash or sorted(held)
+        listed = ", ".join(shown[:6]) + (f" and {len(shown) - 6} more" if len(shown) > 6 else "")
+        what = f"autotune would replace {listed}" if clash else f"it holds {listed}"
+        raise UsageError(
+            f"{flag} {directory} is neither empty nor a study: {what}",
+            hint=f"Choose a new or empty directory with {flag}, or the directory of an existing study",
+        )
+    ensure_writable(directory, flag=flag)
+
+
+def _foreign_entries(directory: Path, flag: str) -> list[str]:
+    """The entries of ``directory`` that make it neither new, empty, nor a study (empty: none)."""
+    try:
+        if not directory.exists():
+            return []
+        if not directory.is_dir():
+            return [directory.name]
+        names = [child.name for child in directory.iterdir()]
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise UsageError(
+            f"cannot read {flag} {directory}: {reason}", hint=f"Choose a readable directory with {flag}"
+        ) from None
+    if StudyDir.SETTINGS in names:
+        return []
+    # what a study writes before its study.json (the storage, its lock, the trials' directory)
+    early = {StudyDir.LOCK, StudyDir.TRIALS, "cache"}
+    return [n for n in names if n not in early and not n.startswith(StudyDir.DB)]
 
 
 class TrialDir:
@@ -202,6 +274,8 @@ class StudyDir:
     BEST_COMMAND = "command.sh"
     # in trials/: the re-measurement runs, confirm-<trial>-<round>
     CONFIRM_PREFIX = "confirm-"
+    # what a study writes at its root: an existing file of one of these names would be replaced
+    WRITES = frozenset({SETTINGS, DB, LOCK, TRIALS, BEST, CHARTS, REPORT_HTML, REPORT_MD, "cache"})
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -289,25 +363,37 @@ class StudyDir:
             return None
         try:
             return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
-        except ValueError:  # half a record from an older, killed run: it runs again
+        except (OSError, ValueError):  # half a record from an older, killed run: it runs again
             return None
 
     def exists(self) -> bool:
         return self.study_json.exists()
 
     def read_settings(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.study_json.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        """``study.json`` as a mapping.
+
+        Raises:
+            UsageError: it is missing, unreadable, not JSON, or not a JSON object (one line naming it).
+        """
+        if not self.study_json.exists() and not self.study_json.is_symlink():
             raise UsageError(
                 f"{self.root} is not a study directory (no study.json)",
                 hint="Point at a directory written by autotune search",
-            ) from None
+            )
+        text = read_text_guarded(self.study_json, fix="Restore it or start a new study with another --out")
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UsageError(
                 f"{self.study_json} is not valid JSON ({exc.msg})",
                 hint="Restore it or start a new study with another --out",
             ) from None
+        if not isinstance(data, dict):
+            raise UsageError(
+                f"{self.study_json} does not hold a JSON object (it holds {_json_kind(data)})",
+                hint="Restore it or start a new study with another --out",
+            )
+        return data
 
     def write_settings(self, data: dict[str, Any]) -> None:
         write_json_atomic(self.study_json, data)
@@ -326,8 +412,9 @@ class StudyDir:
         path = self.trial(number).result_json
         if not path.exists() or path.is_symlink() or self.trial_dir(number).is_symlink():
             return None
+        text = read_text_guarded(path, fix="Fix its permissions, or move the trial's directory away")
         try:
-            return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
+            return TrialResult.model_validate_json(text)
         except ValueError:
             raise UsageError(
                 f"{path} is not a trial result (unreadable JSON)",
@@ -339,7 +426,14 @@ class StudyDir:
         out: list[TrialResult] = []
         if not self.trials_dir.exists():
             return out
-        for child in self.trials_dir.iterdir():
+        try:
+            children = list(self.trials_dir.iterdir())
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read {self.trials_dir}: {exc.strerror or exc.__class__.__name__}",
+                hint="Fix the directory's permissions (it holds the study's results)",
+            ) from None
+        for child in children:
             if child.is_dir() and child.name.isdigit():
                 result = self.read_result(int(child.name))
                 if result is not None:
@@ -367,7 +461,17 @@ class StudyDir:
         settings = settings if settings is not None else self.read_settings()
         if "recommendation" in settings:
             stored = settings["recommendation"]
-            return None if stored is None else Recommendation.model_validate(stored)
+            if stored is None:
+                return None
+            try:
+                return Recommendation.model_validate(stored)
+            except ValueError as exc:
+                count = exc.error_count() if hasattr(exc, "error_count") else 1
+                raise UsageError(
+                    f"{self.study_json}: its recommendation is not one ({count} error(s))",
+                    hint='Restore study.json, or delete its "recommendation" entry so that it is decided '
+                    "again from the trials on disk",
+                ) from None
         from autotune.study.recommend import recommend
 
         return recommend(self.results() if results is None else results, self.hardware(settings))

@@ -63,11 +63,18 @@ def read_yaml(
             f"{what} file {source} is larger than {MAX_BYTES // (1 << 20)} MiB",
             hint=f"Pass a {what} file of a few KiB with {flag}",
         )
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError:  # a control character: the reader refuses the text before parsing
+        raise error(
+            f"{what} file {source} holds a control character ({_first_control(text)})",
+            hint="Remove it (a YAML file is printable text)",
+        ) from None
     try:
         node = loader.get_single_node()
         if node is None:
             return None
+        _refuse_duplicate_keys(node, source, what, error)
         values = _expanded_values(node)
         if values > MAX_VALUES:
             raise error(
@@ -88,6 +95,46 @@ def read_yaml(
         ) from None
     finally:
         loader.dispose()
+
+
+def _first_control(text: str) -> str:
+    """Where the first character YAML refuses is, as ``U+0001 at line 3``."""
+    import yaml
+
+    found = yaml.reader.Reader.NON_PRINTABLE.search(text)
+    if found is None:
+        return "a character YAML cannot read"
+    return f"U+{ord(found.group()[0]):04X} at line {text.count(chr(10), 0, found.start()) + 1}"
+
+
+def _refuse_duplicate_keys(root: Any, source: object, what: str, error: type[UsageError]) -> None:
+    """Refuse a mapping that names one key twice (YAML would keep the last silently).
+
+    Each node is visited once, so aliases cost nothing more.
+    """
+    import yaml
+
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in keys:
+                        raise error(
+                            f"{what} file {source} names {k.value[:80]!r} twice in one mapping "
+                            f"(line {k.start_mark.line + 1})",
+                            hint="Keep one of them: YAML would silently use the last",
+                        )
+                    keys.add(k.value)
+                stack.extend((k, v))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def _expanded_values(root: Any) -> int:

@@ -25,8 +25,8 @@ from autotune.reports._signals import TrialSignals
 from autotune.reports.diagnosis import Finding, diagnose, make_context
 from autotune.reports.insight import best_so_far, param_importances, pareto_points
 from autotune.reports.limits import fraction_text, limit_section
-from pydantic import ValidationError
 
+from autotune.errors import UsageError
 from autotune.records import Recommendation, TrialResult, TrialStatus
 from autotune.study.verdict import headline, speedup_text
 from autotune.studydir import StudyDir, TrialDir, ensure_writable, write_text_atomic
@@ -70,10 +70,9 @@ def pick_winner(data: StudyData) -> Recommendation | None:
     study_dir = StudyDir(data.root)
     try:
         return study_dir.recommendation(data.meta, data.results)
-    except ValidationError as exc:
+    except UsageError:  # StudyDir's guarded read: the stored one is not a recommendation
         data.problems.append(
-            f"{StudyDir.SETTINGS}: the recommendation is unreadable ({exc.error_count()} error(s));"
-            " decided again from the trial results"
+            f"{StudyDir.SETTINGS}: the recommendation is unreadable; decided again from the trial results"
         )
     settings = {k: v for k, v in data.meta.items() if k != "recommendation"}
     return study_dir.recommendation(settings, data.results)
@@ -214,7 +213,7 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
         "host": clean.clean(_host_summary(data)),
         "meta": _meta_pairs(data.meta, clean),
         "search": clean.clean(str(data.meta.get("search") or DASH)),
-        "outcome": {k: clean.clean(str(v)) for k, v in outcome.items() if k in ("stopped", "detail")},
+        "outcome": _outcome_view(data, outcome, clean),
         "trials_total": len(data.trials),
         "trials_launched": launched,
         "hours_label": "GPU-hours" if not cpu_only else "CPU-hours",
@@ -222,6 +221,20 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
         "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
         "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
     }
+
+
+def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) -> dict[str, str]:
+    """How the study ended (``stopped``, ``detail``), or, for one that has not (still running, killed,
+    a damaged ``study.json``), what is missing."""
+    view = {k: clean.clean(str(outcome[k])) for k in ("stopped", "detail") if outcome.get(k)}
+    if data.kind == "study" and not view.get("stopped"):
+        view["stopped"] = "not ended"
+        view.setdefault(
+            "detail",
+            f"{StudyDir.SETTINGS} holds no outcome: the search is still running, or was stopped before "
+            "it ended; this report shows the trials on disk so far",
+        )
+    return {"stopped": view.get("stopped", ""), "detail": view.get("detail", "")}
 
 
 def _outcome(data: StudyData) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from autotune.plaintext import plain
 from autotune.secrets import MASK, SecretRule
 
 __all__ = ["Sanitizer", "is_secret_name", "MASK"]
@@ -61,7 +62,7 @@ class Sanitizer:
         """``text`` as a string with secrets masked and the study directory made relative."""
         if text is None:
             return ""
-        out = self.rule.mask(text)
+        out = plain(self.rule.mask(text))
         for root in self._roots:
             out = re.sub(re.escape(root) + r"""(?=/|$|[\s'"`,;:)\]}])/?""", _relative_repl, out)
         return out

@@ -163,7 +163,7 @@ def collect_versions(backend: str) -> dict[str, str]:
 
 
 def _positive(value: float, flag: str, example: str) -> None:
-    if value <= 0:
+    if not value > 0 or value == float("inf"):  # NaN compares false: refused too
         raise UsageError(f"{flag} must be positive, got {value:g}", hint=f"For example {flag} {example}")
 
 
@@ -226,6 +226,8 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
     ):
         if value is not None:
             _positive(value, flag, example)
+    if not 0 <= req.seed < 2**32:
+        raise UsageError(f"--seed must be from 0 to 2**32 - 1, got {req.seed}", hint="For example --seed 0")
     if req.confirm_runs < 0 or req.confirm_runs == 1:
         raise UsageError(
             f"--confirm-runs must be 0 or at least 2, got {req.confirm_runs}",
@@ -311,11 +313,11 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
     ):
         console.print(f"note: {notice}", markup=False, style="yellow")
     from autotune.doctor import preflight
-    from autotune.studydir import ensure_writable
+    from autotune.studydir import ensure_study_out
 
     # the doctor's quick checks on the GPUs the search uses: a failure stops here with its line and fix
     preflight(out, gpu_indices=[g.index for g in hardware.gpus if not g.declared])
-    ensure_writable(out)
+    ensure_study_out(out)
     # 3. the study.
     return _run(
         req,

@@ -102,9 +102,10 @@ def template_fields(template: Sequence[str]) -> list[str]:
                 f"command template item {item!r} is not valid: {exc}",
                 hint="Write knobs as {name}; write a literal brace as {{ or }}",
             ) from None
-        for _, name, _, _ in parsed:
+        for _, name, spec, conversion in parsed:
             if name is None:
                 continue
+            _check_placeholder(item, name, spec or "", conversion)
             if not name.isidentifier():
                 raise UsageError(
                     f"command template item {item!r} has placeholder {{{name}}}",
@@ -113,6 +114,36 @@ def template_fields(template: Sequence[str]) -> list[str]:
             if name not in names:
                 names.append(name)
     return names
+
+
+#: the widest a placeholder may format a value (a width or precision past it would make an argument of
+#: megabytes: the kernel refuses it, or the formatting runs out of memory)
+MAX_FORMAT_WIDTH = 4096
+
+
+def _check_placeholder(item: str, name: str, spec: str, conversion: str | None) -> None:
+    """Refuse a conversion (``{bs!r}`` would pass a Python repr) or a width past :data:`MAX_FORMAT_WIDTH`.
+
+    Raises:
+        UsageError: one line naming the placeholder.
+    """
+    if conversion is not None:
+        raise UsageError(
+            f"command template item {item!r} converts {{{name}!{conversion}}}",
+            hint=f"Write {{{name}}} (the value as text) or a format spec such as {{{name}:.2e}}",
+        )
+    if "{" in spec:
+        raise UsageError(
+            f"command template item {item!r} nests a placeholder in the format of {{{name}}}",
+            hint=f"Give {{{name}}} a literal format spec such as {{{name}:.2e}}",
+        )
+    widths = [d.lstrip("0") or "0" for d in re.findall(r"\d+", spec)]
+    if any(len(w) > len(str(MAX_FORMAT_WIDTH)) or int(w) > MAX_FORMAT_WIDTH for w in widths):
+        widest = max(widths, key=lambda w: (len(w), w))
+        raise UsageError(
+            f"command template item {item!r} formats {{{name}}} {widest[:20]} characters wide",
+            hint=f"Keep widths and precisions at most {MAX_FORMAT_WIDTH}",
+        )
 
 
 def knob_env_name(name: str) -> str:
@@ -207,7 +238,8 @@ class CommandParser(StepParser):
         self._json = True
         return StepMetrics(
             step=step,
-            t_mono_s=t_mono if t_mono is not None and math.isfinite(t_mono) else t_mono_s,
+            # the script's own stamp, never later than when its line was read (one clock on one host)
+            t_mono_s=min(t_mono, t_mono_s) if t_mono is not None and math.isfinite(t_mono) else t_mono_s,
             t_wall_s=t_wall if t_wall is not None and math.isfinite(t_wall) else t_wall_s,
             duration_s=duration if duration is not None and math.isfinite(duration) else None,
             samples=int(samples) if samples is not None and math.isfinite(samples) else None,

@@ -7,6 +7,8 @@ from typing import NoReturn
 
 from rich.console import Console
 
+from autotune.plaintext import plain
+
 __all__ = ["console", "err_console", "abort", "say", "notice"]
 
 console = Console(highlight=False, soft_wrap=True)
@@ -15,15 +17,15 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def say(text: str) -> None:
     """Print foreign or plain text verbatim (no markup interpretation)."""
-    console.print(text, markup=False)
+    console.print(plain(text), markup=False)
 
 
 def notice(text: str) -> None:
     """A one-line notice on stderr (dropped knobs, fallbacks)."""
-    err_console.print(f"note: {text}", markup=False, style="yellow")
+    err_console.print(f"note: {plain(text)}", markup=False, style="yellow")
 
 
 def abort(message: str, code: int = 2) -> NoReturn:
     """One line on stderr, then exit with ``code``. No traceback."""
-    err_console.print(f"error: {message}", markup=False, style="bold red")
+    err_console.print(f"error: {plain(message)}", markup=False, style="bold red")
     sys.exit(code)

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli._gpus import GpuPanel
+from autotune.plaintext import plain
 from autotune.records import TrialResult, TrialStatus
 from autotune.trial.live import LiveGpus
 
@@ -161,14 +162,14 @@ class RichView:
         if self.live is None:
             tp = f"{result.throughput:.3g} completions/s" if result.throughput else "—"
             self.console.print(
-                f"trial {result.number}: {result.status.value} {tp} ({result.steps} steps, {result.duration_s:.1f}s): {result.reason}",
+                f"trial {result.number}: {result.status.value} {tp} ({result.steps} steps, {result.duration_s:.1f}s): {plain(result.reason)}",
                 markup=False,
                 highlight=False,
             )
         self._refresh()
 
     def notice(self, text: str) -> None:
-        self.console.print(f"note: {text}", markup=False, highlight=False, style="yellow")
+        self.console.print(f"note: {plain(text)}", markup=False, highlight=False, style="yellow")
 
     def close(self) -> None:
         self.gpus.stop()

@@ -97,7 +97,30 @@ def main(argv: list[str] | None = None) -> None:
         abort(exc.one_line(), exc.exit_code)
     except KeyboardInterrupt:
         abort("interrupted", 130)
+    except OSError as exc:  # the last guard: a path the system refused that no reader named (one line)
+        if exc.filename is None:
+            raise
+        abort(*_os_error_line(exc))
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _os_error_line(exc: OSError) -> tuple[str, int]:
+    """One line and the exit code for an ``OSError`` about a file: 74 when the disk refused a write
+    (full, read-only, I/O), 2 for a path that cannot be used (too long, not found, no permission)."""
+    import errno
+
+    from autotune.errors import EXIT_USAGE, WriteError
+
+    disk = {errno.ENOSPC, errno.EROFS, errno.EIO, getattr(errno, "EDQUOT", errno.ENOSPC)}
+    name = str(exc.filename)
+    shown = name if len(name) <= 120 else name[:60] + "…" + name[-40:]
+    cause = exc.strerror or exc.__class__.__name__
+    if exc.errno in disk:
+        return (
+            f"cannot write {shown}: {cause}. Free space or fix the disk, then run the same command again",
+            (WriteError.exit_code),
+        )
+    return f"cannot use {shown}: {cause}. Choose another path (shorter, existing, writable)", EXIT_USAGE
 
 
 def _flat(text: str) -> str:

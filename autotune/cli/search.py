@@ -150,7 +150,11 @@ def register(app: typer.Typer) -> None:
             str, typer.Option("--hang-floor", help="Never call a hang before this long without a step.")
         ] = "60s",
         trial_timeout: Annotated[
-            str | None, typer.Option("--trial-timeout", help="Wall budget of one trial.")
+            str | None,
+            typer.Option(
+                "--trial-timeout",
+                help="Wall budget of one trial (default: the start-up budget + max-steps × hang-k × hang-floor).",
+            ),
         ] = None,
         sample_interval: Annotated[
             float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")

@@ -198,6 +198,11 @@ def load_winner(study_dir: Path, *, trial: int | None = None, secret_names: tupl
                 f"{sd.root} has no recommendation: no healthy trial with memory headroom ({seen})",
                 hint="Run more trials, or export a COMPLETE trial with --trial N",
             )
+        if rec.trial not in by_number:
+            raise UsageError(
+                f"{sd.root} recommends trial {rec.trial}, but {sd.trial(rec.trial).result_json} is missing",
+                hint="Restore that trial's directory, or export a COMPLETE trial with --trial N",
+            )
         result = by_number[rec.trial]
         recommended = True
         why = rec.why

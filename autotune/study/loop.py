@@ -27,6 +27,7 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from autotune.records import TrialResult, TrialSpec, TrialStatus
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import BaseStrategy, Collaborators, build_strategy
 from autotune.study.ask import Asker
+from autotune.study.binding import bind_storage, bound_name, claim_number, study_uid
 from autotune.study.ceiling import TrialCeilings
 from autotune.study.config import (
     MemoryGate,
@@ -56,7 +58,15 @@ from autotune.study.lock import StudyLock
 from autotune.study.optuna_view import MachineAttrs, shown_attrs
 from autotune.study.prescreen import Prescreen
 from autotune.study.state import LoopState, Stop, StudyPart, StudyState
-from autotune.study.storage import Heartbeat, Worker, grace_s, open_storage, storage_error
+from autotune.study.storage import (
+    Heartbeat,
+    Worker,
+    grace_s,
+    heartbeat_s,
+    open_storage,
+    silent_trials,
+    storage_error,
+)
 from autotune.study.tell import (
     METRIC_NAME,
     SlowerThanBest,
@@ -159,6 +169,7 @@ class Study(StudyPart):
         )
         self.pruner = SlowerThanBest()
         self.ceilings = TrialCeilings.for_study(cfg)
+        self._silent_waited_s = 0.0  # how long this worker waited for a dead worker's trial to go stale
         self._storage: optuna.storages.BaseStorage | None = None
 
     def _learn(self, result: TrialResult) -> None:
@@ -335,15 +346,41 @@ class Study(StudyPart):
                         stop = (
                             self.asker.stopping_rule(loop) or self.asker.plan(loop) or self._next_trial(loop)
                         )
+                        if stop is not None and self._wait_for_silent(loop, stop):
+                            stop = None
                     self.workers.sync(loop)
                     return self.finisher.finish(loop, stop)
             except optuna.exceptions.StorageInternalError as exc:
                 raise self._storage_failure(exc) from None
 
+    def _wait_for_silent(self, loop: LoopState, stop: Stop) -> bool:
+        """Whether to wait (one heartbeat, then go on) instead of stopping: a shared study's running
+        trials whose worker stopped beating go stale after the grace and run again, so the study never
+        ends with a slot lost to a dead worker. Bounded: twice the grace at most."""
+        if not self.cfg.shared or stop.stopped == "interrupted" or self.interrupted():
+            self._silent_waited_s = 0.0
+            return False
+        silent = silent_trials(loop.study)
+        if not silent:
+            self._silent_waited_s = 0.0
+            return False
+        if self._silent_waited_s > 2 * grace_s():
+            return False
+        if self._silent_waited_s == 0.0:
+            self.view.notice(
+                f"waiting for trial(s) {', '.join(map(str, silent))} of a worker that stopped beating: "
+                f"they run again once stale (at most {grace_s()} s)"
+            )
+        time.sleep(heartbeat_s())
+        self._silent_waited_s += heartbeat_s()
+        return True
+
     def _resume(self) -> LoopState:
         """Write the settings, open the Optuna study and take in what the study directory already holds."""
         old = self._check_compatible()
-        settings = self.settings()
+        # a renamed or copied directory resumes under the name it recorded (see autotune.study.binding)
+        self.cfg = replace(self.cfg, study_name=bound_name(self.dir, old, self.cfg.study_name))
+        settings = {**self.settings(), "uid": study_uid(old)}
         if old is not None:
             settings["created_wall_s"] = old.get("created_wall_s", settings["created_wall_s"])
             if "calibration" in old:
@@ -353,6 +390,21 @@ class Study(StudyPart):
         except OSError as exc:
             raise WriteError.of(self.dir.root, exc) from None
         study = self._open()  # a storage that cannot be opened leaves the study directory as it was
+        url = self.cfg.secrets.redact_url(self.cfg.storage_url) or str(self.dir.db_path)
+        attrs = lambda r: {**trial_attrs(r), **stored_attrs(r, self.dir)}  # noqa: E731
+        bound = bind_storage(
+            study,
+            self.dir,
+            settings["uid"],
+            shared=self.cfg.shared,
+            own=self.cfg.storage_url is None,
+            space=self.space,
+            attrs=attrs,
+            where=url,
+        )
+        settings["uid"] = bound.uid
+        if bound.rebuilt:
+            self.view.notice(f"the study storage was rebuilt from {bound.rebuilt} trial directories")
         self.dir.own_dir(self.dir.trials_dir)
         self.dir.write_settings(settings)
         machine = MachineAttrs(study)
@@ -403,6 +455,7 @@ class Study(StudyPart):
                 warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with Study.optimize"
                 trial = loop.study.ask()
             trial.set_user_attr("worker", self.worker.to_dict())
+        claim_number(self.dir, loop.study, trial)
         if loop.heartbeat is not None:
             loop.heartbeat.beat_for(trial._trial_id)
         queued = fixed_params is not None or "is_baseline" in trial.user_attrs

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.errors import UsageError
+from autotune.errors import UsageError, WriteError
 from autotune.secrets import SecretRule
 from autotune.study.optuna_view import MachineAttrs
 
@@ -36,6 +36,7 @@ __all__ = [
     "heartbeat_s",
     "live_workers",
     "open_storage",
+    "silent_trials",
     "storage_error",
     "workers_of",
 ]
@@ -43,13 +44,20 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
+def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError | WriteError:
     """The one-line error for a storage that cannot be opened: a URL no driver knows, a missing
     directory, a driver not installed, a server out of reach or refusing the login (the URL's password
-    masked)."""
+    masked); a storage that cannot be written (a read-only ``study.db``) is a :class:`WriteError`
+    (exit 74), as every write failure is."""
     cause = getattr(exc, "orig", None) or exc
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     text = lines[0] if lines else type(cause).__name__
+    if _READ_ONLY.search(text):
+        return WriteError(
+            f"cannot write the study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}",
+            hint="Fix the permissions of the file and of its directory (or free space), then run the same "
+            "command again to resume",
+        )
     hint = (
         "Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
         "directory or server exists"
@@ -63,6 +71,13 @@ def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError:
     return UsageError(
         f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}", hint=hint
     )
+
+
+#: what SQLite and the servers say of a storage they cannot write
+_READ_ONLY = re.compile(
+    r"readonly database|read-only|permission denied|disk I/O error",
+    re.IGNORECASE,
+)
 
 
 class _Server(NamedTuple):
@@ -318,6 +333,29 @@ def live_workers(study: optuna.Study, now_wall_s: float | None = None) -> list[d
         if now - float(rec.get("seen_wall_s") or 0) <= grace_s():
             out.append(rec)
     return sorted(out, key=lambda r: float(r.get("started_wall_s") or 0))
+
+
+#: a worker that has not beaten for this many heartbeats has probably died: the study waits for its
+#: running trial to go stale (:func:`grace_s`) rather than end with that trial's slot lost
+_SILENT_BEATS = 2
+
+
+def silent_trials(study: optuna.Study, now_wall_s: float | None = None) -> list[int]:
+    """The running trials whose worker stopped beating (or never named itself) and that are not yet
+    stale: a worker about to end the study waits for them to go stale, then runs them again."""
+    now = time.time() if now_wall_s is None else now_wall_s
+    seen = {
+        str(rec.get("name")): float(rec.get("seen_wall_s") or 0)
+        for key, rec in study.user_attrs.items()
+        if key.startswith(_WORKER_ATTR) and isinstance(rec, dict) and not rec.get("ended_wall_s")
+    }
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        name = (t.user_attrs.get("worker") or {}).get("name")
+        last = seen.get(str(name)) if name is not None else None
+        if last is None or now - last > _SILENT_BEATS * heartbeat_s():
+            out.append(t.number)
+    return out
 
 
 def workers_of(study: optuna.Study) -> list[dict[str, Any]]:

@@ -177,7 +177,7 @@ def has_complete(study: optuna.Study) -> bool:
 
 def counts_in_budget(result: TrialResult) -> bool:
     """Whether a trial used a slot of the trial budget: it was launched and was not interrupted."""
-    if result.status is TrialStatus.INTERRUPTED:
+    if result.status in (TrialStatus.INTERRUPTED, TrialStatus.RUNNING):  # RUNNING: counted as running
         return False
     return result.steps > 0 or result.status is not TrialStatus.PRUNED
 

@@ -143,7 +143,10 @@ class Workers(StudyPart):
         loop.visited = {
             canonical_key(r.params) for r in self._results.values() if r.status is not TrialStatus.INTERRUPTED
         } | set(running.values())
-        loop.launched_total = sum(1 for r in self._results.values() if counts_in_budget(r)) + len(running)
+        # a running trial is counted once (its RUNNING placeholder in a shared --out is not a second one)
+        loop.launched_total = sum(
+            1 for n, r in self._results.items() if counts_in_budget(r) and n not in running
+        ) + len(running)
         started = [float(w.get("started_wall_s") or 0) for w in live_workers(loop.study)]
         if loop.heartbeat is not None:
             started.append(loop.heartbeat.started_wall_s)

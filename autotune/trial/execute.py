@@ -6,14 +6,17 @@ This is the one place that isolates trial failures: whatever the trial does, a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.backends import Backend, TrialContext
+from autotune.errors import LaunchError
+from autotune.plaintext import plain
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
@@ -21,7 +24,13 @@ from autotune.trackers import Trackers, TrialPlace
 from autotune.trial.failure_phase import trial_failure_phase
 from autotune.trial.live import LiveGpus, run_label
 from autotune.trial.outcome import classify, health_check, host_oom_reason, live_health, ran_every_step
-from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, run_trial
+from autotune.trial.runner import (
+    EarlyStopConfig,
+    RunRecord,
+    WatchdogConfig,
+    default_trial_timeout_s,
+    run_trial,
+)
 from autotune.trial.steady import steady_estimate
 
 __all__ = ["Executor", "ProbeSettings", "make_samplers", "summarize_trial"]
@@ -130,11 +139,24 @@ class Executor:
         tracker_env: dict[str, str] = {}
         if self.trackers is not None:
             ctx, tracker_env = _tracked(ctx, self.trackers)
-        plan = self.backend.render(spec, ctx)
+        try:
+            plan = self.backend.render(spec, ctx)
+        except (ValueError, TypeError, OverflowError, MemoryError) as exc:  # a format the value refuses
+            return _not_launched(spec, f"its command cannot be rendered: {exc.__class__.__name__}: {exc}")
         if tracker_env:
             plan = plan.model_copy(update={"env": {**tracker_env, **plan.env}})
+        too_long = argv_too_long(plan.argv, plan.env)
+        if too_long:
+            return _not_launched(spec, too_long)
         parser = self.backend.parser(spec, ctx)
-        watchdog = self.watchdog
+        watchdog = replace(self.watchdog, max_steps=ctx.max_steps)  # bounded even if the script ignores it
+        if watchdog.trial_timeout_s is None:  # no trial runs unbounded
+            watchdog = replace(
+                watchdog,
+                trial_timeout_s=default_trial_timeout_s(
+                    watchdog.startup_timeout_s, watchdog.hang_k, watchdog.hang_floor_s, ctx.max_steps
+                ),
+            )
         if time_left_s is not None and (
             watchdog.trial_timeout_s is None or time_left_s < watchdog.trial_timeout_s
         ):
@@ -180,6 +202,8 @@ class Executor:
                 patterns=patterns,
                 secrets=self.secrets,
             )
+        except LaunchError as exc:
+            return _not_launched(spec, self.secrets.learning(plan.argv, plan.env).mask(exc.message))
         finally:
             if shown is not None:
                 shown.close()
@@ -188,7 +212,7 @@ class Executor:
         health: list[str] = []
         # a run that died at exit after its last step finished its work: its health counts too
         ended_well = (
-            record.stopped_by in ("early_stop", "pruned")
+            record.stopped_by in ("early_stop", "pruned", "max_steps")
             or (record.stopped_by is None and record.exit_code == 0)
             or ran_every_step(record, ctx.max_steps)
         )
@@ -277,3 +301,42 @@ def _tracked(ctx: TrialContext, trackers: Trackers) -> tuple[TrialContext, dict[
     place = TrialPlace(study=ctx.study_dir.name, study_dir=ctx.study_dir, trial_dir=ctx.trial_dir)
     tracked = replace(ctx, report_to=trackers.report_to, run_name=place.run_name, project=ctx.study_dir.name)
     return tracked, trackers.trial_env(place)
+
+
+#: the longest single argument or variable Linux passes to a program (MAX_ARG_STRLEN: 32 pages)
+MAX_ARG_BYTES = 32 * 4096
+
+
+def argv_too_long(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why the system would refuse to start ``argv`` with ``env`` on top of ours (``E2BIG``), or None.
+
+    Checked before the trial's files are written: a 20 MB argument is not copied into ``launch.json``.
+    """
+    longest = max((len(a.encode("utf-8", "surrogateescape")) for a in argv), default=0)
+    if longest >= MAX_ARG_BYTES:
+        return (
+            f"its command has an argument of {longest} bytes, more than the system passes to a program "
+            f"({MAX_ARG_BYTES}, E2BIG)"
+        )
+    try:
+        limit = os.sysconf("SC_ARG_MAX")
+    except (OSError, ValueError):
+        return None
+    total = sum(len(a) + 1 for a in argv) + sum(len(k) + len(v) + 2 for k, v in {**os.environ, **env}.items())
+    if limit > 0 and total >= limit:
+        return f"its command and environment take {total} bytes, more than the system allows ({limit}, E2BIG)"
+    return None
+
+
+def _not_launched(spec: TrialSpec, why: str) -> TrialResult:
+    """The result of a trial whose command could not be rendered or started: INVALID, with one line
+    (bounded: a 20 MB argument is not copied into the result)."""
+    text = " ".join(plain(why).split())
+    return TrialResult(
+        number=spec.number,
+        params=dict(spec.params),
+        derived=dict(spec.derived),
+        is_baseline=spec.is_baseline,
+        status=TrialStatus.INVALID,
+        reason=(text[:300] + "…") if len(text) > 300 else text,
+    )

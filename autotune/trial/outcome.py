@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autotune.backends._base import FailurePattern
+from autotune.plaintext import plain
 from autotune.records import StepMetrics, TrialStatus
 from autotune.trial.evidence import (
     COMMON_PATTERNS,
@@ -76,7 +77,7 @@ def _signal_name(signum: int) -> str:
 
 
 def _one_line(text: str) -> str:
-    text = " ".join(text.split())
+    text = " ".join(plain(text).split())  # no terminal control sequence reaches a record or a terminal
     return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
 
 
@@ -146,7 +147,8 @@ def classify(
 
     1. Interrupted by the user (``stopped_by == "interrupt"``) → INTERRUPTED.
     2. The trial was making progress when *we* stopped it: ``early_stop`` → COMPLETE, ``pruned`` →
-       PRUNED. A clean exit (code 0) with at least one step → COMPLETE. A COMPLETE or PRUNED trial
+       PRUNED, ``max_steps`` (every allowed step made) → COMPLETE. A clean exit (code 0) with at least
+       one step → COMPLETE. A COMPLETE or PRUNED trial
        with health problems (``health``, from :func:`health_check`) becomes UNHEALTHY (a trial stopped
        early by :func:`live_health` is "pruned" for its health).
     3. Otherwise the trial failed or was stopped by the watchdog. Failure text on any rank
@@ -255,6 +257,8 @@ def _stopped_by_us_or_done(record: RunRecord, health: Sequence[str]) -> Verdict 
         return _complete_or_unhealthy(
             record.stop_reason or f"stopped at steady state after {n_steps} steps", health
         )
+    if record.stopped_by == "max_steps":  # every allowed step made; the script would have gone on
+        return _complete_or_unhealthy(record.stop_reason or f"completed {n_steps} steps", health)
     if record.stopped_by == "pruned":  # by the study (slower than the best) or for its health
         if health:
             return _complete_or_unhealthy("", health)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from autotune.backends._base import FailurePattern, StepParser
-from autotune.errors import BackendError, UsageError, WriteError
+from autotune.errors import LaunchError, UsageError, WriteError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir, create_file, write_json_atomic, write_text_atomic
@@ -110,6 +110,15 @@ def default_startup_timeout_s(param_count: int | None) -> float:
     return 600.0 + 60.0 * param_count / 1e9
 
 
+def default_trial_timeout_s(
+    startup_timeout_s: float, hang_k: float, hang_floor_s: float, max_steps: int
+) -> float:
+    """A trial's wall budget when ``--trial-timeout`` is not given: the start-up budget, then
+    ``max_steps`` steps of ``hang_k × hang_floor_s`` each (a step five times the hang floor is far
+    slower than any step the hang watchdog lets pass unremarked), so no trial runs unbounded."""
+    return startup_timeout_s + max(1, max_steps) * max(1.0, hang_k) * max(1.0, hang_floor_s)
+
+
 @dataclass(frozen=True)
 class WatchdogConfig:
     """When a trial counts as hung or out of time, and how it is stopped.
@@ -128,6 +137,9 @@ class WatchdogConfig:
             (:mod:`autotune.trial.early`): a fatal line after a short grace, a hang from GPUs that spin
             at low power or from a weight sync the log shows never ending. Off: only the limits above.
         early: the thresholds and windows of those calls.
+        max_steps: the steps a trial may make (``--max-steps``): a step past it ends the trial at once,
+            cleanly, as done (``stopped_by == "max_steps"``), and is not recorded; a script that ignores
+            ``AUTOTUNE_MAX_STEPS`` is bounded too. None: no bound.
 
     Raises:
         UsageError: a negative (or NaN) value, or a poll interval of 0.
@@ -141,6 +153,7 @@ class WatchdogConfig:
     poll_interval_s: float = 0.1
     early_calls: bool = True
     early: EarlyCallConfig = field(default_factory=EarlyCallConfig)
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         for name, flag in _STOP_FLAGS.items():
@@ -449,7 +462,7 @@ class TrialRun:
         """Run the stages in order (see the class docstring) and return what was observed.
 
         Raises:
-            BackendError: argv[0] cannot be started (not found, not executable).
+            LaunchError: the command cannot be started (not found, not executable, too long).
             WriteError: a file of the trial could not be written; raised once the trial is cleaned up.
         """
         self.prepare_files()
@@ -514,7 +527,7 @@ class TrialRun:
         :func:`reap_orphan` can end it if autotune dies from here on.
 
         Raises:
-            BackendError: argv[0] cannot be started (not found, not executable).
+            LaunchError: the command cannot be started (not found, not executable, too long).
         """
         plan = self.plan
         self.started_wall_s = time.time()
@@ -530,12 +543,16 @@ class TrialRun:
                 start_new_session=True,
                 bufsize=0,
             )
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        except (OSError, ValueError) as exc:  # not found, not executable, E2BIG, a NUL byte in an argument
             for log in self.logs.values():
                 _close_quietly(log)
-            raise BackendError(
-                f"cannot start {plan.argv[0]!r} in {plan.cwd}: {exc.strerror or exc}",
-                hint="Check the command (its first word must be an executable on PATH or a path)",
+            cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            size = sum(len(a) + 1 for a in plan.argv)
+            raise LaunchError(
+                f"cannot start {plan.argv[0][:200]!r} in {plan.cwd}: {cause}"
+                + (f" ({len(plan.argv)} arguments, {size} bytes)" if isinstance(exc, OSError) else ""),
+                hint="Check the command (its first word must be an executable on PATH or a path, "
+                "its arguments short enough for the system)",
             ) from None
         self.pid = self.pgid = self.proc.pid  # start_new_session: the child leads its session and group
         self.known[self.pid] = create_time_of(self.pid)
@@ -692,6 +709,8 @@ class TrialRun:
         live = self.live
         now = time.monotonic()
         for step in new:
+            if self._past_max_steps(deciding=deciding):
+                continue
             live.steps.append(step)
             live.last_step_mono = now
             if live.first_step_mono is None:
@@ -707,6 +726,16 @@ class TrialRun:
                 self._decide(step)
         durations, _, _ = step_durations(live.steps)
         live.median_step_s = statistics.median(durations) if durations else None
+
+    def _past_max_steps(self, *, deciding: bool) -> bool:
+        """Whether a new step is past ``--max-steps`` (it is dropped, and a live trial is ended)."""
+        bound, live = self.watchdog.max_steps, self.live
+        if bound is None or bound <= 0 or len(live.steps) < bound:
+            return False
+        if deciding and live.stopped_by is None:
+            live.stopped_by = "max_steps"
+            live.stop_reason = f"completed {bound} steps (--max-steps; the script went on, it was ended)"
+        return True
 
     def _decide(self, step: StepMetrics) -> None:
         """After a new step: prune when the observer says so, else stop early once the estimate is stable."""
@@ -1051,7 +1080,7 @@ def run_trial(
             hold a secret (the process itself gets the real values).
 
     Raises:
-        BackendError: argv[0] cannot be started (not found, not executable).
+        LaunchError: the command cannot be started (not found, not executable, too long).
         WriteError: a file of the trial could not be written (disk full, read-only, no permission):
             the trial is ended and cleaned up first (the pipes are drained meanwhile), then this is
             raised; the study stops.

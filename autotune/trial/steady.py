@@ -180,5 +180,10 @@ def is_stable(est: SteadyEstimate | None, cfg: EarlyStopConfig) -> bool:
     )
 
 
+#: the shortest step a training job can make: a shorter one is a clock the script got wrong (stamps
+#: 10^-12 s apart would otherwise give 10^13 completions/s), and is not used
+MIN_STEP_S = 1e-4
+
+
 def _usable(d: float | None) -> bool:
-    return d is not None and math.isfinite(d) and d > 0
+    return d is not None and math.isfinite(d) and d >= MIN_STEP_S
