@@ -57,6 +57,7 @@ from autotune.space import SearchSpace, canonical_key
 from autotune.strategy._blame import blamed_knobs
 from autotune.strategy._candidates import count_configs, neighbours, random_config, sample_configs
 from autotune.strategy._inference import infer_infeasible, is_memory_failure
+from autotune.strategy._screening import Screening, ScreeningSettings, ScreenPlan
 from autotune.strategy._surrogate import (
     PHASE_NAMES,
     ConfigEncoder,
@@ -136,6 +137,7 @@ class Proposal:
     incumbent: int | None = None
     move: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     suspect: str | None = None
+    covers: dict[str, Any] = field(default_factory=dict)
 
     def choice(self) -> dict[str, Any]:
         """Why this configuration was chosen, as stored with its trial (``TrialResult.choice``)."""
@@ -147,6 +149,7 @@ class Proposal:
             "incumbent": self.incumbent,
             "move": {k: [a, b] for k, (a, b) in self.move.items()},
             **({"suspect": self.suspect} if self.suspect else {}),
+            **({"covers": self.covers} if self.covers else {}),
         }
 
 
@@ -229,6 +232,8 @@ class SearchStrategy:
         full_grid_limit: spaces up to this size are considered in full; larger ones are sampled.
         pool_size: random configurations considered in a large space.
         shortlist_size: candidates whose memory load is re-checked fresh per round of choosing.
+        screening: how ``auto`` screens the high-impact knobs before it trusts the prior about them
+            (:mod:`autotune.strategy._screening`); None: no screening (the v2 search).
     """
 
     def __init__(
@@ -262,6 +267,7 @@ class SearchStrategy:
         full_grid_limit: int = 5_000,
         pool_size: int = 2_000,
         shortlist_size: int = 64,
+        screening: ScreeningSettings | None = ScreeningSettings(),  # noqa: B008 (frozen)
     ) -> None:
         if kind not in SEARCH_KINDS + COMPARISON_KINDS:
             raise UsageError(
@@ -306,6 +312,7 @@ class SearchStrategy:
         self._load_cache: dict[str, float] = {}
         self._analysis_key: tuple[Any, ...] | None = None
         self._analysis: _Analysis | None = None
+        self._screening = Screening(space, screening, seed) if screening and kind == "auto" else None
 
     # -- Optuna sampler -------------------------------------------------------------------------
     def sampler(self, *, parallel: bool = False) -> optuna.samplers.BaseSampler:
@@ -447,7 +454,7 @@ class SearchStrategy:
         if len(runs) < self.min_trials:
             return None
         best = self._best(history)
-        if best is None:
+        if best is None or not self._screened(runs):
             return None
         if visited is None:
             visited = {canonical_key(r.params) for r in history if r.status is not TrialStatus.INTERRUPTED}
@@ -722,6 +729,7 @@ class SearchStrategy:
             return choice, gain * p_ok, mean_log, p_ok
 
         incumbent = self._incumbent(history)
+        screen = None if explore_only else self._screen(runs, history, visited, budget_left, score, best)
 
         def finish(proposal: Proposal | None, mode: str) -> _Analysis:
             if proposal is None:
@@ -732,6 +740,8 @@ class SearchStrategy:
                 best,
             )
 
+        if screen is not None:
+            return finish(*screen)
         chosen: tuple[Proposal, str] | None = None
         # refinement: the best one- or two-knob change of the incumbent, when the schedule says so
         if not explore_only and incumbent is not None and self._wants_refine(runs, budget_left):
@@ -787,6 +797,63 @@ class SearchStrategy:
             if probe is not None:
                 return finish(probe, "probe")
         return finish(*chosen)
+
+    def _screen_plan(self) -> ScreenPlan | None:
+        """The screening plan over the valid pool (the estimator's knob spreads rank the knobs)."""
+        if self._screening is None:
+            return None
+        base = self._base_pool()
+        spreads = None
+        if self._rank is not None and len(base.prior) and np.isfinite(base.prior).any():
+            spreads = self._encoder_().knob_spreads(base.codes, np.log(base.prior))
+        return self._screening.plan([c.params for c in base.cands], spreads)
+
+    def _screened(self, runs: Sequence[TrialResult]) -> bool:
+        """Whether every screened level was measured healthy (or given up): stopping needs it."""
+        plan = self._screen_plan()
+        return (
+            plan is None
+            or self._screening is None
+            or self._screening.complete(plan, self._screening.state(plan, runs))
+        )
+
+    def _screen(
+        self,
+        runs: Sequence[TrialResult],
+        history: Sequence[TrialResult],
+        visited: set[str],
+        budget_left: int | None,
+        score: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        best: float | None,
+    ) -> tuple[Proposal, str] | None:
+        """The screening design's next run, or the combination of the best screened levels, while the
+        screening phase lasts (:class:`~autotune.strategy._screening.Screening`); None after it."""
+        plan = self._screen_plan()
+        if plan is None or self._screening is None:
+            return None
+        base = self._base_pool()
+        block = base.select([c.key not in visited for c in base.cands])
+        if not block.cands:
+            return None
+        choice, gain_ok, mean_log, p_ok = score(block, self._first_load(block.cands))
+
+        def check(params: Mapping[str, Any]) -> bool:
+            return infer_infeasible(self.space, params, history) is None and self._feasible(params)
+
+        pick = self._screening.next_run(
+            plan, runs, [c.params for c in block.cands], p_ok, choice, check, budget_left
+        )
+        if pick is None:
+            return None
+        i = pick.index
+        proposal = Proposal(
+            params=dict(block.cands[i].params),
+            predicted_throughput=float(math.exp(mean_log[i])),
+            expected_gain_frac=float(gain_ok[i]) if best is not None else None,
+            failure_risk=float(1.0 - p_ok[i]),
+            covers=pick.covers,
+        )
+        return proposal, pick.mode
 
     def _probe(
         self,
