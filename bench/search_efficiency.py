@@ -353,7 +353,9 @@ class GPStrategy(SearchStrategy):
     def sampler(self, *, parallel: bool = False) -> optuna.samplers.BaseSampler:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.GPSampler(seed=self.seed, n_startup_trials=GP_STARTUP_TRIALS)
+            return optuna.samplers.GPSampler(
+                seed=self.seed, n_startup_trials=GP_STARTUP_TRIALS, warn_independent_sampling=False
+            )
 
 
 def bench_config(

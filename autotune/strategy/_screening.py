@@ -144,31 +144,30 @@ def _healthy(result: TrialResult) -> bool:
     return bool(result.throughput) and not result.status.is_failure
 
 
-def balanced_design(n_levels: Sequence[int], n_runs: int, seed: int = 0, draws: int = 64) -> np.ndarray:
+def balanced_design(n_levels: Sequence[int], n_runs: int, seed: int = 0, draws: int = 200) -> np.ndarray:
     """A design of ``n_runs`` rows over knobs of ``n_levels`` levels (level indices, one column a knob).
 
-    Every column is balanced: each level appears ``n_runs // L`` or one more times (the first levels of
-    a random order get the extra runs). Among ``draws`` random arrangements, the one whose pairs of
-    columns meet most evenly (least squared deviation from ``n_runs / (Li × Lj)`` per pair of levels)
-    is kept: for a 3⁴ design in 9 runs that is an orthogonal array when one is found.
+    Every column is balanced: each level appears ``n_runs // L`` or one more times (the levels of a
+    random order get the extra runs in turn). Columns are added one at a time, each the best of
+    ``draws`` random balanced columns: the one that meets the columns before it most evenly (least
+    squared deviation from ``n_runs / (Li × Lj)`` per pair of levels), so main effects are aliased as
+    little as the run count allows (three 3-level knobs in 9 runs: an orthogonal array).
     """
-    if n_runs <= 0 or not n_levels:
-        return np.zeros((max(0, n_runs), len(n_levels)), dtype=int)
     rng = np.random.default_rng(seed)
-    best: np.ndarray | None = None
-    best_cost = math.inf
-    for _ in range(max(1, draws)):
-        cols = []
-        for n in n_levels:
-            order = rng.permutation(n)
-            column = np.resize(order, n_runs)
-            cols.append(rng.permutation(column))
-        design = np.stack(cols, axis=1)
-        cost = _aliasing(design, n_levels)
-        if cost < best_cost:
-            best, best_cost = design, cost
-    assert best is not None
-    return best
+    columns: list[np.ndarray] = []
+    for j, n in enumerate(n_levels):
+        best, best_cost = None, math.inf
+        for _ in range(max(1, draws) if columns else 1):
+            column = rng.permutation(np.resize(rng.permutation(n), max(0, n_runs)))
+            cost = _aliasing(np.stack([*columns, column], axis=1), n_levels[: j + 1]) if columns else 0.0
+            if cost < best_cost:
+                best, best_cost = column, cost
+                if cost == 0.0:
+                    break
+        columns.append(best if best is not None else np.zeros(max(0, n_runs), dtype=int))
+    if not columns:
+        return np.zeros((max(0, n_runs), 0), dtype=int)
+    return np.stack(columns, axis=1).astype(int)
 
 
 def _aliasing(design: np.ndarray, n_levels: Sequence[int]) -> float:
