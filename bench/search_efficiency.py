@@ -2,7 +2,7 @@
 
 Every study runs through the real study loop (:class:`autotune.study.loop.Study`: baseline first,
 pre-screen, OOM inference, Optuna tell with constraints, pruning of clearly slower trials, stopping)
-with the trials simulated in-process. Two kinds of surface (see ``bench/_settings.py``):
+with the trials simulated in-process. Three kinds of surface (see ``bench/_settings.py``):
 
 - **estimator-derived** (``bench/_surfaces.py``): autotune's own memory and time model plus model
   error, failure regions, start-up costs and noise. A search seeded by that estimator does well there
@@ -10,6 +10,10 @@ with the trials simulated in-process. Two kinds of surface (see ``bench/_setting
 - **independent** (``bench/_independent.py``): a world with its own functional forms, interactions the
   estimator does not model and failure regions drawn at random per seed; it never reads the estimator.
   These are the surfaces that say whether the search generalises.
+- **adversarial** (``bench/_adversarial.py``): each independent world reversed on one or two
+  high-impact knobs per seed, so that a prior built on the usual physics is wrong in direction there,
+  the optimum 3+ knobs from the baseline, and the baseline failing at start-up in about a third of the
+  seeds: the surfaces that say whether the search overcomes a wrong prior.
 
 A simulated trial reports what the real runner would: status and reason worded as autotune's outcome
 module words them, the phase a failure happened in (``failed_phase``), and for a run with steady steps
@@ -18,8 +22,12 @@ a ``timeline_summary`` shaped like ``probes/timeline.summarize``'s with per-step
 Strategies compared (same user baseline, same budget, same seeds, same stop rules of the loop):
 
 - ``autotune``: ``--search auto`` with the estimator-backed memory gate (``EstimatorGate``);
+- ``autotune-v2``: the same without its screening phase (the search before issue 29), for comparison;
 - ``random``: Optuna's random sampler with the same pre-screen (gate + OOM inference);
 - ``tpe``: Optuna's TPE (multivariate, grouped, constraints) with the same pre-screen, no ranking;
+- ``gp``: Optuna's GPSampler (constraints from the trials, 4 random start-up trials instead of its
+  default 10) with the same pre-screen; it samples the conditional knobs of these spaces independently
+  (GPSampler has no dynamic search spaces);
 - ``ds-sweep``: DeepSpeed's autotuner procedure — ZeRO stage, then micro-batch up to the first
   failure, other knobs at the baseline — pre-screened with model-state arithmetic only, as DeepSpeed.
 
@@ -75,7 +83,7 @@ from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
 from autotune.study.recommend import recommend  # noqa: E402
 
-STRATEGIES = ("autotune", "random", "tpe", "gp", "ds-sweep")
+STRATEGIES = ("autotune", "autotune-v2", "random", "tpe", "gp", "ds-sweep")
 RIVALS = ("random", "tpe", "gp")  # the peers autotune is compared with in the verdict
 KINDS = ("estimator", "independent", "adversarial")
 #: the world of each kind of surface, built from the setting's table and a seed
@@ -423,7 +431,10 @@ def run_one(
     cfg = bench_config(setting, study_dir, hardware, seed, search, budget)
     executor = SimulatedExecutor(surface, setting.n_gpus)
     t0 = time.perf_counter()
-    outcome = Study(cfg, backend, space, executor, memory_gate=gate, **kwargs).run()
+    study = Study(cfg, backend, space, executor, memory_gate=gate, **kwargs)
+    if strategy == "autotune-v2":
+        study.strategy.screening = None  # the search as it was before its screening phase
+    outcome = study.run()
     wall = time.perf_counter() - t0
 
     results = outcome.results
@@ -735,7 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=30, help="trial budget of every study (default 30)")
     parser.add_argument(
         "--strategies",
-        default=",".join(STRATEGIES),
+        default="autotune,random,tpe,gp,ds-sweep",
         help=f"comma-separated, from {', '.join(STRATEGIES)}",
     )
     parser.add_argument(

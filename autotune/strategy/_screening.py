@@ -20,7 +20,7 @@ a small *screening design* over the high-impact knobs, and only then exploits.
    P(ok)). The caller checks candidates in that order against the validity rules, the OOM inference and
    the memory gate, so the other knobs are chosen to keep each run healthy (feasibility repair).
 4. **Combine** (:meth:`Screening.best_levels`): once the design is done, one run sets every screened
-   knob to its best measured level (mean log throughput of its healthy runs), the rest by the model.
+   knob to its best measured level (the level of its best healthy run), the rest by the model.
 
 Screening ends when every reachable level was measured healthy and the design's share of the budget
 is spent (``design_share``), or at ``cover_share`` of the budget at the latest. Everything is a function
@@ -321,7 +321,8 @@ class Screening:
         return order, cover
 
     def best_levels(self, plan: ScreenPlan, runs: Sequence[TrialResult]) -> dict[str, Any]:
-        """Each screened knob's level with the highest mean log throughput over its healthy runs."""
+        """Each screened knob's level with the best healthy run (a level is as good as the best
+        configuration it was measured in: the other knobs of a screening run are not its own choice)."""
         out: dict[str, Any] = {}
         for knob, values in zip(plan.knobs, plan.levels, strict=True):
             means: list[tuple[float, Any]] = []
@@ -333,7 +334,7 @@ class Screening:
                     if _healthy(r) and knob in r.params and canonical_key({"v": r.params[knob]}) == key
                 ]
                 if logs:
-                    means.append((float(np.mean(logs)), value))
+                    means.append((max(logs), value))
             if means:
                 out[knob] = max(means, key=lambda m: m[0])[1]
         return out

@@ -312,7 +312,9 @@ class SearchStrategy:
         self._load_cache: dict[str, float] = {}
         self._analysis_key: tuple[Any, ...] | None = None
         self._analysis: _Analysis | None = None
-        self._screening = Screening(space, screening, seed) if screening and kind == "auto" else None
+        self.screening: Screening | None = (
+            Screening(space, screening, seed) if screening and kind == "auto" else None
+        )
 
     # -- Optuna sampler -------------------------------------------------------------------------
     def sampler(self, *, parallel: bool = False) -> optuna.samplers.BaseSampler:
@@ -800,21 +802,21 @@ class SearchStrategy:
 
     def _screen_plan(self) -> ScreenPlan | None:
         """The screening plan over the valid pool (the estimator's knob spreads rank the knobs)."""
-        if self._screening is None:
+        if self.screening is None:
             return None
         base = self._base_pool()
         spreads = None
         if self._rank is not None and len(base.prior) and np.isfinite(base.prior).any():
             spreads = self._encoder_().knob_spreads(base.codes, np.log(base.prior))
-        return self._screening.plan([c.params for c in base.cands], spreads)
+        return self.screening.plan([c.params for c in base.cands], spreads)
 
     def _screened(self, runs: Sequence[TrialResult]) -> bool:
         """Whether every screened level was measured healthy (or given up): stopping needs it."""
         plan = self._screen_plan()
         return (
             plan is None
-            or self._screening is None
-            or self._screening.complete(plan, self._screening.state(plan, runs))
+            or self.screening is None
+            or self.screening.complete(plan, self.screening.state(plan, runs))
         )
 
     def _screen(
@@ -829,7 +831,7 @@ class SearchStrategy:
         """The screening design's next run, or the combination of the best screened levels, while the
         screening phase lasts (:class:`~autotune.strategy._screening.Screening`); None after it."""
         plan = self._screen_plan()
-        if plan is None or self._screening is None:
+        if plan is None or self.screening is None:
             return None
         base = self._base_pool()
         block = base.select([c.key not in visited for c in base.cands])
@@ -840,7 +842,7 @@ class SearchStrategy:
         def check(params: Mapping[str, Any]) -> bool:
             return infer_infeasible(self.space, params, history) is None and self._feasible(params)
 
-        pick = self._screening.next_run(
+        pick = self.screening.next_run(
             plan, runs, [c.params for c in block.cands], p_ok, choice, check, budget_left
         )
         if pick is None:
