@@ -467,7 +467,7 @@ class SearchStrategy:
         if gain is not None and gain < self.stop_gain_frac:
             return (
                 f"further trials are unlikely to gain more than {self.stop_gain_frac:.0%}: the most promising "
-                f"untried configuration is expected to gain {gain:.1%} over the best"
+                f"untried configuration is expected to gain {gain:.1%} over the best{self._screen_note()}"
             )
         measured = [r for r in runs if r.throughput and not r.status.is_failure]
         if len(measured) > self.patience:
@@ -476,7 +476,7 @@ class SearchStrategy:
             if before and max(recent, default=0.0) <= max(before) * (1 + self.stop_gain_frac):
                 return (
                     f"the last {self.patience} trials that ran did not beat the best by more than "
-                    f"{self.stop_gain_frac:.0%}; further trials are unlikely to gain more"
+                    f"{self.stop_gain_frac:.0%}; further trials are unlikely to gain more{self._screen_note()}"
                 )
         return None
 
@@ -818,6 +818,13 @@ class SearchStrategy:
             or self.screening is None
             or self.screening.complete(plan, self.screening.state(plan, runs))
         )
+
+    def _screen_note(self) -> str:
+        """What a stop owes to the screening phase (empty without one)."""
+        plan = self._screen_plan()
+        if plan is None or not plan.knobs:
+            return ""
+        return f" (every level of {', '.join(plan.knobs)} was measured healthy or failed twice: the prior was checked)"
 
     def _screen(
         self,

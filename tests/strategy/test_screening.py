@@ -170,6 +170,18 @@ def test_the_study_does_not_stop_before_every_screened_level_was_measured(space:
     assert never_stop_early.converged(history, 10) is None  # tp=2, tp=4, zero, offload: not measured yet
     plain = SearchStrategy(space, seed=0, rank=prior, min_trials=1, stop_gain_frac=10.0, screening=None)
     assert plain.converged(history, 10) is not None
+    # once every level was measured, the stop may come, and its reason says the prior was checked
+    covered = [
+        *history,
+        *(
+            result(n, {"batch": 1, "tp": tp, "zero": zero, "offload": off, "workers": 0})
+            for n, (tp, zero, off) in enumerate([(2, 2, True), (4, 3, False), (4, 0, True)], start=2)
+        ),
+        result(5, {"batch": 4, "tp": 1, "zero": 0, "offload": False, "workers": 0}),
+        result(6, {"batch": 8, "tp": 1, "zero": 0, "offload": True, "workers": 0}),
+    ]
+    reason = never_stop_early.converged(covered, 10)
+    assert reason is not None and "the prior was checked" in reason
 
 
 def test_the_combination_sets_each_screened_knob_to_its_best_measured_level(space: SearchSpace) -> None:
