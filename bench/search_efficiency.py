@@ -408,9 +408,14 @@ def run_one(
     ctx = setting.context(study_dir / "trials" / "0")
     gate: Any
     kwargs: dict[str, Any] = {}
-    search = {"autotune": "auto", "random": "random", "tpe": "tpe", "gp": "tpe", "ds-sweep": "random"}[
-        strategy
-    ]
+    search = {
+        "autotune": "auto",
+        "autotune-v2": "auto",
+        "random": "random",
+        "tpe": "tpe",
+        "gp": "tpe",
+        "ds-sweep": "random",
+    }[strategy]
     if strategy == "ds-sweep":
         gate = ModelStatesGate(setting, backend, ctx)
         kwargs["strategy"] = DeepSpeedSweep(
