@@ -646,9 +646,9 @@ def render(
             "",
             _TITLE[kind],
             "",
-            f"| {'surface':<36} | {'search':<9} | {'trials to 3%':>12} | {'GPU-h to 3%':>11} | "
+            f"| {'surface':<36} | {'search':<11} | {'trials to 3%':>12} | {'GPU-h to 3%':>11} | "
             f"{'failed GPU time':>15} | {'regret@12':>9} | {'final regret':>12} | {'trials run':>10} |",
-            f"|{'-' * 38}|{'-' * 11}|{'-' * 14}|{'-' * 13}|{'-' * 17}|{'-' * 11}|{'-' * 14}|{'-' * 12}|",
+            f"|{'-' * 38}|{'-' * 13}|{'-' * 14}|{'-' * 13}|{'-' * 17}|{'-' * 11}|{'-' * 14}|{'-' * 12}|",
         ]
         for setting in dict.fromkeys(m.setting for m in of_kind):
             for strategy in strategies:
@@ -656,7 +656,7 @@ def render(
                 if not rows:
                     continue
                 lines.append(
-                    f"| {setting:<36} | {strategy:<9} | "
+                    f"| {setting:<36} | {strategy:<11} | "
                     f"{_fmt_trials(_median([m.trials_to_target for m in rows]), budget):>12} | "
                     f"{_fmt_gpu_h(_median([m.gpu_h_to_target for m in rows])):>11} | "
                     f"{_median([m.failed_gpu_share for m in rows]):>15.1%} | "
