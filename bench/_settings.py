@@ -6,6 +6,8 @@ Two kinds of surface are built for a setting:
   errors. A search seeded by that estimator does well there partly by construction.
 - ``independent`` (:mod:`_independent`): a world with its own parameterisation, functional forms and
   randomly drawn failure regions, which never reads autotune's estimator.
+- ``adversarial`` (:mod:`_adversarial`): the independent world of an independent setting, reversed on
+  one or two high-impact knobs per seed (a prior that follows the usual physics is wrong there).
 
 Both answer :class:`World`'s questions with a :class:`Truth` per configuration. This module names the
 hardware and model of a setting through autotune's catalogs (constants only: memory size, bandwidths,
@@ -15,7 +17,7 @@ parameter and layer counts) and nothing of the estimator's model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -35,6 +37,7 @@ __all__ = [
     "STATUS",
     "STEP_PHASES",
     "Setting",
+    "table_setting",
     "Truth",
     "World",
 ]
@@ -93,8 +96,9 @@ class Setting:
         narrow: knob values the bench space keeps (e.g. colocated vLLM only).
         stage_knob: the ZeRO-stage knob, for the DeepSpeed-style sweep.
         stages: its values in the order DeepSpeed tries them.
-        kind: which world the bench builds for it: ``estimator`` (autotune's model with errors) or
-            ``independent`` (a model of its own).
+        kind: which world the bench builds for it: ``estimator`` (autotune's model with errors),
+            ``independent`` (a model of its own) or ``adversarial`` (that model reversed on one or two
+            high-impact knobs, so that a prior built on the usual physics is wrong in direction).
     """
 
     name: str
@@ -108,7 +112,7 @@ class Setting:
     narrow: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     stage_knob: str = "zero_stage"
     stages: tuple[Any, ...] = (0, 2, 3)
-    kind: Literal["estimator", "independent"] = "estimator"
+    kind: Literal["estimator", "independent", "adversarial"] = "estimator"
 
     @property
     def global_batch(self) -> int:
@@ -263,7 +267,7 @@ def _swift(
     host_ram_gib: float,
     fixed: Mapping[str, Any],
     baseline: Mapping[str, Any],
-    kind: Literal["estimator", "independent"] = "estimator",
+    kind: Literal["estimator", "independent", "adversarial"] = "estimator",
 ) -> Setting:
     """An ms-swift setting: colocated vLLM only (server mode needs a rollout server of its own), the
     DeepSpeed presets as the stages of the DeepSpeed-style sweep."""
@@ -348,3 +352,18 @@ SETTINGS: tuple[Setting, ...] = (
         kind="independent",
     ),
 )
+ADVERSARIAL_SUFFIX = " adv"
+# -- adversarial: each independent setting again, its world reversed on high-impact knobs
+SETTINGS = SETTINGS + tuple(
+    replace(s, name=s.name + ADVERSARIAL_SUFFIX, kind="adversarial")
+    for s in SETTINGS
+    if s.kind == "independent"
+)
+
+
+def table_setting(setting: Setting) -> Setting:
+    """The setting whose seed-independent table a setting's surfaces read: an adversarial setting
+    shares the table of its independent twin (the decoded configurations do not depend on the world)."""
+    if setting.kind != "adversarial":
+        return setting
+    return replace(setting, name=setting.name.removesuffix(ADVERSARIAL_SUFFIX), kind="independent")

@@ -622,6 +622,13 @@ def choice_text(choice: Mapping[str, Any] | None) -> str:
             f"test a suspect of earlier failures ({choice.get('suspect') or 'a knob value'}) on best trial "
             f"{incumbent}: {changes}; if it works, faster configurations with it are open"
         )
+    elif mode in ("screen", "combine"):
+        covers = ", ".join(f"{k} {knob_value(v)}" for k, v in (choice.get("covers") or {}).items())
+        parts.append(
+            f"screen the high-impact knobs: measure {covers or 'the design row'}"
+            if mode == "screen"
+            else f"combine the best screened levels: {covers or 'as measured'}"
+        )
     elif incumbent is not None:
         parts.append(
             f"explore: {len(move)} knob{'s' if len(move) != 1 else ''} away from best trial {incumbent}"

@@ -60,6 +60,8 @@ from autotune.strategy._blame import blamed_knobs
 from autotune.strategy._candidates import neighbours
 from autotune.strategy._inference import infer_infeasible, is_memory_failure
 from autotune.strategy._pool import Block, Candidate, CandidatePool, PriorScale, observed_phases
+from autotune.strategy._screen_phase import ScreeningPhase
+from autotune.strategy._screening import Screening, ScreeningSettings
 from autotune.strategy._surrogate import FailureModel, PhaseSpeedModel, SpeedModel, expected_gain
 from autotune.strategy._tpe import tpe_sampler
 
@@ -90,6 +92,7 @@ class ScoredProposal(Proposal):
     incumbent: int | None = None
     move: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     suspect: str | None = None
+    covers: dict[str, Any] = field(default_factory=dict)
 
     def choice(self) -> dict[str, Any]:
         """Why this configuration was chosen, as stored with its trial (``TrialResult.choice``)."""
@@ -101,6 +104,7 @@ class ScoredProposal(Proposal):
             "incumbent": self.incumbent,
             "move": {k: [a, b] for k, (a, b) in self.move.items()},
             **({"suspect": self.suspect} if self.suspect else {}),
+            **({"covers": self.covers} if self.covers else {}),
         }
 
 
@@ -176,6 +180,8 @@ class AutoSettings(StrategySettings):
         pool_size: random configurations considered in a large space.
         shortlist_size: candidates whose memory load is re-checked fresh per round of choosing.
         n_startup_trials: random trials of Optuna's TPE, used only when ``auto`` has no proposal left.
+        screening: how ``auto`` screens the high-impact knobs before it trusts the prior about them
+            (:mod:`autotune.strategy._screening`); None: no screening (the v2 search).
     """
 
     min_phase_trials: int = 2
@@ -197,9 +203,10 @@ class AutoSettings(StrategySettings):
     pool_size: int = 2_000
     shortlist_size: int = 64
     n_startup_trials: int = 4
+    screening: ScreeningSettings | None = ScreeningSettings()  # noqa: RUF009 - frozen
 
 
-class AutoStrategy(BaseStrategy):
+class AutoStrategy(ScreeningPhase, BaseStrategy):
     """Constrained expected improvement over the estimator's prior, corrected by what trials measure
     (see the module's docstring). Settings: :class:`AutoSettings`."""
 
@@ -224,6 +231,13 @@ class AutoStrategy(BaseStrategy):
         )
         self._analysis_key: tuple[Any, ...] | None = None
         self._analysis: _Analysis | None = None
+        self.screening: Screening | None = (
+            Screening(space, s.screening, seed) if s.screening is not None else None
+        )
+
+    def scored(self, **fields: Any) -> ScoredProposal:
+        """A proposal of this strategy's kind (the screening phase builds its own through this)."""
+        return ScoredProposal(**fields)
 
     def _pool_configs(self) -> list[dict[str, Any]]:
         if self.size() <= self.settings.full_grid_limit:
@@ -302,7 +316,7 @@ class AutoStrategy(BaseStrategy):
         if len(runs) < self.settings.min_trials:
             return None
         best = self._best(history)
-        if best is None:
+        if best is None or not self._screened(runs):
             return None
         analysis = self._analyse(history, pending, explore_only=True)
         if analysis.proposal is None:
@@ -311,7 +325,7 @@ class AutoStrategy(BaseStrategy):
         if gain is not None and gain < self.settings.stop_gain_frac:
             return (
                 f"further trials are unlikely to gain more than {self.settings.stop_gain_frac:.0%}: the most promising "
-                f"untried configuration is expected to gain {gain:.1%} over the best"
+                f"untried configuration is expected to gain {gain:.1%} over the best{self._screen_note()}"
             )
         measured = [r for r in runs if r.throughput and not r.status.is_failure]
         if len(measured) > self.settings.patience:
@@ -324,7 +338,7 @@ class AutoStrategy(BaseStrategy):
             if before and max(recent, default=0.0) <= max(before) * (1 + self.settings.stop_gain_frac):
                 return (
                     f"the last {self.settings.patience} trials that ran did not beat the best by more than "
-                    f"{self.settings.stop_gain_frac:.0%}; further trials are unlikely to gain more"
+                    f"{self.settings.stop_gain_frac:.0%}; further trials are unlikely to gain more{self._screen_note()}"
                 )
         return None
 
@@ -478,6 +492,7 @@ class AutoStrategy(BaseStrategy):
             return choice, gain * p_ok, mean_log, p_ok
 
         incumbent = self._incumbent(history)
+        screen = None if explore_only else self._screen(runs, history, visited, budget_left, score, best)
 
         def finish(proposal: ScoredProposal | None, mode: str) -> _Analysis:
             if proposal is None:
@@ -488,6 +503,8 @@ class AutoStrategy(BaseStrategy):
                 best,
             )
 
+        if screen is not None:
+            return finish(*screen)
         chosen: tuple[ScoredProposal, str] | None = None
         # refinement: the best one- or two-knob change of the incumbent, when the schedule says so
         if not explore_only and incumbent is not None and self._wants_refine(runs, budget_left):

@@ -54,6 +54,9 @@ STRATEGIES: dict[str, StrategyEntry] = {
     "tpe": StrategyEntry(
         "autotune.strategy._tpe:TPEStrategy", "Optuna's TPE with constraints, no estimator", on_cli=False
     ),
+    "gp": StrategyEntry(
+        "autotune.strategy._gp:GPStrategy", "Optuna's GPSampler with constraints, no estimator", on_cli=False
+    ),
     "ds-sweep": StrategyEntry(
         "autotune.strategy._sweep:DeepSpeedSweep",
         "DeepSpeed's autotuner: ZeRO stage, then micro-batch",

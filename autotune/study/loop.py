@@ -37,7 +37,7 @@ from autotune.backends import Backend
 from autotune.errors import UsageError, WriteError
 from autotune.records import TrialResult, TrialSpec, TrialStatus
 from autotune.space import SearchSpace, canonical_key
-from autotune.strategy import BaseStrategy, Collaborators, build_strategy
+from autotune.strategy import BaseStrategy, Collaborators, StrategySettings, build_strategy
 from autotune.study.ask import Asker
 from autotune.study.binding import bind_storage, bound_name, claim_number, study_uid
 from autotune.study.ceiling import TrialCeilings
@@ -121,6 +121,7 @@ class Study(StudyPart):
         interrupted: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         strategy: BaseStrategy | None = None,
+        strategy_settings: StrategySettings | None = None,
     ) -> None:
         super().__init__(
             StudyState(
@@ -166,6 +167,7 @@ class Study(StudyPart):
                 usable=self.screen.usable,
             ),
             seed=seed,
+            settings=strategy_settings,
         )
         self.pruner = SlowerThanBest()
         self.ceilings = TrialCeilings.for_study(cfg)

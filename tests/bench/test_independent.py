@@ -13,12 +13,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import search_efficiency as se  # noqa: E402
+from _adversarial import MIN_DISTANCE, AdversarialSurface, knob_distance  # noqa: E402
 from _independent import ConfigTable, IndependentSurface  # noqa: E402
 from _settings import FAILED_PHASES, SETTINGS, STEP_PHASES, Setting, Truth  # noqa: E402
 
@@ -153,8 +155,9 @@ def test_phases_sum_to_the_step_and_failures_name_their_phase(
     assert "startup" in phases_failed and phases_failed - {"startup"}  # failures at start-up and in a step
 
 
-def test_the_independent_world_does_not_import_the_estimator() -> None:
-    tree = ast.parse((BENCH / "_independent.py").read_text())
+@pytest.mark.parametrize("module", ["_independent.py", "_adversarial.py"])
+def test_the_independent_world_does_not_import_the_estimator(module: str) -> None:
+    tree = ast.parse((BENCH / module).read_text())
     imported: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -216,3 +219,38 @@ def test_studies_on_an_independent_surface_run_end_to_end(trl: ConfigTable, tmp_
             else:
                 assert r.failed_phase is None
     assert completes and failures
+
+
+def _level_medians(surface: IndependentSurface, knob: str) -> dict[int, float]:
+    """Median step time of the usable configurations at each level of ``knob`` (one data-loader setting)."""
+    table = surface.table
+    ev = surface._evaluate(table.worker_values[0])
+    usable = surface._usable(ev)
+    idx = table.knob_idx[knob]
+    return {
+        int(lv): float(np.median(ev["step"][usable & (idx == lv)]))
+        for lv in set(idx[usable].tolist())
+        if lv >= 0
+    }
+
+
+def test_an_adversarial_world_reverses_a_high_impact_knob_and_moves_the_optimum_away(
+    trl: ConfigTable,
+) -> None:
+    """The level the plain world finds slowest becomes the fastest; the optimum is 3+ knobs from the
+    baseline; some seeds' baseline fails at start-up; the plain world of the same seed is untouched."""
+    baseline = trl.space.active(dict(trl.setting.baseline))
+    failing = 0
+    far = 0
+    for seed in range(100, 110):
+        plain, adversarial = IndependentSurface(trl, seed), AdversarialSurface(trl, seed)
+        assert adversarial.reversed
+        for knob, value in adversarial.reversed.items():
+            promoted = trl.knob_values[knob].index(value)
+            before, after = _level_medians(plain, knob), _level_medians(adversarial, knob)
+            assert max(before, key=before.__getitem__) == promoted  # slowest in the plain world ...
+            assert min(after, key=after.__getitem__) == promoted  # ... fastest in the adversarial one
+        best, _, _ = adversarial.optimum()
+        far += knob_distance(best, baseline) >= MIN_DISTANCE
+        failing += adversarial.truth(baseline).status is TrialStatus.VLLM_INIT
+    assert far >= 8 and 0 < failing < 10

@@ -154,17 +154,28 @@ def test_each_kind_of_surface_gets_its_table_and_its_verdict() -> None:
         _metrics("autotune", "ind B", "independent", inf, 0.2, 0.15),
         _metrics("random", "ind B", "independent", inf, 0.05, 0.3),
         _metrics("tpe", "ind B", "independent", inf, 0.05, 0.1),
+        _metrics("autotune", "adv C", "adversarial", inf, 0.05, 0.25),
+        _metrics("random", "adv C", "adversarial", inf, 0.05, 0.2),
+        _metrics("tpe", "adv C", "adversarial", inf, 0.05, 0.3),
     ]
     text = se.render(metrics, ["autotune", "random", "tpe"], 30, [1])
-    estimator, independent = text.split("independent surfaces")
-    assert "est A" in estimator and "ind B" not in estimator
-    assert "ind B" in independent and "est A" not in independent
+    estimator, rest = text.split("independent surfaces")
+    independent, adversarial = rest.split("adversarial surfaces")
+    assert "est A" in estimator and "ind B" not in estimator and "adv C" not in estimator
+    assert "ind B" in independent and "est A" not in independent and "adv C" not in independent
+    assert "adv C" in adversarial and "ind B" not in adversarial
     lines = se.verdict(metrics, 30)
     est = next(line for line in lines if line.strip().startswith("est A"))
     ind = next(line for line in lines if line.strip().startswith("ind B"))
-    assert "beats random" in est and "beats tpe" in est and "(met, <= 12)" in est and "5.0% (met" in est
+    adv = next(line for line in lines if line.strip().startswith("adv C"))
+    assert "beats random" in est and "beats tpe" in est and "regret@12 0.0% (met, <= 3%)" in est
+    assert "5.0% (met" in est and "no worse than random (met)" in est
     # neither reaches 3 %: regret at 12 trials decides; 15 % beats random's 30 %, loses to TPE's 10 %
     assert "beats random" in ind and "does NOT beat tpe" in ind and ind.count("MISSED") == 2
+    # 25 % at 12 trials is worse than random search's median of 20 %: that target is missed too
+    assert "does NOT beat random" in adv and "no worse than random (MISSED)" in adv
+    assert any("independent: autotune beats random on 1 of 1, tpe on 0 of 1 surfaces" in x for x in lines)
     assert any(
-        "independent: autotune beats random on 1 of 1, tpe on 0 of 1, both on 0 of 1" in x for x in lines
+        "estimator: autotune beats random on 1 of 1, tpe on 1 of 1 surfaces; all targets hold on 1" in x
+        for x in lines
     )

@@ -36,6 +36,15 @@ def test_exploration_baseline_and_sampler_choices() -> None:
     assert choice_text(None) == ""
 
 
+def test_screening_and_combination_runs_name_the_levels_they_measure() -> None:
+    screen = choice_text(
+        {"mode": "screen", "incumbent": 0, "move": {"tp": [1, 4]}, "covers": {"tp": 4}, "failure_risk": 0.1}
+    )
+    assert screen == "screen the high-impact knobs: measure tp 4; failure risk 10%"
+    combine = choice_text({"mode": "combine", "covers": {"tp": 4, "sleep_level": 0}})
+    assert combine == "combine the best screened levels: tp 4, sleep_level 0"
+
+
 def test_the_markdown_report_has_a_chosen_because_column(fixture_study: Path, tmp_path: Path) -> None:
     paths = render_study(fixture_study, out_dir=tmp_path / "report", png=False)
     md = Path(paths.markdown).read_text()

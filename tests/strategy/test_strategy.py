@@ -1,4 +1,8 @@
-"""The search strategy driven directly: proposals, what failures teach it, stopping, determinism."""
+"""The search strategy driven directly: proposals, what failures teach it, stopping, determinism.
+
+Tests of the exploitation phase's own rules (the first choice by the prior, what a failure teaches it,
+patience, aversion, probes) build the strategy without its screening phase (``screening=None``); the
+screening phase has tests of its own (``test_screening.py``)."""
 
 from __future__ import annotations
 
@@ -102,7 +106,9 @@ def drive(
 
 def test_first_proposal_is_the_predicted_fastest_feasible(space: SearchSpace) -> None:
     infeasible = {canonical_key(p) for p in space.grid() if p["batch"] == 16 and not p["checkpointing"]}
-    s = auto(space, seed=1, rank=predicted, feasible=lambda p: canonical_key(p) not in infeasible)
+    s = auto(
+        space, seed=1, rank=predicted, feasible=lambda p: canonical_key(p) not in infeasible, screening=None
+    )
     proposal = s.propose([], at(set()))
     assert isinstance(proposal, Proposal)
     first = proposal.params
@@ -127,7 +133,7 @@ def test_a_value_that_always_fails_is_learned_and_the_best_working_one_found(spa
     def truth(p: dict[str, Any]) -> tuple[TrialStatus, float | None]:
         return (TrialStatus.HANG, None) if p["workers"] == 2 else (TrialStatus.COMPLETE, predicted(p))
 
-    s = auto(space, seed=3, rank=rank, stop_gain_frac=0.0)
+    s = auto(space, seed=3, rank=rank, stop_gain_frac=0.0, screening=None)
     history = drive(s, truth, 12)
     assert history[0].params["workers"] == 2  # the prior's favourite is tried first ...
     hangs = [r for r in history if r.status is TrialStatus.HANG]
@@ -188,7 +194,7 @@ def test_stopping_waits_for_enough_trials_then_says_why(space: SearchSpace) -> N
 
 
 def test_patience_counts_only_trials_that_ran(space: SearchSpace) -> None:
-    s = auto(space, seed=6, rank=predicted, min_trials=2, patience=3, stop_gain_frac=0.0)
+    s = auto(space, seed=6, rank=predicted, min_trials=2, patience=3, stop_gain_frac=0.0, screening=None)
     grid = list(space.grid())
     history = [result(0, grid[0], TrialStatus.COMPLETE, 1.0)]
     history += [result(i, grid[i], TrialStatus.HANG) for i in range(1, 6)]
@@ -267,7 +273,7 @@ def test_failed_gpu_time_makes_the_choice_more_risk_averse(space: SearchSpace) -
             result(0, baseline, TrialStatus.COMPLETE, 1.0).model_copy(update={"gpu_seconds": 100.0}),
             result(1, hung, TrialStatus.HANG).model_copy(update={"gpu_seconds": hang_gpu_s}),
         ]
-        s = auto(space, seed=0, rank=predicted, budget_aversion=budget_aversion)
+        s = auto(space, seed=0, rank=predicted, budget_aversion=budget_aversion, screening=None)
         return s.explain(history, at({canonical_key(r.params) for r in history}))
 
     plain = proposal(100.0, 0.0)  # constrained expected improvement: the faster, riskier candidate
@@ -298,13 +304,13 @@ def test_a_suspect_next_to_a_large_predicted_gain_is_tested_on_the_best_trial(sp
         result(4, {"batch": 16, "checkpointing": True, "zero": 0, "workers": 0}, TrialStatus.COMPLETE, 2.0),
     ]
     visited = {canonical_key(r.params) for r in history}
-    plain = auto(space, seed=0, rank=rank, max_probes=0).explain(history, at(visited, 20))
-    looked = auto(space, seed=0, rank=rank).explain(history, at(visited, 20))
+    plain = auto(space, seed=0, rank=rank, max_probes=0, screening=None).explain(history, at(visited, 20))
+    looked = auto(space, seed=0, rank=rank, screening=None).explain(history, at(visited, 20))
     assert plain is not None and looked is not None
     assert plain.mode != "probe" and plain.params.get("workers") != 2
     assert looked.mode == "probe" and looked.incumbent == 4
     assert looked.params == {"batch": 16, "checkpointing": True, "zero": 0, "workers": 2}
     assert looked.suspect == "workers=2"
     # with no trial left after it, knowing more is worth nothing
-    last = auto(space, seed=0, rank=rank).explain(history, at(visited, 1))
+    last = auto(space, seed=0, rank=rank, screening=None).explain(history, at(visited, 1))
     assert last is not None and last.mode != "probe"

@@ -151,8 +151,14 @@ def test_a_resumed_study_continues_the_same_search(tmp_path: Path) -> None:
     straight, ex_straight = make(tmp_path, "straight", 9)
     no_early_stop(straight)  # compare whole sequences
     straight.run()
-    first, ex_first = make(tmp_path, "resumed", 4)
+    # stopped by the user after four trials, then resumed with the same budget (the schedule — the
+    # screening design's share, the refinement share — is a function of the budget)
+    ran: list[dict[str, Any]] = []
+    first, ex_first = make(tmp_path, "resumed", 9, interrupted=lambda: len(ran) >= 4)
+    ran = ex_first.ran
+    first.strategy.min_trials = 100
     first.run()
+    assert len(ex_first.ran) == 4
     second, ex_second = make(tmp_path, "resumed", 9)
     no_early_stop(second)
     second.run()
