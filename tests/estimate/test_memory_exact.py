@@ -31,6 +31,7 @@ from autotune.estimate import (
     estimate_memory,
     find_gpu,
     find_model,
+    generic_gpu,
     lora_params,
     model_states,
 )
@@ -424,3 +425,181 @@ def test_startup_deficit_when_the_trainer_loads_first() -> None:
         vllm_max_model_len=2048,
     )
     assert (est.vllm_startup_ok, est.vllm_startup_deficit_bytes) == (False, 9_524_500_480)
+
+
+# --- LoRA: the frozen bf16 base (partitioned under ZeRO-3) and the fp32 adapter with fp32 gradients
+# and Adam moments. Qwen2.5-0.5B on 2 GPUs, rank 8: A = 4,399,104 (above), 4A = 17,596,416,
+# 8A = 35,192,832; offloaded optimizer on the host: 12A · 1.5 = 52,789,248 · 1.5 = 79,183,872.
+LORA_CASES = {
+    # no DeepSpeed: 2P + 4A = 1,005,661,952 weights; gradients 4A; Adam 8A, nothing sharded
+    "ddp": ((False, 0, False, False), (1_005_661_952, 17_596_416, 35_192_832, 0)),
+    # ZeRO-1 shards the optimizer (8A/2 = 17,596,416), not the gradients (4A)
+    "zero1": ((True, 1, False, False), (1_005_661_952, 17_596_416, 17_596_416, 0)),
+    # ZeRO-2 with the optimizer on the host: gradients 4A/2 = 8,798,208, no Adam on the GPU
+    "zero2_offload": ((True, 2, True, False), (1_005_661_952, 8_798_208, 0, 79_183_872)),
+    # ZeRO-3: base 4·largest + 2P/2 = 544,538,624 + 494,032,768, + 4A → 1,056,167,808
+    "zero3": ((True, 3, False, False), (1_056_167_808, 8_798_208, 17_596_416, 0)),
+    # ZeRO-3 with parameters and optimizer offloaded: 4·largest + 4A = 562,135,040 on the GPU; the
+    # host holds the base 2P = 988,065,536 and the optimizer 79,183,872 → 1,067,249,408
+    "zero3_offload_all": ((True, 3, True, True), (562_135_040, 8_798_208, 0, 1_067_249_408)),
+}
+
+
+@pytest.mark.parametrize(("setup", "expected"), LORA_CASES.values(), ids=LORA_CASES.keys())
+def test_lora_states_are_the_hand_computed_bytes(
+    setup: tuple[bool, int, bool, bool], expected: tuple[int, int, int, int]
+) -> None:
+    deepspeed, stage, off_opt, off_param = setup
+    got = model_states(
+        params=P_SMALL,
+        largest_layer_params=LARGEST_SMALL,
+        n_gpus=2,
+        zero_stage=stage,
+        deepspeed=deepspeed,
+        offload_optimizer=off_opt,
+        offload_param=off_param,
+        trainable_params=4_399_104,
+    )
+    assert (got.weights_bytes, got.gradients_bytes, got.optimizer_bytes, got.host_bytes) == expected
+
+
+def test_lora_rank_zero_has_no_adapter() -> None:
+    assert lora_params(_model("Qwen2.5-0.5B"), 0) == 0
+    # rank 1 on Qwen2-7B (q = 28·128 = 3,584, kv = 4·128 = 512, I = 18,944):
+    #   (7,168 + 2·4,096 + 7,168 + 2·22,528 + 22,528) = 90,112 per layer; 28 layers → 2,523,136
+    assert lora_params(_model("Qwen2-7B"), 1) == 2_523_136
+
+
+# --- the ZeRO-3 weight sync into a colocated vLLM (Qwen2-7B on 8 GPUs): what is gathered at once
+# Embeddings V·h·2 (untied) + the final norm h = 1,089,994,752 + 3,584 = 1,089,998,336; one decoder
+# layer (P − embeddings)/28 = 6,525,618,176/28 = 233,057,792.
+SYNC_CASES = [
+    # the whole model at once: 2P
+    pytest.param("model", None, 15_231_233_024, id="whole-model"),
+    # one parameter at a time: the largest, 2 · 544,997,376
+    pytest.param("parameter", None, 1_089_994_752, id="per-parameter"),
+    # 4 batches: ceil(28/4) = 7 layers = 1,631,404,544 params (more than the embeddings) → × 2 B
+    pytest.param("batches", 4, 3_262_809_088, id="4-batches"),
+    # 16 batches: ceil(28/16) = 2 layers = 466,115,584 params, less than the embeddings: 2 · 1,089,998,336
+    pytest.param("batches", 16, 2_179_996_672, id="16-batches"),
+    # batches named but none given: the whole model
+    pytest.param("batches", None, 15_231_233_024, id="batches-unset"),
+]
+
+
+@pytest.mark.parametrize(("sync", "batches", "expected"), SYNC_CASES)
+def test_zero3_sync_gather_is_the_hand_computed_bytes(sync: str, batches: int | None, expected: int) -> None:
+    est = _estimate(
+        "Qwen2-7B",
+        "A100-80G",
+        8,
+        deepspeed=True,
+        zero_stage=3,
+        per_device_batch=1,
+        use_vllm=True,
+        vllm_util=0.3,
+        sleep_level=1,
+        weight_sync=sync,
+        move_model_batches=batches,
+        vllm_max_model_len=2048,
+    )
+    assert est.phases["sync"]["zero3_gather"] == expected
+    # outside ZeRO-3 nothing is gathered
+    zero2 = _estimate(
+        "Qwen2-7B",
+        "A100-80G",
+        8,
+        deepspeed=True,
+        zero_stage=2,
+        per_device_batch=1,
+        use_vllm=True,
+        vllm_util=0.3,
+        weight_sync=sync,
+        vllm_max_model_len=2048,
+    )
+    assert zero2.phases["sync"]["zero3_gather"] == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        # beta 0: no reference model
+        pytest.param({"beta": 0.0}, 0, id="no-beta"),
+        # whole on every GPU: 2P = 15,231,233,024
+        pytest.param({"beta": 0.04}, 15_231_233_024, id="ddp"),
+        # offloaded: one module gathered at a time, 2 · largest = 1,089,994,752
+        pytest.param({"beta": 0.04, "reference_offload": True}, 1_089_994_752, id="offloaded"),
+        # ZeRO-3 partitions it: 2P/8 = 1,903,904,128; with parameter offload it lives on the host: 0
+        pytest.param({"beta": 0.04, "deepspeed": True, "zero_stage": 3}, 1_903_904_128, id="zero3"),
+        pytest.param(
+            {"beta": 0.04, "deepspeed": True, "zero_stage": 3, "ds_offload_param": True},
+            0,
+            id="zero3-offload",
+        ),
+        # LoRA: the base with the adapter off serves as reference
+        pytest.param({"beta": 0.04, "lora_rank": 8}, 0, id="lora"),
+    ],
+)
+def test_reference_model_bytes(config: dict[str, Any], expected: int) -> None:
+    est = _estimate("Qwen2-7B", "A100-80G", 8, per_device_batch=1, **config)
+    assert est.phases["train"]["reference_model"] == expected
+
+
+@pytest.mark.parametrize(
+    ("n", "config", "expected"),
+    [
+        # one process: no communicator
+        pytest.param(1, {"deepspeed": True, "zero_stage": 2}, 0, id="single"),
+        # ZeRO-1 keeps DeepSpeed's buckets too: 268,435,456 + 2 · 2e8 elements · 2 B = 1,068,435,456
+        pytest.param(
+            2, {"deepspeed": True, "zero_stage": 1, "ds_bucket_elements": 200_000_000}, 1_068_435_456, id="z1"
+        ),
+        # plain DDP: the communicator alone
+        pytest.param(2, {}, 268_435_456, id="ddp"),
+    ],
+)
+def test_nccl_buffers(n: int, config: dict[str, Any], expected: int) -> None:
+    est = _estimate("Qwen2.5-0.5B", "A10", n, per_device_batch=1, **config)
+    assert est.phases["train"]["nccl_buffers"] == expected
+
+
+def test_vllm_batched_tokens_given_or_by_card_size() -> None:
+    # given 4,096 batched tokens on Qwen2.5-0.5B (A100-80G, utilization 0.5, 64 sequences):
+    #   peak 4,096 · 36,352 + 77,791,232 = 148,897,792 + 77,791,232 = 226,689,024;
+    #   KV 42,949,672,960 − 988,065,536 − 226,689,024 − 536,870,912 = 41,198,047,488
+    common: dict[str, Any] = {
+        "per_device_batch": 1,
+        "use_vllm": True,
+        "vllm_util": 0.5,
+        "vllm_max_num_seqs": 64,
+        "vllm_max_model_len": 2048,
+    }
+    given = _estimate("Qwen2.5-0.5B", "A100-80G", 1, vllm_max_num_batched_tokens=4096, **common)
+    assert given.kv_bytes == 41_198_047_488
+    # a card of exactly 70 GiB already counts as large (16,384 tokens): budget 0.5 · 70 GiB =
+    #   37,580,963,840; KV 37,580,963,840 − 988,065,536 − 673,382,400 − 536,870,912 = 35,382,644,992
+    spec = _model("Qwen2.5-0.5B")
+    shape = JobShape(
+        JobConfig(world_size=1, global_batch=64, num_generations=8, grad_accum=1, **common), spec, 1
+    )
+    assert estimate_memory(shape, generic_gpu("70 GiB card", 70 * GIB)).kv_bytes == 35_382_644_992
+
+
+def test_kv_heads_fewer_than_tensor_parallel_ranks_are_replicated() -> None:
+    # Qwen2-7B has 4 KV heads: at TP 8 every rank still holds one, 2·28·1·128·2 = 14,336 B per token.
+    # KV at utilization 0.5 on A100-80G, 64 sequences: weights 2P/8 = 1,903,904,128; peak
+    #   16,384 · (142,336 // 8 = 17,792) + 77,856,768 = 291,504,128 + 77,856,768 = 369,360,896;
+    #   overhead 0.75 GiB = 805,306,368 → KV 42,949,672,960 − 1,903,904,128 − 369,360,896 − 805,306,368
+    #   = 39,871,101,568 → // 14,336 = 2,781,187 tokens
+    est = _estimate(
+        "Qwen2-7B",
+        "A100-80G",
+        8,
+        per_device_batch=1,
+        use_vllm=True,
+        vllm_util=0.5,
+        vllm_tp=8,
+        vllm_max_num_seqs=64,
+        vllm_max_model_len=2048,
+    )
+    assert (est.kv_bytes, est.kv_tokens) == (39_871_101_568, 2_781_187)
