@@ -57,7 +57,9 @@ class Target:
 #: 4,400 mutants), ``memory`` its memory model alone against the memory tests
 TARGETS: tuple[Target, ...] = (
     Target(
-        "secrets", ("autotune/secrets.py",), ("tests/test_secrets.py", "tests/reports/test_report_safety.py")
+        "secrets",
+        ("autotune/secrets.py",),
+        ("tests/test_secrets.py", "tests/test_secrets_rules.py", "tests/reports/test_report_safety.py"),
     ),
     Target("verdict", ("autotune/study/verdict.py",), ("tests/study/test_verdict.py",)),
     Target("blame", ("autotune/strategy/_blame.py",), ("tests/strategy/test_blame.py",)),

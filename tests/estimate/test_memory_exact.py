@@ -603,3 +603,72 @@ def test_kv_heads_fewer_than_tensor_parallel_ranks_are_replicated() -> None:
         vllm_max_model_len=2048,
     )
     assert (est.kv_bytes, est.kv_tokens) == (39_871_101_568, 2_781_187)
+
+
+HOST_CASES = [
+    # Qwen2-7B on 8 GPUs, ZeRO-3 with parameters and optimizer offloaded, beta 0.04, 2 loader workers,
+    # vLLM colocated at TP 2 asleep at level 1, offload_model and offload_optimizer for the rollout:
+    #   states on the host 27P = 205,621,645,824; ranks 8 · (3 GiB + 2 · 0.5 GiB) = 34,359,738,368;
+    #   the reference's partitions offloaded like the policy 2P = 15,231,233,024; vLLM's sleeping
+    #   weights 8 · 2P/2 = 60,924,932,096; the rollout moves nothing more (the parameters and the
+    #   optimizer live on the host already) → 316,137,549,312
+    pytest.param(
+        "Qwen2-7B",
+        8,
+        {
+            "deepspeed": True,
+            "zero_stage": 3,
+            "ds_offload_optimizer": True,
+            "ds_offload_param": True,
+            "beta": 0.04,
+            "dataloader_num_workers": 2,
+            "vllm_tp": 2,
+            "sleep_level": 1,
+            "rollout_offload_model": True,
+            "rollout_offload_optimizer": True,
+        },
+        316_137_549_312,
+        id="7b-zero3-full-offload",
+    ),
+    # Qwen2.5-0.5B on 2 GPUs without DeepSpeed, an offloaded fp32 reference (4P = 1,976,131,072), the
+    # rollout moving weights (2 · 2P = 1,976,131,072) and torch Adam states (2 · 4P = 3,952,262,144):
+    #   2 · 3 GiB = 6,442,450,944 + 1,976,131,072 + 1,976,131,072 + 3,952,262,144 = 14,346,975,232
+    pytest.param(
+        "Qwen2.5-0.5B",
+        2,
+        {
+            "beta": 0.04,
+            "reference_offload": True,
+            "rollout_offload_model": True,
+            "rollout_offload_optimizer": True,
+        },
+        14_346_975_232,
+        id="0.5b-ddp-offloads",
+    ),
+    # FSDP full shard on 2 GPUs moves each rank's weights and gradients with the model:
+    #   2 · (1,038,571,392 + 988,065,536) = 4,053,273,856 + 2 · 3 GiB → 10,495,724,800
+    pytest.param(
+        "Qwen2.5-0.5B",
+        2,
+        {"fsdp": True, "zero_stage": 3, "rollout_offload_model": True},
+        10_495_724_800,
+        id="0.5b-fsdp-offload-model",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "n", "config", "expected"), HOST_CASES)
+def test_host_memory_is_the_hand_computed_bytes(
+    model: str, n: int, config: dict[str, Any], expected: int
+) -> None:
+    est = _estimate(
+        model,
+        "A100-80G",
+        n,
+        per_device_batch=1,
+        use_vllm=True,
+        vllm_util=0.3,
+        vllm_max_model_len=2048,
+        **config,
+    )
+    assert est.host_bytes == expected
