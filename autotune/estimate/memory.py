@@ -574,7 +574,8 @@ def _phases(
     sync = {
         **base,
         "gradients": kept_gradients,
-        "vllm_reserved": v.where(s.sleep_level == 0, vllm.budget, vllm.weights_tp + VLLM_OVERHEAD_BYTES),
+        # woken for the sync: its weights back beside what it kept asleep (graphs; TP buffers at TP > 1)
+        "vllm_reserved": v.where(s.sleep_level == 0, vllm.budget, vllm.weights_tp + vllm.asleep),
         "zero3_gather": _sync_gather(s),
     }
     return {"train": train, "rollout": rollout, "sync": sync}, v.either(colocated, in_trainer), colocated

@@ -6,12 +6,16 @@ Narrowed spaces keep the decoded tables to a few hundred rows, so this runs in s
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import math
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -168,6 +172,99 @@ def test_the_independent_world_does_not_import_the_estimator(module: str) -> Non
     assert imported  # the walk saw the module's imports
     assert not [m for m in imported if m.startswith("autotune.estimate") or m == "autotune.estimate"]
     assert "_surfaces" not in imported  # nor through the estimator-derived surfaces
+
+
+# --- the same at run time: which functions of autotune.estimate run while a world is built and used
+#
+# The import check above cannot see an indirect call (``_settings`` imports the catalog, so the whole
+# estimate package is loaded in the bench's process). This traces every Python call while each
+# estimator-free surface family is built and evaluated; only the GPU/model catalog may answer.
+
+ALLOWED_ESTIMATE_MODULES = ("autotune.estimate.catalog",)
+
+
+@contextlib.contextmanager
+def _estimator_calls() -> Iterator[list[str]]:
+    """Every call into ``autotune.estimate`` outside the catalog while the block runs, as module:function."""
+    seen: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event != "call":
+            return
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("autotune.estimate") and module not in ALLOWED_ESTIMATE_MODULES:
+            seen.append(f"{module}:{frame.f_code.co_name}")
+
+    previous = sys.getprofile()
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+def _surface_kinds() -> dict[str, Callable[[ConfigTable, int], Any]]:
+    """The bench's world of each kind of surface (its registry when it has one)."""
+    return dict(getattr(se, "SURFACE_KINDS", {"independent": IndependentSurface}))
+
+
+ESTIMATOR_FREE = [s for s in SETTINGS if s.kind != "estimator"]
+
+
+def _small(setting: Setting) -> Setting:
+    """The setting around its baseline: each knob of the baseline at its value and the next one up (the
+    next down at the top), every other knob at its default: a few hundred rows at most."""
+    space = setting.space()
+    keep: dict[str, tuple[Any, ...]] = {}
+    for name in space.names:
+        values = list(space[name].values())
+        base = setting.baseline.get(name)
+        if base in values and len(values) > 1:
+            at = values.index(base)
+            keep[name] = (base, values[at + 1] if at + 1 < len(values) else values[at - 1])
+        else:
+            keep[name] = (space[name].default,)
+    return replace(setting, narrow=keep)
+
+
+def test_every_estimator_free_surface_family_is_guarded() -> None:
+    kinds = _surface_kinds()
+    assert {s.kind for s in ESTIMATOR_FREE} >= {"independent"}
+    missing = {s.kind for s in ESTIMATOR_FREE} - set(kinds)
+    assert not missing, f"surface kinds with no world to trace: {missing}"
+
+
+def test_the_tracer_sees_an_estimator_call() -> None:
+    # the guard below can fail: a call into the estimator is recorded, one into the catalog is not
+    from autotune.estimate import estimate_memory, find_gpu
+
+    with _estimator_calls() as seen:
+        find_gpu("A10")
+        with contextlib.suppress(Exception):
+            estimate_memory(None, None)  # type: ignore[arg-type]
+    assert "autotune.estimate.memory:estimate_memory" in seen
+    assert not [c for c in seen if c.startswith("autotune.estimate.catalog")]
+
+
+@pytest.mark.parametrize("setting", ESTIMATOR_FREE, ids=lambda s: s.name)
+def test_no_estimator_function_runs_while_an_independent_world_is_built_and_used(
+    setting: Setting, tmp_path: Path
+) -> None:
+    small = _small(setting)
+    make = _surface_kinds()[setting.kind]
+    with _estimator_calls() as seen:
+        table = _table(small, tmp_path)
+        surface = make(table, SEEDS[0])
+        truths = [surface.truth(p) for p in _all_params(table)]
+        best, _, _ = surface.optimum()
+        _execute(surface, best)
+        failing = next((p for p, t in zip(_all_params(table), truths, strict=True) if not t.valid), None)
+        if failing is not None:
+            _execute(surface, failing, number=2)
+    assert truths  # the world was evaluated
+    assert sorted(set(seen)) == []
 
 
 def _execute(surface: IndependentSurface, params: dict, number: int = 1):

@@ -328,17 +328,19 @@ def test_driver_samples_become_rows_at_their_own_time_on_the_monotonic_clock() -
     fake = fake_nvml([gpu])
     sampler = NvmlSampler([0], interval_s=0.01, nvml=fake.module, slow_interval_s=0.01, gpm=False)
     before_us = int(time.time() * 1e6) - 5_000_000
+    wall_before, mono_before = time.time(), time.monotonic()
     sampler.start()
     try:
         now_us = int(time.time() * 1e6)
         util_ts = [now_us + 1000, now_us + 2000, now_us + 3000]
         util_buffer.extend([(before_us, 11), *[(ts, 70 + k) for k, ts in enumerate(util_ts)]])
         power_buffer.append((now_us + 1500, 250_000))
-        offset_s = time.time() - time.monotonic()
         assert wait_until(lambda: len([r for r in sampler.rows() if r["mem_total_bytes"] is None]) >= 4)
-        time.sleep(0.05)  # a few more reads: the same driver samples must not come back
+        ticks = len(sampler.ticks)  # a few more reads: the same driver samples must not come back
+        assert wait_until(lambda: len(sampler.ticks) >= ticks + 5)
     finally:
         sampler.stop()
+    mono_after, wall_after = time.monotonic(), time.time()
     subs = [r for r in sampler.rows() if r["mem_total_bytes"] is None]
     util = sorted((r["t_wall_s"], r["gpu_util_pct"]) for r in subs if r["gpu_util_pct"] is not None)
     assert util == [(ts / 1e6, 70.0 + k) for k, ts in enumerate(util_ts)]  # pre-start sample dropped
@@ -347,9 +349,27 @@ def test_driver_samples_become_rows_at_their_own_time_on_the_monotonic_clock() -
         len(power) == 1 and power[0]["power_w"] == pytest.approx(250.0) and power[0]["gpu_util_pct"] is None
     )
     assert sampler.warnings == []  # an empty buffer (Not Found) is not a problem
+    # one clock pair for every row: a tick row reads the monotonic clock inside this run (and its wall
+    # time is the wall clock of the same run); a driver sample's wall time is moved by the same offset
+    ticks_rows = [r for r in sampler.rows() if r["mem_total_bytes"] is not None]
+    for r in ticks_rows:
+        assert mono_before <= r["t_mono_s"] <= mono_after and wall_before <= r["t_wall_s"] <= wall_after
+    offset_s = ticks_rows[0]["t_wall_s"] - ticks_rows[0]["t_mono_s"]
+    for r in ticks_rows + subs:
+        assert r["t_wall_s"] - r["t_mono_s"] == pytest.approx(offset_s, abs=1e-6)  # float rounding only
     for r in subs:
-        assert r["t_mono_s"] == pytest.approx(r["t_wall_s"] - offset_s, abs=0.01)
         assert r["mem_used_bytes"] is None and r["sm_clock_mhz"] is None
+
+
+class _FreshOnEveryRead:
+    """A driver power buffer holding one sample newer than the last on every read (not on a clock)."""
+
+    def __init__(self) -> None:
+        self.ts_us = 0
+
+    def __iter__(self):  # noqa: ANN204 - the fake driver only iterates (timestamp, value) pairs
+        self.ts_us = max(self.ts_us + 1, int(time.time() * 1e6))
+        return iter([(self.ts_us, 300_000)])
 
 
 def test_power_is_polled_only_while_the_driver_buffer_delivers_nothing() -> None:
@@ -362,15 +382,15 @@ def test_power_is_polled_only_while_the_driver_buffer_delivers_nothing() -> None
     sampler.start()
     try:
         assert wait_until(lambda: polls.call_count >= 8)  # empty buffer: power polled every tick
-        gpu.driver_samples = {}  # from now on the driver fills its buffer every 5 ms
-        gpu.sample_period_s = 0.005
+        # from now on every read of the driver's buffer finds a new sample, however the ticks fall
+        gpu.driver_samples = {pynvml.NVML_TOTAL_POWER_SAMPLES: _FreshOnEveryRead()}  # type: ignore[dict-item]
         assert wait_until(
             lambda: any(r["power_w"] is not None and r["mem_total_bytes"] is None for r in sampler.rows())
         )
         calls, ticks = polls.call_count, len(sampler.ticks)
         assert wait_until(lambda: len(sampler.ticks) >= ticks + 20)
         assert polls.call_count <= calls + 1  # at most the tick in flight; then no polling
-        gpu.sample_period_s = None  # the buffer stops delivering (Not Supported): polling resumes
+        gpu.driver_samples = {}  # the buffer stops delivering (Not Supported): polling resumes
         assert wait_until(lambda: polls.call_count >= calls + 5)
     finally:
         sampler.stop()
@@ -450,17 +470,34 @@ def test_stop_escalates_then_abandons_a_thread_stuck_in_the_driver() -> None:
     assert not sampler._thread.is_alive()  # once the call returns, the thread sees the stop flag
 
 
+class _WaitSpy(threading.Event):
+    """The sampler's stop flag, recording the waits made on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
 @pytest.mark.parametrize("interval_s", [0.05, 1.0], ids=["sleeps-between-ticks", "waits-on-the-stop-flag"])
-def test_stop_ends_the_thread_within_its_first_join_whichever_way_it_waits(interval_s: float) -> None:
-    # short waits are a plain sleep (stop takes effect at the next tick, inside the first join of two
-    # intervals); long ones wait on the stop flag (stop takes effect at once)
+def test_stop_ends_the_thread_at_its_next_tick_whichever_way_it_waits(interval_s: float) -> None:
+    # short waits are a plain sleep (stop takes effect at the next tick); long ones wait on the stop
+    # flag (stop takes effect at once). Checked by events, not by how long stop() took.
     fake = fake_nvml(1)
     sampler = NvmlSampler([0], interval_s=interval_s, nvml=fake.module)
+    spy = sampler._stop_event = _WaitSpy()
     sampler.start()
     assert wait_until(lambda: len(sampler.ticks) >= 2 if interval_s < 1 else len(sampler.ticks) >= 1)
+    assert wait_until(lambda: bool(spy.waits)) if interval_s > 0.1 else spy.waits == []
+    requested_mono = time.monotonic()
     sampler.stop()
-    assert sampler.warnings == []  # no "slow to stop": the first join was enough
     assert sampler._thread is not None and not sampler._thread.is_alive()
+    # no tick began after the stop was asked for, but the one in flight
+    assert len([t for t in sampler.ticks if t > requested_mono]) <= 1
+    assert not any("abandoned" in w for w in sampler.warnings)
     assert fake.init_count == 0
 
 

@@ -53,8 +53,7 @@ def test_sampler_contract(make, trial_process: subprocess.Popen, tmp_path: Path)
     sampler, source, metrics = make(trial_process)
     sampler.stop()  # before start: a no-op the runner may rely on in its cleanup
     fresh, _, _ = make(trial_process)
-    offset_s = time.time() - time.monotonic()
-    t0 = time.monotonic()
+    wall0, t0 = time.time(), time.monotonic()
     fresh.start()
     try:
         assert wait_until(lambda: len(fresh.rows()) >= 6)
@@ -63,15 +62,16 @@ def test_sampler_contract(make, trial_process: subprocess.Popen, tmp_path: Path)
     finally:
         fresh.stop()
     fresh.stop()
-    t1 = time.monotonic()
+    t1, wall1 = time.monotonic(), time.time()
     rows = fresh.rows()
     assert len(rows) >= len(mid)
     assert isinstance(fresh.warnings, list) and all(isinstance(w, str) for w in fresh.warnings)
     for row in rows:
         assert set(KEY_COLUMNS) | set(metrics) <= set(row)
         assert row["source"] == source and isinstance(row["device"], int)
-        assert t0 - 1.0 <= row["t_mono_s"] <= t1  # same clock as time.monotonic()
-        assert row["t_wall_s"] == pytest.approx(row["t_mono_s"] + offset_s, abs=0.05)
+        # taken while the sampler ran, on the clocks the step records use (time.monotonic, time.time)
+        assert t0 <= row["t_mono_s"] <= t1
+        assert wall0 <= row["t_wall_s"] <= wall1
         assert all(row[m] is None or isinstance(row[m], float) for m in metrics)
     assert any(row[m] is not None for row in rows for m in metrics)
     polled = sorted(r["t_mono_s"] for r in rows)

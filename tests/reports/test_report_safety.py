@@ -52,6 +52,10 @@ def test_secret_values_from_the_environment_are_masked_anywhere() -> None:
 def test_short_or_benign_values_are_not_treated_as_secrets() -> None:
     clean = Sanitizer.for_study([], [], environ={"SOME_TOKEN": "true", "TOKENIZERS_PARALLELISM": "false-ish"})
     assert clean.clean("true false-ish") == "true false-ish"
+    # the same secret name with a value of six characters or more is masked wherever it appears,
+    # beside the benign ones that stay
+    clean = Sanitizer.for_study([], [], environ={"SOME_TOKEN": "tok123", "OTHER_TOKEN": "true"})
+    assert clean.clean("got tok123 and true") == f"got {MASK} and true"
 
 
 def test_secret_names() -> None:

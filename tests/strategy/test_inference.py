@@ -99,6 +99,13 @@ def test_only_oom_teaches(tmp_path: Path) -> None:
     ):
         r = TrialResult(number=1, params=BASE, status=status, reason="x")
         assert oom_dominated(s, {**BASE, "per_device_train_batch_size": 8}, [r]) is None
+    # the same history with the status an OOM has, or vLLM's free-memory start-up failure, teaches
+    for status, reason in (
+        (TrialStatus.OOM, "x"),
+        (TrialStatus.VLLM_INIT, "Free memory on device (20.1/79.1 GiB) is less than desired"),
+    ):
+        r = TrialResult(number=1, params=BASE, status=status, reason=reason)
+        assert oom_dominated(s, {**BASE, "per_device_train_batch_size": 8}, [r]) is r, status
 
 
 def test_different_active_knob_sets_are_not_compared(tmp_path: Path) -> None:

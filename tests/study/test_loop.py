@@ -193,12 +193,21 @@ def test_grid_covers_the_space_without_repeats_and_ooms_prune_dominated(tmp_path
 
 
 def test_rule_violations_never_launch(tmp_path: Path) -> None:
-    study, ex = make(tmp_path, n_trials=3)
+    # global batch 12: batches 8 and 16 do not divide it, so the grid meets 2 × 2 × 2 = 8 such
+    # configurations; each is recorded as pruned for the rule and never reaches the executor.
+    study, ex = make(tmp_path, n_trials=100, search="grid")
     study.cfg = study.cfg.__class__(**{**study.cfg.__dict__, "global_batch": 12})
     outcome = study.run()
     bad = [r for r in outcome.results if r.params["per_device_train_batch_size"] in (8, 16)]
-    assert all(r.status is TrialStatus.PRUNED and "global_batch_divisible" in r.reason for r in bad)
-    assert all(p["per_device_train_batch_size"] not in (8, 16) for p in ex.ran)
+    assert len(bad) == 8
+    for r in bad:
+        assert r.status is TrialStatus.PRUNED
+        assert r.reason.startswith(
+            "not launched, breaks global_batch_divisible: global batch 12 is not divisible"
+        )
+    assert [p for p in ex.ran if p["per_device_train_batch_size"] in (8, 16)] == []
+    # the configurations that keep the rule did run: the check is the rule's, not a blanket refusal
+    assert {p["per_device_train_batch_size"] for p in ex.ran} == {1, 2, 4}
 
 
 def test_orphaned_running_trial_is_marked_interrupted_and_rerun(tmp_path: Path) -> None:

@@ -476,12 +476,72 @@ def test_backend_patterns_come_first() -> None:
     assert v2.status is TrialStatus.CRASH and v2.reason == "the reward server is down"
 
 
+# One real line per common pattern (the frameworks' own wording), keyed by the pattern's regex: a new
+# pattern without a sample fails the test below, and so does a pattern that stops matching its text.
+PATTERN_SAMPLES = {
+    r"CUDA out of memory": f"[rank2]: {fault.OOM_TEXT['current']}",
+    r"CUDA error: out of memory": "RuntimeError: CUDA error: out of memory",
+    r"HIP out of memory": "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
+    r"CUBLAS_STATUS_ALLOC_FAILED": (
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    ),
+    r"Free memory on device .*on startup is less than desired GPU memory utilization": (
+        f"(EngineCore pid=253) {fault.VLLM_TEXT['free']}"
+    ),
+    r"No available memory for the cache blocks": fault.VLLM_TEXT["blocks"],
+    r"KV cache is needed, which is larger than the available KV cache memory": fault.VLLM_TEXT["max_len"],
+    r"is larger than the maximum number of tokens that can be stored in KV cache": (
+        "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (20000). Try increasing `gpu_memory_utilization` or decreasing `max_model_len`"
+    ),
+    r"exitcode\s*:\s*-9\b": "  exitcode  : -9 (pid: 48213) SIGKILL",
+    r"Signal 9 \(SIGKILL\) received by PID": "  traceback : Signal 9 (SIGKILL) received by PID 48213",
+    r"DefaultCPUAllocator: can't allocate memory": (
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 17179869184 bytes."
+    ),
+    r"ProcessGroup\w*'s watchdog got stuck for \d+ seconds": fault.NCCL_TEXT,
+    r"Watchdog caught collective operation timeout": (
+        "[rank0]:[E1111 17:10:53] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out."
+    ),
+    r": error: (?:unrecognized arguments|argument |the following arguments are required|invalid choice)": (
+        "train.py: error: unrecognized arguments: --bogus_flag 3"
+    ),
+    r"Some specified arguments are not used by the HfArgumentParser": (
+        "ValueError: Some specified arguments are not used by the HfArgumentParser: ['--bogus_flag', '3']"
+    ),
+    r"^Error: (?:No such option|Invalid value for|Missing option|Got unexpected extra argument)": (
+        "Error: No such option: --bogus-flag"
+    ),
+}
+
+
 def test_common_patterns_compile_and_name_real_statuses() -> None:
     import re
 
     for p in COMMON_PATTERNS:
         re.compile(p.regex)
         TrialStatus(p.status)
+
+
+@pytest.mark.parametrize("pattern", COMMON_PATTERNS, ids=lambda p: p.regex[:40])
+def test_each_common_pattern_finds_its_framework_text(pattern: FailurePattern) -> None:
+    sample = PATTERN_SAMPLES[pattern.regex]
+    found = match_patterns(["step 3 loss 0.12", sample], [pattern])
+    assert found == {pattern.status: (pattern, sample.strip())}
+    # among all the common patterns too, the text is read as the status this pattern names
+    assert match_patterns([sample], COMMON_PATTERNS)[pattern.status][1] == sample.strip()
+
+
+def test_common_patterns_leave_ordinary_output_alone() -> None:
+    ordinary = [
+        "{'loss': 0.0123, 'grad_norm': 0.5, 'learning_rate': 1e-06, 'epoch': 0.01}",
+        "INFO 11-11 17:01:37 gpu_memory_utilization=0.9 max_model_len=4096 KV cache usage 12.5%",
+        "usage: train.py [-h] [--model MODEL]",
+        "Warning: the watchdog timeout is 600 seconds",
+    ]
+    assert match_patterns(ordinary, COMMON_PATTERNS) == {}
 
 
 def test_helpers() -> None:
