@@ -206,6 +206,8 @@ class TrialDir:
     RESULT = "result.json"
     PROFILE = "profile.json"
     PROMPTS = "prompts.jsonl"  # autotune's generated prompts, when the trial trained on them
+    #: what a run writes about itself (never an input of its command)
+    RECORDS = frozenset({LAUNCH, COMMAND, STDOUT, STDERR, METRICS, TIMELINE, PHASES, PROC, RESULT, PROFILE})
 
     def __init__(self, path: Path) -> None:
         self.path = path

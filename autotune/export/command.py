@@ -33,20 +33,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: a relative path that can stand inside double quotes after ``$HERE/`` as it is
 _SAFE_REL = re.compile(r"^[A-Za-z0-9._+-][A-Za-z0-9._+/-]*$")
 #: what a trial writes: never copied into an export (a later run of the export writes its own)
-_WRITTEN = frozenset(
-    {
-        TrialDir.LAUNCH,
-        TrialDir.COMMAND,
-        TrialDir.STDOUT,
-        TrialDir.STDERR,
-        TrialDir.METRICS,
-        TrialDir.TIMELINE,
-        TrialDir.PHASES,
-        TrialDir.PROC,
-        TrialDir.RESULT,
-        TrialDir.PROFILE,
-    }
-)
+_WRITTEN = TrialDir.RECORDS
 _COPY_LIMIT_BYTES = 16 * 2**20
 
 
