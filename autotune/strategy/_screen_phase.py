@@ -18,7 +18,7 @@ from autotune.strategy._screening import ScreenPlan
 
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
-    from autotune.strategy._base import Collaborators, Proposal
+    from autotune.strategy._base import Collaborators
     from autotune.strategy._pool import CandidatePool
     from autotune.strategy._screening import Screening
 
@@ -33,7 +33,8 @@ class ScreeningPhase:
     collab: Collaborators
     screening: Screening | None
 
-    def scored(self, **fields: Any) -> Proposal:
+    def scored(self, **fields: Any) -> Any:
+        """The strategy's own proposal type, built from ``fields``."""
         raise NotImplementedError
 
     def _screen_plan(self) -> ScreenPlan | None:
@@ -70,7 +71,7 @@ class ScreeningPhase:
         budget_left: int | None,
         score: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
         best: float | None,
-    ) -> tuple[Proposal, str] | None:
+    ) -> tuple[Any, str] | None:
         """The screening design's next run, or the combination of the best screened levels, while the
         screening phase lasts (:class:`~autotune.strategy._screening.Screening`); None after it."""
         plan = self._screen_plan()
