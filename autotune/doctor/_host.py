@@ -15,7 +15,8 @@ SHM_FAIL_MULTI_GPU_BYTES = 256 * MIB
 SHM_WARN_BYTES = 1 * GIB
 OPEN_FILES_FAIL = 256
 OPEN_FILES_WARN = 4096
-DISK_FAIL_BYTES = 1 * GIB
+#: below this a study cannot hold a few trials' logs and timelines (a CPU trial writes a few MB)
+DISK_FAIL_BYTES = 64 * MIB
 DISK_WARN_BYTES = 10 * GIB
 RAM_WARN_AVAILABLE_BYTES = 2 * GIB
 #: the environment the doctor reports: NCCL's own, torch's around it, and what changes every kernel

@@ -90,7 +90,7 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 def test_a_disk_that_fills_up_under_a_trial_log(tmp_path: Path, mounts: list[Path]) -> None:
     disk = tmp_path / "disk"
-    mount_tmpfs(disk, "3m")
+    mount_tmpfs(disk, "80m")  # above the doctor's 64 MiB floor, so the search starts and then fills it
     mounts.append(disk)
     space = tmp_path / "s.yaml"
     space.write_text("backend: command\nknobs:\n  mode: {type: str, choices: [ok, flood], default: ok}\n")
@@ -109,7 +109,7 @@ def test_a_disk_that_fills_up_under_a_trial_log(tmp_path: Path, mounts: list[Pat
     assert "RUNNING" not in optuna_states(storage, "study")
     no_process_left(out)
     # once there is room again the same study resumes (one trial was the budget: it ends at once)
-    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    subprocess.run(["mount", "-o", "remount,size=256m", str(disk)], check=True)
     again = run(args[: args.index("--trials") + 1] + ["1"] + args[args.index("--trials") + 2 :])
     assert again.returncode == 0, again.stderr
     assert results(out)[0]["status"] == "COMPLETE" and "best: trial 0" in again.stdout

@@ -301,9 +301,9 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
     (
         "disk-full",
         "disk",
-        lambda: _cpu(disk_free_bytes=GiB // 2),
+        lambda: _cpu(disk_free_bytes=GiB // 32),
         Status.FAIL,
-        "0.5 GiB free",
+        "0.0 GiB free",
         "Free space under",
     ),
     ("disk-unreadable", "disk", lambda: _cpu(disk_free_bytes=None), Status.WARN, "cannot read", "Free space"),
