@@ -590,8 +590,10 @@ class TrlBackend(Backend):
 
             env["TORCH_EXTENSIONS_DIR"] = str(default_cache_dir() / "torch_extensions")
         if ctx.cpu_only:
-            if "OMP_NUM_THREADS" not in os.environ:  # a user's own setting is inherited
-                env["OMP_NUM_THREADS"] = str(max(1, _cpu_cores() // max(1, world)))
+            # a user's own setting holds; either way the launch plan records the value (exports keep it)
+            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
+                max(1, _cpu_cores() // max(1, world))
+            )
             if zero > 0:
                 env["DS_ACCELERATOR"] = "cpu"
         else:

@@ -309,7 +309,7 @@ def test_render_torchrun_for_two_processes_and_zero(tmp_path: Path, monkeypatch:
     assert argv[-3:] == ["-m", "autotune.backends.trl_worker", str(ctx.trial_dir / "trial_config.json")]
     assert plan.world_size == 2
     assert "TORCH_EXTENSIONS_DIR" not in plan.env  # the user's own settings are inherited
-    assert "OMP_NUM_THREADS" not in plan.env
+    assert plan.env["OMP_NUM_THREADS"] == "1"  # the user's, recorded so an export keeps it
     assert plan.env["DS_ACCELERATOR"] == "cpu"
     g = config["grpo_config"]
     assert g["gradient_accumulation_steps"] == 2
