@@ -760,3 +760,21 @@ def test_a_secret_argument_reaches_the_worker_through_its_environment_only(
     assert token not in plan.redacted().model_dump_json() and token not in plan.to_shell()  # ... no file
     monkeypatch.setenv("AUTOTUNE_SECRET_HUB_TOKEN", token)
     assert WorkerConfig.load(ctx.trial_dir / "trial_config.json").grpo_config["hub_token"] == token
+
+
+def test_the_job_defaults_are_the_installed_grpoconfigs_own() -> None:
+    """A study that sets none of the job's semantics runs GRPOConfig's defaults: the class fact is read
+    back from the installed TRL, so a release that changes them fails here first."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    d = TrlBackend.job_defaults
+    assert d is not None
+    assert (d.num_generations, d.max_completion_length, d.per_device_batch, d.gradient_accumulation) == (
+        fields["num_generations"],
+        fields["max_completion_length"],
+        fields["per_device_train_batch_size"],
+        fields["gradient_accumulation_steps"],
+    )
