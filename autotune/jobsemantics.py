@@ -123,11 +123,7 @@ class FrameworkJobDefaults:
         where = f"{self.framework} default: {self.per_device_batch} per device × {world} device(s)"
         if self.gradient_accumulation != 1:
             where += f" × {self.gradient_accumulation} accumulation steps"
-        if batch % num_generations:
-            raised = math.ceil(batch / num_generations) * num_generations
-            where += f" = {batch}, raised to {raised}, the smallest multiple of {num_generations} it accepts"
-            batch = raised
-        return batch, where
+        return _multiple_of(batch, num_generations, where)
 
 
 @dataclass(frozen=True)
@@ -185,20 +181,27 @@ def resolve_semantics(
     if "global_batch" not in resolved:
         g = resolved["num_generations"].value
         if demo or defaults is None:
-            resolved["global_batch"] = _default("global_batch", defaults, demo)
-            if resolved["global_batch"].value % g:
-                value = math.ceil(resolved["global_batch"].value / g) * g
-                resolved["global_batch"] = SemanticValue(
-                    value,
-                    resolved["global_batch"].source,
-                    resolved["global_batch"].where + f", raised to {value}",
-                )
+            fallback = _default("global_batch", defaults, demo)
+            value, where = _multiple_of(fallback.value, g, fallback.where)
+            resolved["global_batch"] = SemanticValue(value, fallback.source, where)
         else:
             value, where = defaults.global_batch(n_gpus, g)
             resolved["global_batch"] = SemanticValue(value, Source.FRAMEWORK, where)
     out = JobSemantics(**resolved)
     _check(out)
     return out
+
+
+def _multiple_of(batch: int, num_generations: int, where: str) -> tuple[int, str]:
+    """``batch`` raised to the smallest multiple of ``num_generations`` (every prompt needs all its
+    completions in one batch), with ``where`` saying so when it was raised."""
+    if batch % num_generations == 0:
+        return batch, where
+    raised = math.ceil(batch / num_generations) * num_generations
+    return (
+        raised,
+        f"{where} = {batch}, raised to {raised}, the smallest multiple of {num_generations}",
+    )
 
 
 def _default(name: str, defaults: FrameworkJobDefaults | None, demo: bool) -> SemanticValue:
