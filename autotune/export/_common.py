@@ -217,9 +217,25 @@ def _written_by_autotune(path: Path) -> bool:
 
 
 def _copied_before(main: Path | None) -> frozenset[str]:
-    """The files an earlier export listed as copied beside its main file (:data:`MANIFEST`)."""
+    """The files an earlier export listed as copied beside its main file (:data:`MANIFEST`) and that
+    nobody changed since: a copy newer than the main file (written last) is the user's now."""
     if main is None or not _written_by_autotune(main):
         return frozenset()
+    try:
+        written_s = main.stat().st_mtime
+    except OSError:
+        return frozenset()
+    return frozenset(n for n in _manifest(main) if _mtime(main.parent / n) <= written_s)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("inf")  # gone or unreadable: nothing of ours to replace
+
+
+def _manifest(main: Path) -> frozenset[str]:
     try:
         with main.open("r", encoding="utf-8", errors="replace") as fh:
             head = fh.read(_MARKER_WINDOW_BYTES)

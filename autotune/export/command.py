@@ -72,7 +72,7 @@ def export_command(w: Winner) -> Export:
     ]
     setup.append('cd "$HERE"' if moved.ran_inside else f"cd {shlex.quote(plan.cwd)}")
     script = shell_script(comments, _lines(argv), env=env, setup=setup, secrets=rule)
-    files = {SCRIPT: script, **moved.copies()}
+    files = {**moved.copies(), SCRIPT: script}  # the script last: its copies are never newer than it
     notes += [
         f"{name} (copied from the trial) names files of the study's trial directory: edit it before running"
         for name in moved.unrelocated

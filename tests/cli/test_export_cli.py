@@ -139,3 +139,16 @@ def test_the_command_export_of_a_trl_trial_copies_its_inputs_relative_to_itself(
     # exporting again replaces the copies it wrote before (they carry no marker of their own)
     again = run_cli("export", str(study), "--format", "command", "--trial", "0", "-o", str(exported))
     assert again.returncode == 0, again.stderr
+    # a copy the user changed since is theirs: never replaced
+    import os
+    import time
+
+    edited = exported / "prompts.jsonl"
+    edited.write_text("my own prompts\n")
+    later = time.time() + 5
+    os.utime(edited, (later, later))
+    refused = run_cli("export", str(study), "--format", "command", "--trial", "0", "-o", str(exported))
+    assert (
+        refused.returncode == 2 and "prompts.jsonl exists and was not written by autotune" in refused.stderr
+    )
+    assert edited.read_text() == "my own prompts\n"
