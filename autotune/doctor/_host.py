@@ -33,7 +33,8 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 
 def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """GiB with one decimal; below 1 GiB in MiB, so a nearly full disk never reads "0.0 GiB"."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
 
 
 def _host(facts: Facts) -> HostFacts | None:

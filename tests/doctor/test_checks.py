@@ -303,7 +303,7 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
         "disk",
         lambda: _cpu(disk_free_bytes=GiB // 32),
         Status.FAIL,
-        "0.0 GiB free",
+        "32 MiB free",
         "Free space under",
     ),
     ("disk-unreadable", "disk", lambda: _cpu(disk_free_bytes=None), Status.WARN, "cannot read", "Free space"),

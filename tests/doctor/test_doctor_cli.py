@@ -60,7 +60,7 @@ def test_search_stops_before_its_first_trial_with_the_doctors_line(
     import autotune
     from autotune.doctor import _facts
 
-    full = gpu_facts(1, driver="no_library", host=recorded_host(disk_free_bytes=100 * 1024**2))
+    full = gpu_facts(1, driver="no_library", host=recorded_host(disk_free_bytes=40 * 1024**2))
     monkeypatch.setattr(_facts, "gather_facts", lambda *a, **k: full)
     space = tmp_path / "space.yaml"
     space.write_text("backend: command\nknobs:\n  bs: {type: int, choices: [1, 2], default: 1}\n")
@@ -75,7 +75,7 @@ def test_search_stops_before_its_first_trial_with_the_doctors_line(
             confirm_runs=0,
         )
     line = caught.value.one_line()
-    assert line.startswith("autotune doctor: disk: 0.1 GiB free under /work/runs")
+    assert line.startswith("autotune doctor: disk: 40 MiB free under /work/runs")
     assert "--out on a larger disk" in line and "`autotune doctor` lists every check" in line
     assert caught.value.exit_code == 2
     assert not out.exists()  # nothing touched
