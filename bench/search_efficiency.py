@@ -297,9 +297,9 @@ class ModelStatesGate:
         return train["policy_weights"] + train["gradients"] + train["optimizer_states"]
 
     def check(
-        self, params: Mapping[str, Any], derived: Mapping[str, Any]
+        self, params: Mapping[str, Any], derived: Mapping[str, Any], *, margin: float | None = None
     ) -> tuple[str | None, dict[str, Any] | None]:
-        need = self.states_bytes(params, derived)
+        need = self.states_bytes(params, derived)  # model states alone: no margin to widen
         if need > self.gpu.memory_bytes:
             return f"model states need {need / 2**30:.1f} GiB per GPU", None
         return None, None

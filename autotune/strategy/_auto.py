@@ -83,6 +83,9 @@ class ScoredProposal(Proposal):
         incumbent: the best usable trial's number when it was chosen.
         move: the knobs it sets differently from the incumbent: name → (incumbent's value, new value).
         suspect: the suspect values a probe tests.
+        covers: the screened knobs' values a screening run was chosen for.
+        memory_probe: a screening run that tests the memory gate itself (the only way to a level the
+            gate refuses everywhere): the study launches it up to its probe margin.
     """
 
     mode: str = "explore"
@@ -93,6 +96,7 @@ class ScoredProposal(Proposal):
     move: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     suspect: str | None = None
     covers: dict[str, Any] = field(default_factory=dict)
+    memory_probe: bool = False
 
     def choice(self) -> dict[str, Any]:
         """Why this configuration was chosen, as stored with its trial (``TrialResult.choice``)."""
@@ -105,6 +109,7 @@ class ScoredProposal(Proposal):
             "move": {k: [a, b] for k, (a, b) in self.move.items()},
             **({"suspect": self.suspect} if self.suspect else {}),
             **({"covers": self.covers} if self.covers else {}),
+            **({"memory_probe": True} if self.memory_probe else {}),
         }
 
 
@@ -316,7 +321,12 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
         if len(runs) < self.settings.min_trials:
             return None
         best = self._best(history)
-        if best is None or not self._screened(runs):
+        if best is None:
+            return None
+        ceiling = self._ceiling_stop(best, pending)
+        if ceiling is not None:
+            return ceiling
+        if not self._screened(runs):
             return None
         analysis = self._analyse(history, pending, explore_only=True)
         if analysis.proposal is None:
@@ -341,6 +351,26 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
                     f"{self.settings.stop_gain_frac:.0%}; further trials are unlikely to gain more{self._screen_note()}"
                 )
         return None
+
+    def _ceiling_stop(self, best: float, pending: Pending) -> str | None:
+        """A stop that rests on physics alone: no untried candidate's ceiling (the most any run of it
+        could reach, :attr:`Collaborators.ceiling_throughput`) beats the best by ``stop_gain_frac``.
+        None while one could, without ceilings, or when the pool is a sample of the space (a bound
+        over a sample is not one over every configuration)."""
+        bound = self.collab.ceiling_throughput
+        if bound is None or self.size() > self.settings.full_grid_limit:
+            return None
+        untried = [c.params for c in self.pool.base().cands if c.key not in pending.visited]
+        ceilings = [b for p in untried if (b := bound(p)) is not None]
+        if not ceilings or len(ceilings) < len(untried):
+            return None  # a candidate without a ceiling could be faster than any bound says
+        top = max(ceilings)
+        if top > best * (1 + self.settings.stop_gain_frac):
+            return None
+        return (
+            f"no untried configuration can beat the best by more than {self.settings.stop_gain_frac:.0%}: "
+            f"the physical ceiling of the fastest one is {top:.3g} completions/s against {best:.3g} measured"
+        )
 
     # -- the model -------------------------------------------------------------------------------
     def _best(self, history: Sequence[TrialResult]) -> float | None:

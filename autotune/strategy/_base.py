@@ -120,6 +120,9 @@ class Collaborators:
             inference, memory gate: it may change as the study learns).
         memory_load: predicted peak ÷ capacity (calibrated; above 1 when vLLM's checks fail), or None.
         usable: whether a result may be recommended (complete, enough headroom).
+        ceiling_throughput: the most completions/s any run of a configuration could reach on these
+            GPUs (the job's batch over the physical ceiling of its step: peak FLOP/s and bandwidth, not
+            the estimator's speed model), or None when unknown: a bound a stop may rest on.
     """
 
     rank: Callable[[Mapping[str, Any]], float | None] | None = None
@@ -128,6 +131,7 @@ class Collaborators:
     feasible: Callable[[Mapping[str, Any]], bool] = field(default=lambda _p: True)
     memory_load: Callable[[Mapping[str, Any]], float | None] | None = None
     usable: Callable[[TrialResult], bool] = usable_complete
+    ceiling_throughput: Callable[[Mapping[str, Any]], float | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,14 @@ class ScreeningPhase:
         def check(params: Mapping[str, Any]) -> bool:
             return infer_infeasible(self.space, params, history) is None and self.collab.feasible(params)
 
+        def probe_load(params: Mapping[str, Any]) -> float | None:
+            """The predicted memory load of a candidate only the memory gate refuses (None otherwise)."""
+            if self.collab.memory_load is None or infer_infeasible(self.space, params, history) is not None:
+                return None
+            return self.collab.memory_load(params) if self.collab.valid(params) else None
+
         pick = self.screening.next_run(
-            plan, runs, [c.params for c in block.cands], p_ok, choice, check, budget_left
+            plan, runs, [c.params for c in block.cands], p_ok, choice, check, budget_left, probe_load
         )
         if pick is None:
             return None
@@ -98,5 +104,6 @@ class ScreeningPhase:
             expected_gain_frac=float(gain_ok[i]) if best is not None else None,
             failure_risk=float(1.0 - p_ok[i]),
             covers=pick.covers,
+            memory_probe=pick.memory_probe,
         )
         return proposal, pick.mode

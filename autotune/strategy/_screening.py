@@ -79,6 +79,17 @@ class ScreeningSettings:
         give_up_failures: failed runs after which a level never measured healthy is given up.
         budget_without_limit: the budget assumed without a trial budget (a time budget only).
         max_checks: candidates the caller checks against the pre-screen per run at most.
+        memory_probe_load: a level no candidate reaches within the memory gate is tested once at
+            its least loaded candidate when that one's predicted load (peak ÷ capacity) is at most
+            this: the gate is an estimate too, and a level it misjudges may hold the optimum (the study
+            launches such a *memory probe* up to its own probe margin).
+        max_memory_probes: memory probes per study at most.
+        combine: end screening with one run that sets every screened knob to its best measured level
+            (False: the model's own choice follows the screening runs at once).
+        balance_others: spread the levels of the other discrete knobs (2 to ``max_levels`` values)
+            over the design's runs as well, so that a knob the prior misjudges outside the screened
+            set is measured at more than its default before the search exploits.
+        match_weight: the weight of one design-row match against one newly covered level.
     """
 
     max_knobs: int = 5
@@ -88,15 +99,35 @@ class ScreeningSettings:
     give_up_failures: int = 2
     budget_without_limit: int = 20
     max_checks: int = 400
+    balance_others: bool = True
+    match_weight: float = 0.25
+    memory_probe_load: float = 1.4
+    max_memory_probes: int = 2
+    combine: bool = True
 
 
 @dataclass(frozen=True)
 class ScreenPlan:
-    """The knobs screened, their levels, and the design's rows (level indices per knob)."""
+    """The knobs screened, their levels, and the design's rows (level indices per knob).
+
+    ``balanced`` and ``balanced_levels``: the other discrete knobs, whose levels the design spreads
+    over the same rows (their columns follow the screened ones in ``design``) without requiring each
+    level measured: the runs then teach the model those knobs' main effects too.
+    """
 
     knobs: tuple[str, ...]
     levels: tuple[tuple[Any, ...], ...]
     design: tuple[tuple[int, ...], ...]
+    balanced: tuple[str, ...] = ()
+    balanced_levels: tuple[tuple[Any, ...], ...] = ()
+
+    def row_keys(self, row: Sequence[int]) -> set[tuple[str, str]]:
+        """The (knob, value key) pairs a design row asks for, screened and balanced knobs alike."""
+        names = (*self.knobs, *self.balanced)
+        values = (*self.levels, *self.balanced_levels)
+        return {
+            (k, canonical_key({"v": values[j][i]})) for j, (k, i) in enumerate(zip(names, row, strict=True))
+        }
 
     def level_keys(self) -> list[tuple[str, str]]:
         """Every (knob, value key) the plan covers."""
@@ -138,6 +169,7 @@ class ScreenPick:
     index: int
     mode: str
     covers: dict[str, Any]
+    memory_probe: bool = False
 
 
 def _healthy(result: TrialResult) -> bool:
@@ -231,15 +263,28 @@ class Screening:
                 for k in self.space.knobs
             }
             knobs = screened_knobs(self.space, levels, spreads, self.settings)
+            balanced = self._balanced(levels, knobs)
             n_levels = [len(levels[k]) for k in knobs]
             n_runs = 1 + sum(n - 1 for n in n_levels)  # a saturated main-effects design
-            design = balanced_design(n_levels, n_runs, self.seed)
+            design = balanced_design([*n_levels, *(len(levels[k]) for k in balanced)], n_runs, self.seed)
             self._plan = ScreenPlan(
                 knobs=knobs,
                 levels=tuple(levels[k] for k in knobs),
                 design=tuple(tuple(int(x) for x in row) for row in design),
+                balanced=balanced,
+                balanced_levels=tuple(levels[k] for k in balanced),
             )
         return self._plan
+
+    def _balanced(self, levels: Mapping[str, Sequence[Any]], screened: Sequence[str]) -> tuple[str, ...]:
+        """The other discrete knobs the design spreads (none unless ``balance_others``)."""
+        if not screened or not self.settings.balance_others:
+            return ()
+        return tuple(
+            k
+            for k, values in levels.items()
+            if k not in screened and 2 <= len(values) <= self.settings.max_levels
+        )
 
     def state(self, plan: ScreenPlan, runs: Sequence[TrialResult]) -> ScreenState:
         """What ``runs`` (the launched trials) measured of the plan's levels."""
@@ -280,7 +325,12 @@ class Screening:
         )
         if covering or self.designing(plan, state, budget_left):
             return "screen"
-        if not state.combined and state.screened > 0 and (budget_left is None or budget_left > 1):
+        if (
+            self.settings.combine
+            and not state.combined
+            and state.screened > 0
+            and (budget_left is None or budget_left > 1)
+        ):
             return "combine"
         return None
 
@@ -302,21 +352,18 @@ class Screening:
         score: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The candidates in the order a screening run should try them, and each one's count of
-        uncovered levels: expected new levels (uncovered levels it sets × P(ok)) plus a quarter per
-        level matching the design's next row, then ``score`` (the model's choice)."""
+        uncovered levels: expected new levels (uncovered levels it sets × P(ok)) plus ``match_weight``
+        per value matching the design's next row (screened and balanced knobs), then ``score``."""
         uncovered = set(state.uncovered(plan))
-        row = plan.design[state.screened % len(plan.design)] if plan.design else ()
-        wanted = {
-            (k, canonical_key({"v": plan.levels[j][i]}))
-            for j, (k, i) in enumerate(zip(plan.knobs, row, strict=True))
-        }
+        wanted = plan.row_keys(plan.design[state.screened % len(plan.design)]) if plan.design else set()
+        names = (*plan.knobs, *plan.balanced)
         cover = np.zeros(len(cands))
         match = np.zeros(len(cands))
         for n, params in enumerate(cands):
-            pairs = {(k, canonical_key({"v": params[k]})) for k in plan.knobs if k in params}
+            pairs = {(k, canonical_key({"v": params[k]})) for k in names if k in params}
             cover[n] = len(pairs & uncovered)
             match[n] = len(pairs & wanted)
-        value = p_ok * (cover + 0.25 * match)
+        value = p_ok * (cover + self.settings.match_weight * match)
         order = np.lexsort((-score, -np.round(value, 6)))
         return order, cover
 
@@ -348,17 +395,30 @@ class Screening:
         score: np.ndarray,
         check: Callable[[Mapping[str, Any]], bool],
         budget_left: int | None,
+        probe_load: Callable[[Mapping[str, Any]], float | None] | None = None,
     ) -> ScreenPick | None:
         """The screening or combination run among ``cands`` (untried, valid), or None when screening is
         over. ``p_ok`` and ``score``: the model's P(ok) and choice score of each candidate; ``check``:
-        the pre-screen (rules, OOM inference, memory gate), asked in order until a candidate passes."""
+        the pre-screen (rules, OOM inference, memory gate), asked in order until a candidate passes;
+        ``probe_load``: the predicted memory load of a candidate that passes all of it but the memory
+        gate (None: not even that), for a memory probe."""
         state = self.state(plan, runs)
         mode = self.mode(plan, state, budget_left)
         if mode is None or not cands:
             return None
         if mode == "screen":
-            pick = self._screen_run(plan, state, cands, p_ok, score, check, budget_left)
-            if pick is not None or state.combined or (budget_left is not None and budget_left <= 1):
+            probes_left = self.settings.max_memory_probes - sum(
+                bool((r.choice or {}).get("memory_probe")) for r in runs
+            )
+            pick = self._screen_run(
+                plan, state, cands, p_ok, score, check, budget_left, probe_load if probes_left > 0 else None
+            )
+            if (
+                pick is not None
+                or state.combined
+                or not self.settings.combine
+                or (budget_left is not None and budget_left <= 1)
+            ):
                 return pick
             # the levels left are out of reach of every candidate that passes: on to the combination
         return self._combine_run(plan, runs, cands, score, check)
@@ -372,24 +432,53 @@ class Screening:
         score: np.ndarray,
         check: Callable[[Mapping[str, Any]], bool],
         budget_left: int | None,
+        probe_load: Callable[[Mapping[str, Any]], float | None] | None = None,
     ) -> ScreenPick | None:
-        """The first candidate in :meth:`order` that passes ``check``; None once only candidates that
-        cover no new level pass and the design is done."""
+        """The first candidate in :meth:`order` that passes ``check`` (once the design is done: only
+        those that cover a new level); else a memory probe (:meth:`_memory_probe`); else None."""
         order, cover = self.order(plan, state, cands, p_ok, score)
         designing = self.designing(plan, state, budget_left)
         uncovered = set(state.uncovered(plan))
+
+        def pick(i: int, memory_probe: bool = False) -> ScreenPick:
+            params = cands[i]
+            covers = {
+                k: params[k]
+                for k in plan.knobs
+                if k in params and (k, canonical_key({"v": params[k]})) in uncovered
+            }
+            return ScreenPick(index=i, mode="screen", covers=covers, memory_probe=memory_probe)
+
         for i in order[: self.settings.max_checks]:
             if cover[i] == 0 and not designing:
-                return None
-            params = cands[int(i)]
-            if check(params):
-                covers = {
-                    k: params[k]
-                    for k in plan.knobs
-                    if k in params and (k, canonical_key({"v": params[k]})) in uncovered
-                }
-                return ScreenPick(index=int(i), mode="screen", covers=covers)
-        return None
+                break
+            if check(cands[int(i)]):
+                return pick(int(i))
+        probe = self._memory_probe(order, cover, cands, probe_load) if probe_load is not None else None
+        return pick(probe, memory_probe=True) if probe is not None else None
+
+    def _memory_probe(
+        self,
+        order: np.ndarray,
+        cover: np.ndarray,
+        cands: Sequence[Mapping[str, Any]],
+        probe_load: Callable[[Mapping[str, Any]], float | None],
+    ) -> int | None:
+        """Among the candidates that cover most new levels, the one of least predicted memory load at
+        most ``memory_probe_load`` (it tests the gate where the level is likeliest to fit); None if
+        no such candidate."""
+        best: tuple[float, float] | None = None
+        chosen: int | None = None
+        for i in order[: self.settings.max_checks]:
+            if cover[i] == 0:
+                continue
+            load = probe_load(cands[int(i)])
+            if load is None or load > self.settings.memory_probe_load:
+                continue
+            rank = (-float(cover[i]), load)
+            if best is None or rank < best:
+                best, chosen = rank, int(i)
+        return chosen
 
     def _combine_run(
         self,

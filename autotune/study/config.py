@@ -163,9 +163,12 @@ class MemoryGate(Protocol):
     """Pre-screens candidates with the memory estimate and learns from measured peaks."""
 
     def check(
-        self, params: Mapping[str, Any], derived: Mapping[str, Any]
+        self, params: Mapping[str, Any], derived: Mapping[str, Any], *, margin: float | None = None
     ) -> tuple[str | None, dict[str, Any] | None]:
         """(reason to prune or None, the predicted breakdown or None).
+
+        ``margin``: how far over capacity a prediction may go before it is refused (None: the gate's
+        own); the study passes a wider one for a memory probe only.
 
         The search reads ``peak_bytes``, ``capacity_bytes``, ``vllm_startup_deficit_bytes`` and
         ``kv_deficit_bytes`` from the breakdown when present (``MemoryEstimate.to_dict()``) to weigh

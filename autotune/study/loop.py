@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -165,6 +165,7 @@ class Study(StudyPart):
                 feasible=self.screen.cheap_feasible,
                 memory_load=self.screen.memory_load if memory_gate else None,
                 usable=self.screen.usable,
+                ceiling_throughput=self._ceiling_throughput(memory_gate),
             ),
             seed=seed,
             settings=strategy_settings,
@@ -173,6 +174,23 @@ class Study(StudyPart):
         self.ceilings = TrialCeilings.for_study(cfg)
         self._silent_waited_s = 0.0  # how long this worker waited for a dead worker's trial to go stale
         self._storage: optuna.storages.BaseStorage | None = None
+
+    def _ceiling_throughput(self, gate: Any) -> Callable[[Mapping[str, Any]], float | None] | None:
+        """The physical ceiling's completions/s of a configuration, from a gate that knows its step's
+        least seconds (the estimator's: ``ceiling_s``), or None."""
+        ceiling_s = getattr(gate, "ceiling_s", None)
+        if ceiling_s is None or not self.cfg.hardware.gpus:
+            return None
+        batch = self.cfg.global_batch
+
+        def bound(params: Mapping[str, Any]) -> float | None:
+            try:
+                seconds = float(ceiling_s(params))
+            except (ValueError, KeyError, ZeroDivisionError):  # a shape the ceiling cannot price
+                return None
+            return batch / seconds if seconds > 0 else None
+
+        return bound
 
     def _learn(self, result: TrialResult) -> None:
         """A result the study took in (its own, another worker's, or stored): the memory gate and the
@@ -474,7 +492,9 @@ class Study(StudyPart):
         trial.set_user_attr("is_baseline", is_baseline)
         loop.visited.add(key)
         choice = loop.choices.pop(key, None) or self.asker.default_choice(is_baseline, queued)
-        result = self.screen.check(trial.number, params, is_baseline)
+        result = self.screen.check(
+            trial.number, params, is_baseline, memory_probe=bool(choice.get("memory_probe"))
+        )
         try:
             if result is None:
                 try:

@@ -12,8 +12,17 @@ from typing import Any
 
 from autotune.backends import ModelRef
 from autotune.records import Hardware, TrialResult, TrialStatus
+from autotune.space import canonical_key
 
-__all__ = ["EstimatorGate"]
+__all__ = ["PROBE_MARGIN", "EstimatorGate"]
+
+#: the most a memory probe may be predicted over capacity (a share of it) and still be launched: the
+#: estimate is a prior, and a strategy that must measure a level the gate refuses everywhere (see
+#: ``memory_probe`` in :class:`autotune.strategy.BaseStrategy`) tests it there, no further
+PROBE_MARGIN = 0.5
+
+#: step-time estimates a gate keeps (a candidate pool and its neighbours: a few thousand)
+_TIMINGS_KEPT = 50_000
 
 
 class EstimatorGate:
@@ -52,6 +61,10 @@ class EstimatorGate:
         self.calibration = Calibration()
         self._seen: set[int] = set()
         self._basis: Any = None
+        # step-time estimates by configuration: rank and phase_times ask for the same candidates
+        # (they need no calibration, so nothing the gate learns makes them stale)
+        self._timings: dict[str, Any] = {}
+        self._ceilings: dict[str, float] = {}
 
     @classmethod
     def build(
@@ -88,29 +101,42 @@ class EstimatorGate:
         return shape, self.calibration.adjust(estimate_memory(shape, self.gpu))
 
     def check(
-        self, params: Mapping[str, Any], derived: Mapping[str, Any]
+        self, params: Mapping[str, Any], derived: Mapping[str, Any], *, margin: float | None = None
     ) -> tuple[str | None, dict[str, Any] | None]:
+        """Why ``params`` is predicted not to fit (None: it may run) and the estimate's breakdown.
+
+        ``margin``: how far over capacity a prediction may be before it is refused (default: the
+        gate's own; a memory probe, which tests the gate itself, is given :data:`PROBE_MARGIN`)."""
         from autotune.estimate import should_prune
 
         _, est = self._estimate(params, derived)
         breakdown = est.to_dict()
-        if should_prune(est, margin=self.margin):
+        if should_prune(est, margin=self.margin if margin is None else margin):
             return f"predicted not to fit: {est.reason()}", breakdown
         return None, breakdown
 
-    def rank(self, params: Mapping[str, Any]) -> float | None:
+    def _timing(self, params: Mapping[str, Any]) -> Any:
+        """The estimator's step time of ``params`` (computed once per configuration)."""
+        from autotune.backends import job_shape
         from autotune.estimate import estimate_step_time
 
-        shape, _ = self._estimate(params)
-        return float(estimate_step_time(shape, self.gpu).throughput)
+        key = canonical_key(params)
+        if key not in self._timings:
+            if len(self._timings) >= _TIMINGS_KEPT:
+                self._timings.clear()
+            shape = job_shape(
+                self.backend, params, self.derive(dict(params)), self.job, self.model, self.n_gpus
+            )
+            self._timings[key] = estimate_step_time(shape, self.gpu)
+        return self._timings[key]
+
+    def rank(self, params: Mapping[str, Any]) -> float | None:
+        return float(self._timing(params).throughput)
 
     def phase_times(self, params: Mapping[str, Any]) -> dict[str, float]:
         """The estimator's seconds per step of each phase, named as the timeline names them (host
         transfers and CPU optimizer work are the timeline's ``other``)."""
-        from autotune.estimate import estimate_step_time
-
-        shape, _ = self._estimate(params)
-        t = estimate_step_time(shape, self.gpu)
+        t = self._timing(params)
         return {"rollout": t.rollout_s, "train": t.train_s, "weight_sync": t.sync_s, "other": t.offload_s}
 
     def ceiling_s(self, params: Mapping[str, Any]) -> float:
@@ -124,14 +150,20 @@ class EstimatorGate:
             names = (*self.gpu.nvml_names, self.gpu.name)
             measured = next((p for p in map(cached_peaks, names) if p is not None), None)
             self._basis = PeakBasis.resolve(self.gpu, measured)
-        shape, _ = self._estimate(params)
-        return step_ceiling_s(shape, self._basis)
+        key = canonical_key(params)
+        if key not in self._ceilings:
+            if len(self._ceilings) >= _TIMINGS_KEPT:
+                self._ceilings.clear()
+            shape, _ = self._estimate(params)
+            self._ceilings[key] = step_ceiling_s(shape, self._basis)
+        return self._ceilings[key]
 
     def observe(self, result: TrialResult) -> None:
-        if result.number in self._seen or result.status not in (
-            TrialStatus.COMPLETE,
-            TrialStatus.OOM,
-            TrialStatus.UNHEALTHY,
+        """Learn from a trial's measured peak (or its OOM): finished, unhealthy, and stopped early for
+        being slow after whole steps (its peak is a whole step's: a memory probe often ends so)."""
+        stopped_slow = result.status is TrialStatus.PRUNED and result.steps > 0 and any(result.peak_mem_bytes)
+        if result.number in self._seen or not (
+            stopped_slow or result.status in (TrialStatus.COMPLETE, TrialStatus.OOM, TrialStatus.UNHEALTHY)
         ):
             return
         self._seen.add(result.number)

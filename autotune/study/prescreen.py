@@ -10,6 +10,7 @@ from typing import Any
 from autotune.backends import TrialContext
 from autotune.records import TrialResult, TrialStatus
 from autotune.strategy import infer_infeasible
+from autotune.study.memory_gate import PROBE_MARGIN
 from autotune.study.recommend import headroom_bytes
 from autotune.study.state import StudyPart
 
@@ -90,8 +91,14 @@ class Prescreen(StudyPart):
                 return False
         return True
 
-    def check(self, number: int, params: dict[str, Any], is_baseline: bool) -> TrialResult | None:
-        """The PRUNED result of a configuration the study refuses to launch, with why; None to launch."""
+    def check(
+        self, number: int, params: dict[str, Any], is_baseline: bool, *, memory_probe: bool = False
+    ) -> TrialResult | None:
+        """The PRUNED result of a configuration the study refuses to launch, with why; None to launch.
+
+        ``memory_probe``: the strategy asks to test the memory gate itself with this configuration (its
+        ``choice`` says so): the gate refuses it only beyond :data:`~autotune.study.memory_gate.PROBE_MARGIN`.
+        """
         ctx = self.context(self.dir.trial_dir(number))
         derived = self.backend.derive(params, ctx)
         base: dict[str, Any] = {
@@ -108,7 +115,11 @@ class Prescreen(StudyPart):
         if inferred is not None:
             return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched: {inferred.reason}")
         if self.memory_gate is not None:
-            reason, breakdown = self.memory_gate.check(params, derived)
+            reason, breakdown = (
+                self.memory_gate.check(params, derived, margin=PROBE_MARGIN)
+                if memory_probe
+                else self.memory_gate.check(params, derived)
+            )
             if reason is not None:
                 return TrialResult(
                     **base, status=TrialStatus.PRUNED, reason=f"not launched: {reason}", estimate=breakdown

@@ -213,3 +213,47 @@ def test_the_combination_sets_each_screened_knob_to_its_best_measured_level(spac
     pick = screening.next_run(plan, runs, cands, np.ones(n), np.zeros(n), check, 8)
     assert pick is not None and pick.mode == "combine"
     assert all(cands[pick.index][k] == v for k, v in screening.best_levels(plan, runs).items())
+
+
+def test_the_design_spreads_the_other_discrete_knobs_too(space: SearchSpace) -> None:
+    """A knob outside the screened set (``workers``: the estimator says it does not matter) is still
+    measured at both its values during screening, so a prior wrong about it is corrected by the model;
+    without ``balance_others`` the screening runs leave it at the prior's choice."""
+    spreads = {"tp": 0.5, "zero": 0.3, "offload": 0.2, "batch": 0.4, "workers": 0.0}
+    pool = list(space.grid())
+    plan = Screening(space, ScreeningSettings(), seed=0).plan(pool, spreads)
+    assert "workers" not in plan.knobs and plan.balanced == ("workers",)
+    assert plan.balanced_levels == ((0, 2),)
+    column = [row[len(plan.knobs)] for row in plan.design]
+    assert sorted(set(column)) == [0, 1] and abs(column.count(0) - column.count(1)) <= 1
+    for balance, expected in ((True, {0, 2}), (False, {0})):
+        screening = Screening(space, ScreeningSettings(balance_others=balance), seed=0)
+        plan = screening.plan(pool, spreads)
+        runs = [result(0, dict(BASELINE))]
+        for number in range(1, 5):
+            cands = [p for p in pool if canonical_key(p) not in {canonical_key(r.params) for r in runs}]
+            n = len(cands)
+            # the model prefers workers=0 everywhere: only the design can ask for workers=2
+            score = np.array([1.0 if p["workers"] == 0 else 0.0 for p in cands])
+            pick = screening.next_run(plan, runs, cands, np.ones(n), score, lambda p: True, 12 - len(runs))
+            assert pick is not None and pick.mode == "screen"
+            runs.append(result(number, cands[pick.index], {"mode": "screen"}))
+        assert {r.params["workers"] for r in runs[1:]} == expected, balance
+
+
+def test_a_stop_on_the_physical_ceiling_needs_neither_the_prior_nor_screening(space: SearchSpace) -> None:
+    """When no untried configuration's ceiling beats the best measured by the stop's gain, the study may
+    stop at once (screening unfinished: the bound is physics, not the prior); a ceiling above that,
+    or one unknown for some candidate, lets the search go on."""
+    history = [result(0, dict(BASELINE)), result(1, {**BASELINE, "batch": 2})]
+    best = max(r.throughput or 0.0 for r in history)
+
+    def strategy(ceiling: Any) -> AutoStrategy:
+        collab = Collaborators(rank=prior, ceiling_throughput=ceiling)
+        return AutoStrategy(space, collab, seed=0, settings=AutoSettings(min_trials=1))
+
+    reason = strategy(lambda p: best * 1.01).converged(history, left(history, 10))
+    assert reason is not None and "physical ceiling" in reason
+    assert strategy(lambda p: best * 1.5).converged(history, left(history, 10)) is None
+    unknown = lambda p: None if p["tp"] == 4 else best  # noqa: E731
+    assert strategy(unknown).converged(history, left(history, 10)) is None

@@ -77,10 +77,10 @@ def speed(p: dict[str, Any]) -> float:
 class FakeGate:
     """An estimator that is right about memory to 10 % and about speed up to the data loader."""
 
-    def check(self, params, derived):
+    def check(self, params, derived, *, margin=None):
         peak = memory_gib(params) * 0.9
         breakdown = {"peak_bytes": int(peak * GIB), "capacity_bytes": 24 * GIB}
-        return ("predicted not to fit" if peak > 24 * 1.15 else None), breakdown
+        return ("predicted not to fit" if peak > 24 * (1 + (margin or 0.15)) else None), breakdown
 
     def rank(self, params):
         return speed({**params, "dataloader_num_workers": 0})
