@@ -3,8 +3,9 @@
 Every trial runs in its own session (its own process group). A process that leaves the group
 (``setsid``, a double fork) is still found: the runner puts a marker in the trial's environment
 (:data:`MARKER_ENV`, a value unique to the trial) and :func:`end_marked` ends every process of this
-user whose environment carries it. A process that clears its environment before it execs is the one
-way out; the descendants seen while the trial ran are ended by pid as well.
+user whose environment carries it. A process that clears its environment before it execs is found by
+the trial's cgroup, or by the process tree the runner recorded while the trial ran (pid and create
+time; see :mod:`autotune.trial.confine`).
 
 - :func:`terminate_group` ends a group and its known descendants (SIGTERM, grace, SIGKILL).
 - :func:`end_marked` ends what carries a trial's marker, after the trial, whatever its end.
@@ -26,6 +27,7 @@ from pathlib import Path
 import psutil
 
 from autotune.studydir import TrialDir
+from autotune.trial.confine import TrialCgroup
 
 __all__ = [
     "MARKER_ENV",
@@ -289,11 +291,19 @@ def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
             known.setdefault(proc.pid, proc.create_time())
         except psutil.Error:
             continue
+    cgroup = TrialCgroup.existing(info.get("cgroup"))
+    if cgroup is not None:  # whatever is still in the trial's cgroup is the trial's, environment or not
+        for member, started in cgroup.members().items():
+            known.setdefault(member, started)
     targets = _targets(group_pgid, known)
     if not targets:
+        if cgroup is not None:
+            cgroup.remove()
         return None
     pids = sorted(targets)
     killed = terminate_group(group_pgid, known, grace_s)
+    if cgroup is not None:
+        cgroup.end(grace_s)
     started_at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started_wall_s") or 0))
     forced = f", {len(killed)} needed SIGKILL" if killed else ""
     return (
