@@ -183,7 +183,15 @@ class MemoryGate(Protocol):
 
 
 class TrialExecutor(Protocol):
-    """Runs one launched trial and returns its result (see :class:`autotune.trial.execute.Executor`)."""
+    """Runs one launched trial and returns its result (see :class:`autotune.trial.execute.Executor`).
+
+    The study calls :meth:`launch_refusal` first, before it records the trial RUNNING, then
+    :meth:`execute` when there was no refusal.
+    """
+
+    def launch_refusal(self, spec: TrialSpec, ctx: TrialContext) -> str | None:
+        """Why the trial's command cannot be launched (one line: unrenderable, E2BIG, no executable)."""
+        ...
 
     def execute(
         self,

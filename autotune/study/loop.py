@@ -80,6 +80,7 @@ from autotune.study.tell import (
 )
 from autotune.study.workers import Workers
 from autotune.studydir import StudyDir
+from autotune.trial.execute import not_launched
 
 __all__ = [
     "METRIC_NAME",
@@ -599,6 +600,9 @@ class Study(StudyPart):
         ctx = self.screen.context(trial_dir, master_port=free_port())
         derived = self.backend.derive(params, ctx)
         spec = TrialSpec(number=number, params=params, derived=derived, is_baseline=is_baseline)
+        refusal = self.executor.launch_refusal(spec, ctx)
+        if refusal is not None:  # INVALID, and never recorded RUNNING (nothing was started)
+            return not_launched(spec, refusal)
         self.dir.write_result(
             TrialResult(
                 number=number,
