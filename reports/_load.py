@@ -227,13 +227,22 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _read_steps(path: Path, problems: list[str], root: Path) -> list[StepMetrics]:
+def _whole_lines(text: str, *, live: bool) -> list[str]:
+    """The lines of an appended file; while its trial runs, a last line without its newline is still
+    being written: it is left for the next read, not counted as damage."""
+    lines = text.splitlines()
+    if live and lines and not text.endswith(("\n", "\r")):
+        lines.pop()
+    return lines
+
+
+def _read_steps(path: Path, problems: list[str], root: Path, *, live: bool = False) -> list[StepMetrics]:
     text = _read_text(path)
     if text is None:
         return []
     steps: list[StepMetrics] = []
     bad = 0
-    for line in text.splitlines():
+    for line in _whole_lines(text, live=live):
         if not line.strip():
             continue
         try:
@@ -245,13 +254,13 @@ def _read_steps(path: Path, problems: list[str], root: Path) -> list[StepMetrics
     return sorted(steps, key=lambda s: s.t_mono_s)
 
 
-def _read_markers(path: Path, problems: list[str], root: Path) -> list[dict[str, Any]]:
+def _read_markers(path: Path, problems: list[str], root: Path, *, live: bool = False) -> list[dict[str, Any]]:
     text = _read_text(path)
     if text is None:
         return []
     markers: list[dict[str, Any]] = []
     bad = 0
-    for line in text.splitlines():
+    for line in _whole_lines(text, live=live):
         if not line.strip():
             continue
         try:
@@ -376,8 +385,9 @@ def _load_trial(
     ):
         if (files / name).is_file():
             trial.files[name] = files / name
-    trial.steps = _read_steps(files.metrics_jsonl, problems, root)
-    trial.markers = _read_markers(files.phases_jsonl, problems, root)
+    live = result.status is TrialStatus.RUNNING
+    trial.steps = _read_steps(files.metrics_jsonl, problems, root, live=live)
+    trial.markers = _read_markers(files.phases_jsonl, problems, root, live=live)
     trial.timeline = _read_timeline(files.timeline_parquet, problems, root)
     trial.command = _read_text(files.command_sh)
     launch = _read_json(files.launch_json, problems, root)
@@ -423,6 +433,16 @@ def _env_maps(trials: list[TrialData]) -> list[dict[str, str]]:
 
 def load_study(study_dir: Path) -> StudyData:
     """Read ``runs/<study>``: settings, every trial, and the exported winner.
+
+    Safe while a search writes the study (``autotune report`` at any moment): the read is a snapshot
+    built from single reads. Every file is read once, whole: ``study.json``, each ``result.json``, the
+    timelines and ``best/`` are replaced atomically by their writers (a temporary file, then a rename),
+    so each read sees one complete version, never a half-written one. The trial list is taken once; a
+    trial that appears later is in the next report. The files a running trial appends to
+    (``metrics.jsonl``, ``phases.jsonl``) are read up to their last complete line. The Optuna storage
+    (``study.db``) is not read at all: the trial directories hold every result (``--storage`` copies a
+    study from its storage into the directory first). What is missing or damaged is a line of
+    ``problems``, never an exception.
 
     Raises:
         UsageError: ``study_dir`` is not a study directory.

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from autotune.cli.app import main
 from autotune.records import TrialResult, TrialStatus
 from autotune.studydir import StudyDir
-from tests.cli.conftest import run_cli
+from tests.cli.conftest import autotune_exe, run_cli
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
 
@@ -30,12 +32,18 @@ def _no_traceback(text: str) -> None:
     assert "Traceback" not in text, text
 
 
-def test_a_command_that_cannot_be_rendered_is_invalid_and_never_running(
+def test_a_trial_that_cannot_be_launched_is_invalid_and_never_running(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    """``{x:c}`` renders 65 but not 2000000 (OverflowError): trial 1 is INVALID, written once, never RUNNING."""
+    """The executable is a knob (the baseline's exists, the other does not) and ``{x:c}`` renders 65 but
+    not 2000000 (OverflowError): the three trials past the baseline are INVALID, written once, never
+    RUNNING, nothing of them started; one line each."""
     space = tmp_path / "space.yaml"
-    space.write_text("backend: command\nknobs:\n  x: {type: int, choices: [65, 2000000], default: 65}\n")
+    missing = tmp_path / "no-such-program"
+    space.write_text(
+        f"backend: command\nknobs:\n  exe: {{type: str, choices: [{sys.executable}, {missing}], "
+        f"default: {sys.executable}}}\n  x: {{type: int, choices: [65, 2000000], default: 65}}\n"
+    )
     written: list[tuple[int, TrialStatus]] = []
     real_write = StudyDir.write_result
 
@@ -46,36 +54,65 @@ def test_a_command_that_cannot_be_rendered_is_invalid_and_never_running(
     monkeypatch.setattr(StudyDir, "write_result", recording)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "study"
-    cmd = (sys.executable, FAULT, "--mode", "ok", "--steps", "3", "--step-s", "0.01", "--x", "{x:c}")
+    cmd = ("{exe}", FAULT, "--mode", "ok", "--steps", "3", "--step-s", "0.01", "--x", "{x:c}")
     with pytest.raises(SystemExit) as done:
-        main(_search_args(out, space, *cmd))
+        main(_search_args(out, space, *cmd, trials=4))
     captured = capsys.readouterr()
     assert done.value.code in (0, None), captured.err
     _no_traceback(captured.out + captured.err)
-    assert (0, TrialStatus.RUNNING) in written  # the baseline launched: its placeholder was written
-    assert [s for n, s in written if n == 1] == [TrialStatus.INVALID], written
-    said = [ln for ln in captured.out.splitlines() if ln.startswith("trial 1")]
-    assert len(said) == 1 and "INVALID" in said[0] and "cannot be rendered: OverflowError" in said[0], said
-    assert json.loads((out / "trials" / "1" / "result.json").read_text())["status"] == "INVALID"
+    assert written[:2] == [(0, TrialStatus.RUNNING), (0, TrialStatus.COMPLETE)], written  # the baseline ran
+    assert written[2:] == [(n, TrialStatus.INVALID) for n in (1, 2, 3)], written  # never RUNNING
+    said = [ln for ln in captured.out.splitlines() if ln.startswith(("trial 1", "trial 2", "trial 3"))]
+    assert len(said) == 3 and all(": INVALID — " in ln for ln in said), captured.out
+    assert any("cannot be rendered: OverflowError" in ln for ln in said), said
+    assert any(f"its executable '{missing}' is not an executable file" in ln for ln in said), said
+    for number in (1, 2, 3):
+        trial = out / "trials" / str(number)
+        assert os.listdir(trial) == ["result.json"]  # nothing was started: no proc.json, no logs
+        assert json.loads((trial / "result.json").read_text())["status"] == "INVALID"
 
 
-def test_a_missing_executable_is_invalid_before_launch(tmp_path: Path) -> None:
-    """The executable is a knob: the baseline's exists, trial 1's does not (installed CLI, real trials)."""
+def test_report_during_a_search_reads_a_consistent_snapshot(tmp_path: Path) -> None:
+    """``report`` run again and again while a real search writes the study: every run exits 0 and writes a
+    whole report.md (no damaged-file line for a step being appended)."""
     space = tmp_path / "space.yaml"
-    missing = tmp_path / "no-such-program"
-    space.write_text(
-        f"backend: command\nknobs:\n  exe: {{type: str, choices: [{sys.executable}, {missing}], "
-        f"default: {sys.executable}}}\n"
-    )
+    space.write_text("backend: command\nknobs:\n  bs: {type: int, choices: [1, 2, 3, 4], default: 1}\n")
     out = tmp_path / "study"
-    proc = run_cli(
-        *_search_args(out, space, "{exe}", FAULT, "--mode", "ok", "--steps", "3", "--step-s", "0.01")
-    )
-    assert proc.returncode == 0, proc.stderr
-    _no_traceback(proc.stdout + proc.stderr)
-    said = [ln for ln in proc.stdout.splitlines() if ln.startswith("trial 1")]
-    assert len(said) == 1 and "INVALID" in said[0] and "is not an executable file" in said[0], proc.stdout
-    trial = out / "trials" / "1"
-    assert json.loads((trial / "result.json").read_text())["status"] == "INVALID"
-    assert not (trial / "proc.json").exists()  # nothing was started
-    assert os.listdir(trial) == ["result.json"]
+    cmd = (sys.executable, FAULT, "--mode", "ok", "--steps", "25", "--step-s", "0.02")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tuner = subprocess.Popen(
+        [autotune_exe(), *_search_args(out, space, *cmd, trials=3), "--no-early-stop"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (out / "trials" / "0" / "result.json").exists():
+        assert tuner.poll() is None and time.monotonic() < deadline, "the search never started trial 0"
+        time.sleep(0.05)
+    reports = []
+    while tuner.poll() is None or not reports:
+        target = tmp_path / f"report-{len(reports)}"
+        reports.append((run_cli("report", str(out), "--no-png", "--out", str(target)), target))
+    assert tuner.wait(timeout=120) == 0, tuner.stderr.read() if tuner.stderr else ""
+    for proc, target in reports:
+        assert proc.returncode == 0, proc.stderr
+        _no_traceback(proc.stderr)
+        text = (target / "report.md").read_text()
+        assert text.startswith(f"# autotune report — {out.name}\n") and "\n## Summary\n" in text, text[:400]
+        assert "\n## All trials\n" in text and "\n| 0 (" in text, text  # the baseline row at least
+        assert "unreadable" not in text and "not a trial result" not in text, text
+    assert len(reports) >= 2, "no report ran while the search did"
+
+
+def test_a_line_being_appended_is_not_damage_while_its_trial_runs(tmp_path: Path) -> None:
+    from autotune.reports import load_study
+
+    study = StudyDir(tmp_path / "study")
+    step = '{"step": 1, "t_mono_s": 1.0, "t_wall_s": 1.0, "duration_s": 0.5, "samples": 4, "values": {}}\n'
+    for number, status in ((0, TrialStatus.RUNNING), (1, TrialStatus.COMPLETE)):
+        study.write_result(TrialResult(number=number, params={"bs": number}, status=status, reason="r"))
+        study.trial(number).metrics_jsonl.write_text(step + '{"step": 2, "t_mo')
+    data = load_study(study.root)
+    assert [len(t.steps) for t in data.trials] == [1, 1]
+    assert [p for p in data.problems if "unreadable line" in p] == [
+        "trials/1/metrics.jsonl: 1 unreadable line(s) skipped"
+    ]
