@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +24,7 @@ from pydantic import ValidationError
 from autotune.errors import UsageError
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
 from autotune.study.recommend import baseline_of
-from autotune.studydir import StudyDir, TrialDir
+from autotune.studydir import StudyDir, TrialDir, denied
 
 __all__ = [
     "PhaseSpan",
@@ -208,6 +210,8 @@ def _read_json(path: Path, problems: list[str], root: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    except PermissionError:
+        raise denied(path) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         problems.append(f"{_rel(path, root)}: unreadable ({exc.__class__.__name__})")
         return None
@@ -223,6 +227,8 @@ def _rel(path: Path, root: Path) -> str:
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
+    except PermissionError:
+        raise denied(path) from None
     except OSError:
         return None
 
@@ -282,6 +288,8 @@ def _read_timeline(path: Path, problems: list[str], root: Path) -> pd.DataFrame 
         return None
     try:
         df = pd.read_parquet(path)
+    except PermissionError:
+        raise denied(path) from None
     except (OSError, ValueError, ImportError) as exc:
         problems.append(f"{_rel(path, root)}: unreadable ({exc.__class__.__name__})")
         return None
@@ -447,6 +455,23 @@ def load_study(study_dir: Path) -> StudyData:
     Raises:
         UsageError: ``study_dir`` is not a study directory.
     """
+    with _readable():
+        return _load_study(Path(study_dir))
+
+
+@contextmanager
+def _readable() -> Iterator[None]:
+    """A file or directory of the study that this user may not read is one line (exit 2), wherever the
+    read hit it (a listing, a stat, a read)."""
+    try:
+        yield
+    except PermissionError as exc:
+        if exc.filename is None:
+            raise
+        raise denied(Path(exc.filename)) from None
+
+
+def _load_study(study_dir: Path) -> StudyData:
     root = Path(study_dir)
     if not is_study_dir(root):
         raise UsageError(
@@ -493,6 +518,16 @@ def secret_names(meta: dict[str, Any]) -> list[str]:
 
 
 def load_profile(out_dir: Path) -> StudyData:
+    """Read an ``autotune profile`` run directory (see :func:`_load_profile`).
+
+    Raises:
+        UsageError: not a profile directory, or a file this user may not read (one line).
+    """
+    with _readable():
+        return _load_profile(out_dir)
+
+
+def _load_profile(out_dir: Path) -> StudyData:
     """Read an ``autotune profile`` directory: the per-trial files at its top level plus ``profile.json``.
 
     Raises:

@@ -4,10 +4,13 @@ reads a consistent snapshot; unreadable files (as an unprivileged user) are one 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -116,3 +119,97 @@ def test_a_line_being_appended_is_not_damage_while_its_trial_runs(tmp_path: Path
     assert [p for p in data.problems if "unreadable line" in p] == [
         "trials/1/metrics.jsonl: 1 unreadable line(s) skipped"
     ]
+
+
+def _unprivileged() -> tuple[list[str], str] | str:
+    """How to run a command as a user whom ``chmod 000`` denies (an argv prefix, and a Python both that
+    user and we can run for the trial), or why there is no such user here.
+
+    Root reads through any mode, so as root the command runs as ``nobody`` (uid 65534) via ``setpriv``.
+    """
+    if os.geteuid() != 0:
+        return [], sys.executable
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return "running as root and setpriv is not installed: no unprivileged user to deny reads to"
+    prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+    def runs(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=120)
+
+    probe = runs(autotune_exe(), "--help")
+    if probe.returncode != 0:
+        return f"autotune cannot run as uid 65534 here: {(probe.stderr or probe.stdout).strip()[:200]}"
+    pythons = [sys.executable, *(shutil.which(n, path="/usr/local/bin:/usr/bin:/bin") for n in ("python3",))]
+    # started by that user's own process (not by setpriv's exec, which still holds root's capabilities)
+    usable = next(
+        (py for py in pythons if py and runs("/bin/sh", "-c", 'exec "$0" -c pass', py).returncode == 0), None
+    )
+    if usable is None:
+        return "no Python that uid 65534 can run for the trial"
+    return prefix, usable
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(("study.db", "study.lock"))
+    }
+
+
+def test_unreadable_files_are_one_line_for_report_export_and_search(tmp_path: Path) -> None:
+    """A trial directory or study.json this user may not read (mode 000, run as an unprivileged user):
+    ``report``, ``export`` and ``search`` each print one line naming it (exit 2), no traceback, and the
+    study is byte-identical afterwards."""
+    found = _unprivileged()
+    if isinstance(found, str):
+        pytest.skip(found)
+    prefix, python = found
+    home = Path(
+        tempfile.mkdtemp(prefix="autotune-denied-")
+    )  # outside pytest's 0700 tmp: the user must reach it
+    try:
+        space = home / "space.yaml"
+        space.write_text("backend: command\nknobs:\n  bs: {type: int, choices: [1, 2], default: 1}\n")
+        study = home / "study"
+        cmd = (python, FAULT, "--mode", "ok", "--steps", "3", "--step-s", "0.01")  # both users can run it
+        assert run_cli(*_search_args(study, space, *cmd, trials=1)).returncode == 0
+        home.chmod(0o755)
+        if prefix:  # the study belongs to the user who reads it: only the mode denies
+            for path in [home, *home.rglob("*")]:
+                os.chown(path, 65534, 65534)
+        before = _digests(study)
+        env = {**os.environ, "HOME": str(home), "MPLCONFIGDIR": str(home / ".mpl"), "OMP_NUM_THREADS": "1"}
+        commands = {
+            "report": ["report", str(study), "--no-png"],
+            "export": ["export", str(study), "--out", str(home / "exported")],
+            "search": _search_args(study, space, *cmd, trials=2),  # resuming it for one more trial
+        }
+        for target in (study / "trials" / "0", study / "study.json"):
+            mode = target.stat().st_mode
+            target.chmod(0)
+            try:
+                running = {  # the three at once: each only reads (and fails)
+                    name: subprocess.Popen(
+                        [*prefix, autotune_exe(), *argv],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        env=env,
+                    )  # fmt: skip
+                    for name, argv in commands.items()
+                }
+                for name, tool in running.items():
+                    out, err = tool.communicate(timeout=300)
+                    proc = subprocess.CompletedProcess(tool.args, tool.returncode, out, err)
+                    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+                    assert proc.returncode == 2, (name, target, proc.stdout, proc.stderr)
+                    assert len(lines) == 1 and "Traceback" not in proc.stderr, (name, proc.stderr)
+                    assert f"{target.relative_to(home)}: permission denied" in lines[0], (name, lines[0])
+            finally:
+                target.chmod(mode)
+        assert _digests(study) == before
+        assert not (home / "exported").exists()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
