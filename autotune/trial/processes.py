@@ -293,8 +293,8 @@ def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
             continue
     cgroup = TrialCgroup.existing(info.get("cgroup"))
     if cgroup is not None:  # whatever is still in the trial's cgroup is the trial's, environment or not
-        for member, started in cgroup.members().items():
-            known.setdefault(member, started)
+        for member, member_ctime in cgroup.members().items():
+            known.setdefault(member, member_ctime)
     targets = _targets(group_pgid, known)
     if not targets:
         if cgroup is not None:
