@@ -38,6 +38,7 @@ __all__ = [
     "end_marked",
     "marked_processes",
     "new_marker",
+    "outside_group",
     "reap_orphan",
     "terminate_group",
 ]
@@ -159,6 +160,19 @@ def terminate_group(
         _send(left, pgid, signal.SIGKILL)
         left = _wait_gone(left, 2.0)
     return killed
+
+
+def outside_group(pgid: int, known: Mapping[int, float | None]) -> list[int]:
+    """The known descendants still alive (same pid, same start time) whose process group is not ``pgid``:
+    they left the trial's group (``setsid``, a double fork) and were seen by a scan of its tree."""
+    out = []
+    for proc in _known_live(known):
+        try:
+            if os.getpgid(proc.pid) != pgid:
+                out.append(proc.pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return sorted(out)
 
 
 def alive_pids(pids: Iterable[int]) -> list[int]:

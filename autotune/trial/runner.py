@@ -61,6 +61,7 @@ from autotune.trial.processes import (
     descendants_of,
     end_marked,
     new_marker,
+    outside_group,
     reap_orphan,
     terminate_group,
 )
@@ -892,6 +893,8 @@ class TrialRun:
         killed: list[int] = []
         if self.proc.poll() is None:
             self.known.update({p: t for p, t in descendants_of(self.pid).items() if p not in self.known})
+        left = outside_group(self.pgid, self.known)  # seen by a scan, but no longer in the trial's group
+        if self.proc.poll() is None:
             killed = terminate_group(self.pgid, self.known, grace_s)
         try:
             self.proc.wait(timeout=grace_s + 5)
@@ -902,6 +905,7 @@ class TrialRun:
         # Processes that left the group unseen (setsid, double fork) still carry the trial's marker, and
         # stay in the trial's cgroup whatever they did to their environment.
         escaped, survivors = end_marked(self.marker, grace_s)
+        escaped += [p for p in left if p not in escaped and p not in alive_pids(left)]
         if self.confinement is not None:
             jailed, stuck = self.confinement.end(grace_s)
             escaped += [p for p in jailed if p not in escaped and p not in killed]

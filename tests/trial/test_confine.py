@@ -92,3 +92,19 @@ def test_a_failed_launch_leaves_no_cgroup_behind(tmp_path: Path) -> None:
     path = made.cgroup_path
     made.close()
     assert path is None or not Path(path).exists()
+
+
+def test_a_recorded_descendant_outside_the_group_is_named_and_a_reused_pid_is_not() -> None:
+    from autotune.trial.processes import outside_group, terminate_group
+
+    other = psutil.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        started = other.create_time()
+        assert outside_group(os.getpgid(0), {other.pid: started}) == [other.pid]
+        assert outside_group(other.pid, {other.pid: started}) == []  # in that group: not outside it
+        reused = {other.pid: started - 100.0}  # the same pid, another process's start time
+        assert outside_group(os.getpgid(0), reused) == []
+        assert terminate_group(-1, reused, grace_s=0.1) == [] and other.is_running()
+    finally:
+        other.kill()
+        other.wait()
