@@ -96,9 +96,6 @@ class FakeExecutor:
     def __init__(self) -> None:
         self.ran: list[dict[str, Any]] = []
 
-    def launch_refusal(self, spec: TrialSpec, ctx: TrialContext) -> str | None:
-        return None
-
     def execute(self, spec: TrialSpec, ctx: TrialContext, *, on_step, time_left_s) -> TrialResult:
         p = spec.params
         self.ran.append(dict(p))

@@ -74,9 +74,6 @@ class FakeExecutor:
         self.interrupt_at = interrupt_at
         self.flag = flag
 
-    def launch_refusal(self, spec: TrialSpec, ctx: TrialContext) -> str | None:
-        return None
-
     def execute(self, spec: TrialSpec, ctx: TrialContext, *, on_step, time_left_s) -> TrialResult:
         p = spec.params
         self.ran.append(dict(p))
