@@ -37,6 +37,7 @@ __all__ = [
     "StudyDir",
     "TrialDir",
     "create_file",
+    "denied",
     "ensure_study_out",
     "ensure_writable",
     "read_text_guarded",
@@ -86,6 +87,24 @@ def write_bytes_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
             raise
     except OSError as exc:
         raise WriteError.of(path, exc) from None
+
+
+def denied(path: Path) -> UsageError:
+    """The one line for a file or directory of a study that this user may not read (exit 2).
+
+    Names the folder that blocks the way when ``path`` lies under one this user cannot enter (a trial
+    directory with mode 000), since that is the one to fix.
+    """
+    blocked = next((p for p in reversed(path.parents) if not os.access(p, os.X_OK)), path)
+    try:
+        folder = blocked.is_dir()
+    except OSError:
+        folder = False
+    fix = f"chmod -R u+rwX {blocked}" if folder else f"chmod u+rw {blocked}"
+    return UsageError(
+        f"cannot read {blocked}: permission denied",
+        hint=f"Fix its permissions ({fix}), or run as the user who owns the study",
+    )
 
 
 def read_text_guarded(path: Path, *, fix: str) -> str:
@@ -412,9 +431,12 @@ class StudyDir:
             UsageError: the file is not a trial result (one line naming it).
         """
         path = self.trial(number).result_json
-        if not path.exists() or path.is_symlink() or self.trial_dir(number).is_symlink():
-            return None
-        text = read_text_guarded(path, fix="Fix its permissions, or move the trial's directory away")
+        try:
+            if not path.exists() or path.is_symlink() or self.trial_dir(number).is_symlink():
+                return None
+        except PermissionError:  # the trial's directory cannot be searched (chmod 000, another owner)
+            raise denied(self.trial_dir(number)) from None
+        text = read_text_guarded(path, fix="move the trial's directory away to run that trial again")
         try:
             return TrialResult.model_validate_json(text)
         except ValueError:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +24,7 @@ from pydantic import ValidationError
 from autotune.errors import UsageError
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
 from autotune.study.recommend import baseline_of
-from autotune.studydir import StudyDir, TrialDir
+from autotune.studydir import StudyDir, TrialDir, denied
 
 __all__ = [
     "PhaseSpan",
@@ -208,6 +210,8 @@ def _read_json(path: Path, problems: list[str], root: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    except PermissionError:
+        raise denied(path) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         problems.append(f"{_rel(path, root)}: unreadable ({exc.__class__.__name__})")
         return None
@@ -223,17 +227,28 @@ def _rel(path: Path, root: Path) -> str:
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
+    except PermissionError:
+        raise denied(path) from None
     except OSError:
         return None
 
 
-def _read_steps(path: Path, problems: list[str], root: Path) -> list[StepMetrics]:
+def _whole_lines(text: str, *, live: bool) -> list[str]:
+    """The lines of an appended file; while its trial runs, a last line without its newline is still
+    being written: it is left for the next read, not counted as damage."""
+    lines = text.splitlines()
+    if live and lines and not text.endswith(("\n", "\r")):
+        lines.pop()
+    return lines
+
+
+def _read_steps(path: Path, problems: list[str], root: Path, *, live: bool = False) -> list[StepMetrics]:
     text = _read_text(path)
     if text is None:
         return []
     steps: list[StepMetrics] = []
     bad = 0
-    for line in text.splitlines():
+    for line in _whole_lines(text, live=live):
         if not line.strip():
             continue
         try:
@@ -245,13 +260,13 @@ def _read_steps(path: Path, problems: list[str], root: Path) -> list[StepMetrics
     return sorted(steps, key=lambda s: s.t_mono_s)
 
 
-def _read_markers(path: Path, problems: list[str], root: Path) -> list[dict[str, Any]]:
+def _read_markers(path: Path, problems: list[str], root: Path, *, live: bool = False) -> list[dict[str, Any]]:
     text = _read_text(path)
     if text is None:
         return []
     markers: list[dict[str, Any]] = []
     bad = 0
-    for line in text.splitlines():
+    for line in _whole_lines(text, live=live):
         if not line.strip():
             continue
         try:
@@ -273,6 +288,8 @@ def _read_timeline(path: Path, problems: list[str], root: Path) -> pd.DataFrame 
         return None
     try:
         df = pd.read_parquet(path)
+    except PermissionError:
+        raise denied(path) from None
     except (OSError, ValueError, ImportError) as exc:
         problems.append(f"{_rel(path, root)}: unreadable ({exc.__class__.__name__})")
         return None
@@ -376,8 +393,9 @@ def _load_trial(
     ):
         if (files / name).is_file():
             trial.files[name] = files / name
-    trial.steps = _read_steps(files.metrics_jsonl, problems, root)
-    trial.markers = _read_markers(files.phases_jsonl, problems, root)
+    live = result.status is TrialStatus.RUNNING
+    trial.steps = _read_steps(files.metrics_jsonl, problems, root, live=live)
+    trial.markers = _read_markers(files.phases_jsonl, problems, root, live=live)
     trial.timeline = _read_timeline(files.timeline_parquet, problems, root)
     trial.command = _read_text(files.command_sh)
     launch = _read_json(files.launch_json, problems, root)
@@ -424,9 +442,36 @@ def _env_maps(trials: list[TrialData]) -> list[dict[str, str]]:
 def load_study(study_dir: Path) -> StudyData:
     """Read ``runs/<study>``: settings, every trial, and the exported winner.
 
+    Safe while a search writes the study (``autotune report`` at any moment): the read is a snapshot
+    built from single reads. Every file is read once, whole: ``study.json``, each ``result.json``, the
+    timelines and ``best/`` are replaced atomically by their writers (a temporary file, then a rename),
+    so each read sees one complete version, never a half-written one. The trial list is taken once; a
+    trial that appears later is in the next report. The files a running trial appends to
+    (``metrics.jsonl``, ``phases.jsonl``) are read up to their last complete line. The Optuna storage
+    (``study.db``) is not read at all: the trial directories hold every result (``--storage`` copies a
+    study from its storage into the directory first). What is missing or damaged is a line of
+    ``problems``, never an exception.
+
     Raises:
         UsageError: ``study_dir`` is not a study directory.
     """
+    with _readable():
+        return _load_study(Path(study_dir))
+
+
+@contextmanager
+def _readable() -> Iterator[None]:
+    """A file or directory of the study that this user may not read is one line (exit 2), wherever the
+    read hit it (a listing, a stat, a read)."""
+    try:
+        yield
+    except PermissionError as exc:
+        if exc.filename is None:
+            raise
+        raise denied(Path(exc.filename)) from None
+
+
+def _load_study(study_dir: Path) -> StudyData:
     root = Path(study_dir)
     if not is_study_dir(root):
         raise UsageError(
@@ -473,6 +518,16 @@ def secret_names(meta: dict[str, Any]) -> list[str]:
 
 
 def load_profile(out_dir: Path) -> StudyData:
+    """Read an ``autotune profile`` run directory (see :func:`_load_profile`).
+
+    Raises:
+        UsageError: not a profile directory, or a file this user may not read (one line).
+    """
+    with _readable():
+        return _load_profile(out_dir)
+
+
+def _load_profile(out_dir: Path) -> StudyData:
     """Read an ``autotune profile`` directory: the per-trial files at its top level plus ``profile.json``.
 
     Raises:

@@ -120,6 +120,12 @@ def _os_error_line(exc: OSError) -> tuple[str, int]:
             f"cannot write {shown}: {cause}. Free space or fix the disk, then run the same command again",
             (WriteError.exit_code),
         )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (
+            f"cannot use {shown}: permission denied. Fix its permissions (or its folder's), "
+            "or run as the user who owns it",
+            EXIT_USAGE,
+        )
     return f"cannot use {shown}: {cause}. Choose another path (shorter, existing, writable)", EXIT_USAGE
 
 

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from autotune.backends import ModelRef, TrialContext
 from autotune.errors import UsageError
@@ -18,6 +18,7 @@ from autotune.study.verdict import headline
 from autotune.studydir import StudyDir
 
 __all__ = [
+    "LaunchCheck",
     "MemoryGate",
     "NullView",
     "StudyConfig",
@@ -185,8 +186,22 @@ class MemoryGate(Protocol):
     def state(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
+class LaunchCheck(Protocol):
+    """An executor that starts real commands says why one cannot start before the study records the
+    trial RUNNING (:class:`autotune.trial.execute.Executor`); a simulated one has nothing to refuse."""
+
+    def launch_refusal(self, spec: TrialSpec, ctx: TrialContext) -> str | None:
+        """Why the trial's command cannot be launched (one line: unrenderable, E2BIG, no executable)."""
+        ...
+
+
 class TrialExecutor(Protocol):
-    """Runs one launched trial and returns its result (see :class:`autotune.trial.execute.Executor`)."""
+    """Runs one launched trial and returns its result (see :class:`autotune.trial.execute.Executor`).
+
+    When it is also a :class:`LaunchCheck`, the study asks it first, before it records the trial
+    RUNNING, and calls :meth:`execute` only when there was no refusal.
+    """
 
     def execute(
         self,

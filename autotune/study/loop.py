@@ -42,6 +42,7 @@ from autotune.study.ask import Asker
 from autotune.study.binding import bind_storage, bound_name, claim_number, study_uid
 from autotune.study.ceiling import TrialCeilings
 from autotune.study.config import (
+    LaunchCheck,
     MemoryGate,
     NullView,
     StudyConfig,
@@ -80,6 +81,7 @@ from autotune.study.tell import (
 )
 from autotune.study.workers import Workers
 from autotune.studydir import StudyDir
+from autotune.trial.execute import not_launched
 
 __all__ = [
     "METRIC_NAME",
@@ -619,6 +621,9 @@ class Study(StudyPart):
         ctx = self.screen.context(trial_dir, master_port=free_port())
         derived = self.backend.derive(params, ctx)
         spec = TrialSpec(number=number, params=params, derived=derived, is_baseline=is_baseline)
+        refusal = self.executor.launch_refusal(spec, ctx) if isinstance(self.executor, LaunchCheck) else None
+        if refusal is not None:  # INVALID, and never recorded RUNNING (nothing was started)
+            return not_launched(spec, refusal)
         self.dir.write_result(
             TrialResult(
                 number=number,

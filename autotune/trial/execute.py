@@ -7,6 +7,7 @@ This is the one place that isolates trial failures: whatever the trial does, a
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 from autotune.backends import Backend, TrialContext
 from autotune.errors import LaunchError
 from autotune.plaintext import plain
-from autotune.records import Hardware, StepMetrics, TrialResult, TrialSpec, TrialStatus
+from autotune.records import Hardware, LaunchPlan, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
 from autotune.trackers import Trackers, TrialPlace
@@ -33,7 +34,14 @@ from autotune.trial.runner import (
 )
 from autotune.trial.steady import steady_estimate
 
-__all__ = ["Executor", "ProbeSettings", "make_samplers", "summarize_trial"]
+__all__ = [
+    "Executor",
+    "ProbeSettings",
+    "make_samplers",
+    "missing_executable",
+    "not_launched",
+    "summarize_trial",
+]
 
 
 @dataclass(frozen=True)
@@ -136,18 +144,10 @@ class Executor:
         on_step: Callable[[int, float | None, float], str | None],
         time_left_s: float | None,
     ) -> TrialResult:
-        tracker_env: dict[str, str] = {}
-        if self.trackers is not None:
-            ctx, tracker_env = _tracked(ctx, self.trackers)
-        try:
-            plan = self.backend.render(spec, ctx)
-        except (ValueError, TypeError, OverflowError, MemoryError) as exc:  # a format the value refuses
-            return _not_launched(spec, f"its command cannot be rendered: {exc.__class__.__name__}: {exc}")
-        if tracker_env:
-            plan = plan.model_copy(update={"env": {**tracker_env, **plan.env}})
-        too_long = argv_too_long(plan.argv, plan.env)
-        if too_long:
-            return _not_launched(spec, too_long)
+        rendered = self._render(spec, ctx)
+        if isinstance(rendered, str):
+            return not_launched(spec, rendered)
+        plan, ctx = rendered
         parser = self.backend.parser(spec, ctx)
         watchdog = replace(self.watchdog, max_steps=ctx.max_steps)  # bounded even if the script ignores it
         if watchdog.trial_timeout_s is None:  # no trial runs unbounded
@@ -203,7 +203,7 @@ class Executor:
                 secrets=self.secrets,
             )
         except LaunchError as exc:
-            return _not_launched(spec, self.secrets.learning(plan.argv, plan.env).mask(exc.message))
+            return not_launched(spec, self.secrets.learning(plan.argv, plan.env).mask(exc.message))
         finally:
             if shown is not None:
                 shown.close()
@@ -286,6 +286,31 @@ class Executor:
             notes=[*record.notes, *([verdict.note] if verdict.note else [])],
         )
 
+    def launch_refusal(self, spec: TrialSpec, ctx: TrialContext) -> str | None:
+        """Why this trial's command cannot be launched (one line), or None when it can.
+
+        The study asks before it records the trial RUNNING: a command that cannot be rendered (a format
+        its value refuses), that the kernel would refuse (``E2BIG``) or whose executable is missing makes
+        the trial INVALID (:func:`not_launched`) without a RUNNING placeholder ever written. Nothing is
+        written here.
+        """
+        rendered = self._render(spec, ctx)
+        return rendered if isinstance(rendered, str) else None
+
+    def _render(self, spec: TrialSpec, ctx: TrialContext) -> tuple[LaunchPlan, TrialContext] | str:
+        """The trial's launch plan (with the trackers' variables) and context, or why it cannot launch."""
+        tracker_env: dict[str, str] = {}
+        if self.trackers is not None:
+            ctx, tracker_env = _tracked(ctx, self.trackers)
+        try:
+            plan = self.backend.render(spec, ctx)
+        except (ValueError, TypeError, OverflowError, MemoryError) as exc:  # a format the value refuses
+            return f"its command cannot be rendered: {exc.__class__.__name__}: {exc}"
+        if tracker_env:
+            plan = plan.model_copy(update={"env": {**tracker_env, **plan.env}})
+        refusal = argv_too_long(plan.argv, plan.env) or missing_executable(plan)
+        return refusal if refusal else (plan, ctx)
+
     @staticmethod
     def _study_budget_cut(time_left_s: float | None, watchdog: WatchdogConfig) -> bool:
         return (
@@ -328,7 +353,29 @@ def argv_too_long(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     return None
 
 
-def _not_launched(spec: TrialSpec, why: str) -> TrialResult:
+def missing_executable(plan: LaunchPlan) -> str | None:
+    """Why the plan's first word is not a program the trial can start (one line), or None.
+
+    Looked up the way the launch does: on the ``PATH`` of the trial's environment (the plan's on top of
+    ours), or, for a word with a slash, relative to the plan's working directory.
+    """
+    exe = plan.argv[0] if plan.argv else ""
+    if not exe:
+        return "its command is empty"
+    if os.sep in exe:
+        found = os.path.join(plan.cwd, exe)
+        return (
+            None
+            if os.access(found, os.X_OK) and not os.path.isdir(found)
+            else (f"its executable {exe[:200]!r} is not an executable file (from {plan.cwd})")
+        )
+    path = plan.env.get("PATH", os.environ.get("PATH", os.defpath))
+    if shutil.which(exe, path=path) is None:
+        return f"its executable {exe[:200]!r} is not on PATH"
+    return None
+
+
+def not_launched(spec: TrialSpec, why: str) -> TrialResult:
     """The result of a trial whose command could not be rendered or started: INVALID, with one line
     (bounded: a 20 MB argument is not copied into the result)."""
     text = " ".join(plain(why).split())

@@ -3,8 +3,9 @@
 Every trial runs in its own session (its own process group). A process that leaves the group
 (``setsid``, a double fork) is still found: the runner puts a marker in the trial's environment
 (:data:`MARKER_ENV`, a value unique to the trial) and :func:`end_marked` ends every process of this
-user whose environment carries it. A process that clears its environment before it execs is the one
-way out; the descendants seen while the trial ran are ended by pid as well.
+user whose environment carries it. A process that clears its environment before it execs is found by
+the trial's cgroup, or by the process tree the runner recorded while the trial ran (pid and create
+time; see :mod:`autotune.trial.confine`).
 
 - :func:`terminate_group` ends a group and its known descendants (SIGTERM, grace, SIGKILL).
 - :func:`end_marked` ends what carries a trial's marker, after the trial, whatever its end.
@@ -26,6 +27,7 @@ from pathlib import Path
 import psutil
 
 from autotune.studydir import TrialDir
+from autotune.trial.confine import TrialCgroup
 
 __all__ = [
     "MARKER_ENV",
@@ -36,6 +38,7 @@ __all__ = [
     "end_marked",
     "marked_processes",
     "new_marker",
+    "outside_group",
     "reap_orphan",
     "terminate_group",
 ]
@@ -157,6 +160,19 @@ def terminate_group(
         _send(left, pgid, signal.SIGKILL)
         left = _wait_gone(left, 2.0)
     return killed
+
+
+def outside_group(pgid: int, known: Mapping[int, float | None]) -> list[int]:
+    """The known descendants still alive (same pid, same start time) whose process group is not ``pgid``:
+    they left the trial's group (``setsid``, a double fork) and were seen by a scan of its tree."""
+    out = []
+    for proc in _known_live(known):
+        try:
+            if os.getpgid(proc.pid) != pgid:
+                out.append(proc.pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return sorted(out)
 
 
 def alive_pids(pids: Iterable[int]) -> list[int]:
@@ -289,11 +305,19 @@ def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:
             known.setdefault(proc.pid, proc.create_time())
         except psutil.Error:
             continue
+    cgroup = TrialCgroup.existing(info.get("cgroup"))
+    if cgroup is not None:  # whatever is still in the trial's cgroup is the trial's, environment or not
+        for member, member_ctime in cgroup.members().items():
+            known.setdefault(member, member_ctime)
     targets = _targets(group_pgid, known)
     if not targets:
+        if cgroup is not None:
+            cgroup.remove()
         return None
     pids = sorted(targets)
     killed = terminate_group(group_pgid, known, grace_s)
+    if cgroup is not None:
+        cgroup.end(grace_s)
     started_at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started_wall_s") or 0))
     forced = f", {len(killed)} needed SIGKILL" if killed else ""
     return (

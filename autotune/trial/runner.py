@@ -9,7 +9,9 @@ Who calls what:
   feeds every output segment to the backend's parser, polls the parser's metric files, writes
   ``metrics.jsonl``, asks the observer whether to prune, stops at steady state, and stops hangs.
 - Stopping only ever touches the trial's own process group and the descendants seen during the run:
-  SIGTERM, a grace period, SIGKILL, then a check that nothing survived (:func:`terminate_group`).
+  SIGTERM, a grace period, SIGKILL, then a check that nothing survived (:func:`terminate_group`);
+  then what carries the trial's marker, and what is left in the trial's cgroup
+  (:mod:`autotune.trial.confine`: a process that cleared its environment and left the group).
   Nothing is ever matched by name.
 - :func:`reap_orphan` ends a trial group left behind when autotune itself was killed with SIGKILL;
   the study calls it on resume. It relies on ``proc.json`` (pid, pgid, create time) in the trial dir.
@@ -39,6 +41,7 @@ from autotune.errors import LaunchError, UsageError, WriteError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir, create_file, write_json_atomic, write_text_atomic
+from autotune.trial.confine import Confinement
 from autotune.trial.early import (
     EarlyCall,
     EarlyCallConfig,
@@ -58,6 +61,7 @@ from autotune.trial.processes import (
     descendants_of,
     end_marked,
     new_marker,
+    outside_group,
     reap_orphan,
     terminate_group,
 )
@@ -447,6 +451,7 @@ class TrialRun:
         self.live = _Live()
         self.known: dict[int, float | None] = {}  # the trial's pid and every descendant seen → create time
         self.marker = new_marker()  # in every trial process's environment: found even outside the group
+        self.confinement: Confinement | None = None  # its cgroup (or subreaper): found whatever it clears
         self.proc_info: dict[str, Any] = {}
         self.segments: queue.SimpleQueue[_Segment] = queue.SimpleQueue()
         self.readers: list[threading.Thread] = []
@@ -530,6 +535,7 @@ class TrialRun:
             LaunchError: the command cannot be started (not found, not executable, too long).
         """
         plan = self.plan
+        self.confinement = confinement = Confinement.open()
         self.started_wall_s = time.time()
         self.launched_mono = time.monotonic()
         try:
@@ -542,8 +548,10 @@ class TrialRun:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 bufsize=0,
+                preexec_fn=confinement.child_setup,
             )
-        except (OSError, ValueError) as exc:  # not found, not executable, E2BIG, a NUL byte in an argument
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:  # not found, E2BIG, a NUL byte
+            confinement.close()
             for log in self.logs.values():
                 _close_quietly(log)
             cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -555,6 +563,7 @@ class TrialRun:
                 "its arguments short enough for the system)",
             ) from None
         self.pid = self.pgid = self.proc.pid  # start_new_session: the child leads its session and group
+        confinement.launched(self.pid)
         self.known[self.pid] = create_time_of(self.pid)
         self.proc_info = {
             "pid": self.pid,
@@ -565,6 +574,8 @@ class TrialRun:
             "runner_create_time": create_time_of(os.getpid()),
             "host": socket.gethostname(),
             "marker": self.marker,
+            "cgroup": confinement.cgroup_path,
+            "cgroup_note": confinement.note,  # why not, when the trial has none
             "argv0": plan.argv[0],
             "ended": False,
         }
@@ -882,6 +893,8 @@ class TrialRun:
         killed: list[int] = []
         if self.proc.poll() is None:
             self.known.update({p: t for p, t in descendants_of(self.pid).items() if p not in self.known})
+        left = outside_group(self.pgid, self.known)  # seen by a scan, but no longer in the trial's group
+        if self.proc.poll() is None:
             killed = terminate_group(self.pgid, self.known, grace_s)
         try:
             self.proc.wait(timeout=grace_s + 5)
@@ -889,8 +902,14 @@ class TrialRun:
             self.notes.append(f"trial process {self.pid} did not exit after SIGKILL")
         # Stragglers left in the group after the main process ended, and escaped descendants.
         killed += [p for p in terminate_group(self.pgid, self.known, grace_s) if p not in killed]
-        # Processes that left the group unseen (setsid, double fork) still carry the trial's marker.
+        # Processes that left the group unseen (setsid, double fork) still carry the trial's marker, and
+        # stay in the trial's cgroup whatever they did to their environment.
         escaped, survivors = end_marked(self.marker, grace_s)
+        escaped += [p for p in left if p not in escaped and p not in alive_pids(left)]
+        if self.confinement is not None:
+            jailed, stuck = self.confinement.end(grace_s)
+            escaped += [p for p in jailed if p not in escaped and p not in killed]
+            survivors += [p for p in stuck if p not in survivors]
         if escaped:
             self.notes.append(
                 f"ended {len(escaped)} process(es) that had left the trial's process group: "

@@ -143,11 +143,15 @@ def test_a_second_signal_forces_and_still_leaves_no_process(tmp_path: Path) -> N
     assert result["status"] == "INTERRUPTED", result
 
 
-def test_a_daemon_that_left_the_trial_is_found_and_ended(tmp_path: Path) -> None:
+@pytest.mark.parametrize("clear_env", [False, True], ids=["marked", "cleared-environment"])
+def test_a_daemon_that_left_the_trial_is_found_and_ended(tmp_path: Path, clear_env: bool) -> None:
+    """Double fork, setsid; with a cleared environment the trial's marker is gone too: the trial's cgroup
+    (or, without one, the process tree recorded while the trial ran: it runs past a scan) finds it."""
     out = tmp_path / "study"
+    step_s = "0.4" if clear_env else "0.05"
     args = _args(
-        out, _space(tmp_path, "1"), "--mode", "daemon", "--steps", "4", "--step-s", "0.05",
-        "--pid-file", "{trial_dir}/daemon.pid", trials=1,
+        out, _space(tmp_path, "1"), "--mode", "daemon", "--steps", "4", "--step-s", step_s,
+        "--pid-file", "{trial_dir}/daemon.pid", *(["--clear-env"] if clear_env else []), trials=1,
     )  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -161,7 +165,9 @@ def test_a_daemon_that_left_the_trial_is_found_and_ended(tmp_path: Path) -> None
     assert not alive, "the double-forked daemon outlived its trial"
     (result,) = _results(out)
     assert result["status"] == "COMPLETE"
-    assert any(str(daemon) in note and "left the trial's process group" in note for note in result["notes"])
+    assert any(
+        str(daemon) in note and "left the trial's process group" in note for note in result["notes"]
+    ), result["notes"]
     assert f"ended 1 process(es) that had left the trial's process group: {daemon}" in proc.stdout
 
 
