@@ -198,7 +198,7 @@ def test_the_study_does_not_stop_before_every_screened_level_was_measured(space:
 
 
 def test_the_combination_sets_each_screened_knob_to_its_best_measured_level(space: SearchSpace) -> None:
-    screening = Screening(space, ScreeningSettings(design_share=0.0, cover_share=0.0), seed=0)
+    screening = Screening(space, ScreeningSettings(design_share=0.0, cover_share=0.0, combine=True), seed=0)
     plan = screening.plan(list(space.grid()), {"tp": 0.5, "zero": 0.3, "offload": 0.2, "batch": 0.4})
     runs = [
         result(0, dict(BASELINE)),
