@@ -116,6 +116,21 @@ def test_an_oom_reason_quotes_the_sizes_or_nothing() -> None:
     assert classify(record(steps=2, stderr=bare)) == Verdict(TrialStatus.OOM, "CUDA out of memory", bare)
 
 
+def test_vllm_and_host_allocator_texts_name_their_rank() -> None:
+    vllm = (
+        "[rank1]: ValueError: No available memory for the cache blocks. Try increasing gpu_memory_utilization"
+    )
+    assert classify(record(stderr=vllm)) == Verdict(
+        TrialStatus.VLLM_INIT, "vLLM could not start: no memory left for KV cache blocks on rank 1", vllm
+    )
+    host = (
+        "[rank0]: RuntimeError: [enforce fail at alloc_cpu.cpp:83] DefaultCPUAllocator: can't allocate memory"
+    )
+    assert classify(record(steps=2, stderr=host)) == Verdict(
+        TrialStatus.HOST_OOM, "host RAM allocation failed on rank 0", host
+    )
+
+
 def test_a_sigkill_nobody_here_sent_says_how_it_was_seen() -> None:
     likely = ": most likely the host ran out of RAM"
     assert classify(record(exit_code=-9, sig=signal.SIGKILL, steps=2)) == Verdict(
