@@ -278,16 +278,16 @@ def run_target(
 def _table(reports: list[TargetReport]) -> str:
     head = (
         f"{'target':<10} {'mutants':>7} {'killed':>6} {'survived: explained':>19} {'unexplained':>11}"
-        f" {'no tests':>8} {'timeout':>7} {'score':>6}"
+        f" {'no tests':>8} {'timeout':>7} {'score':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in reports:
         total = sum(r.counts.values())
-        score = f"{r.score:.0%}" if r.score is not None else "-"
+        score = f"{r.score:.1%}" if r.score is not None else "-"
         lines.append(
             f"{r.name:<10} {total:>7} {r.counts.get('killed', 0):>6} {len(r.explained):>19}"
             f" {len(r.unexplained):>11} {r.counts.get('no tests', 0):>8} {r.counts.get('timeout', 0):>7}"
-            f" {score:>6}"
+            f" {score:>7}"
         )
     return "\n".join(lines)
 
