@@ -81,7 +81,11 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "memory",
         ("autotune/estimate/memory.py",),
-        ("tests/estimate/test_memory_exact.py", "tests/estimate/test_memory.py"),
+        (
+            "tests/estimate/test_memory_exact.py",
+            "tests/estimate/test_memory.py",
+            "tests/estimate/test_memory_columns.py",
+        ),
     ),
     Target(
         "estimate",
@@ -89,6 +93,7 @@ TARGETS: tuple[Target, ...] = (
         (
             "tests/estimate/test_memory_exact.py",
             "tests/estimate/test_memory.py",
+            "tests/estimate/test_memory_columns.py",
             "tests/estimate/test_timing.py",
             "tests/estimate/test_calibrate.py",
             "tests/estimate/test_catalog.py",

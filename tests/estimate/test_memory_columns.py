@@ -1,0 +1,206 @@
+"""The memory model's two other faces, held to the per-trial estimate that test_memory_exact.py pins to
+hand-computed bytes: the column path ``autotune plan`` evaluates every candidate with (numpy columns,
+model states computed once per distinct input), and the record a trial stores (``to_dict`` /
+``from_dict``, including records written before a field existed). Cheap: eight shapes, no plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from autotune.estimate import JobShape, MemoryEstimate, estimate_memory, find_gpu, find_model
+from autotune.estimate.columns import CONFIG_COLUMNS, ShapeColumns, column
+from autotune.estimate.memory import memory_terms
+from autotune.jobconfig import JobConfig
+
+N = 4
+BASE: dict[str, Any] = {
+    "world_size": N,
+    "global_batch": 64,
+    "num_generations": 8,
+    "grad_accum": 1,
+    "per_device_batch": 16,
+}
+# one row per branch of the memory model: vLLM colocated (sleep, TP, offloads, ZeRO-3 batches, loaded
+# first), vLLM as a server, generation in the trainer, FSDP, LoRA, reference offload, DDP
+ROWS: list[dict[str, Any]] = [
+    {"use_vllm": True, "vllm_util": 0.3, "deepspeed": True, "zero_stage": 2, "sleep_level": 1},
+    {
+        "use_vllm": True,
+        "vllm_util": 0.4,
+        "vllm_tp": 2,
+        "deepspeed": True,
+        "zero_stage": 3,
+        "move_model_batches": 4,
+        "weight_sync": "parameter",
+        "beta": 0.04,
+        "ds_offload_param": True,
+    },
+    {
+        "use_vllm": True,
+        "vllm_util": 0.9,
+        "deepspeed": True,
+        "zero_stage": 3,
+        "rollout_offload_model": True,
+        "rollout_offload_optimizer": True,
+        "loads_before_vllm": True,
+        "beta": 0.04,
+        "vllm_max_model_len": 32768,
+    },
+    {
+        "use_vllm": True,
+        "vllm_mode": "server",
+        "deepspeed": True,
+        "zero_stage": 1,
+        "ds_offload_optimizer": True,
+    },
+    {
+        "use_vllm": False,
+        "deepspeed": True,
+        "zero_stage": 3,
+        "per_device_batch": 2,
+        "dataloader_num_workers": 2,
+    },
+    {
+        "use_vllm": True,
+        "vllm_util": 0.5,
+        "fsdp": True,
+        "zero_stage": 3,
+        "rollout_offload_model": True,
+        "gradient_checkpointing": True,
+        "beta": 0.04,
+        "reference_offload": True,
+    },
+    {
+        "use_vllm": True,
+        "vllm_util": 0.5,
+        "lora_rank": 16,
+        "deepspeed": True,
+        "zero_stage": 2,
+        "sleep_level": 2,
+        "vllm_max_num_batched_tokens": 4096,
+    },
+    {"use_vllm": False, "per_device_batch": 4, "micro_batch_tokens": 8192},
+]
+
+
+def _configs() -> list[JobConfig]:
+    return [JobConfig(**{**BASE, **row}) for row in ROWS]
+
+
+def _columns(configs: list[JobConfig], model: Any) -> ShapeColumns:
+    return ShapeColumns(
+        {name: column([getattr(c, name) for c in configs], dtype) for name, dtype in CONFIG_COLUMNS.items()},
+        model,
+        N,
+    )
+
+
+@pytest.mark.parametrize("gpu", ["A10", "A100-80G"])
+def test_every_term_of_the_column_path_equals_the_per_trial_one(gpu: str) -> None:
+    model, card = find_model("Qwen2-7B"), find_gpu(gpu)
+    assert model is not None and card is not None
+    configs = _configs()
+    cols = memory_terms(_columns(configs, model), card.memory_bytes)
+    for i, config in enumerate(configs):
+        one = memory_terms(JobShape(config, model, N), card.memory_bytes)
+        for phase, comps in one.phases.items():
+            for name, value in comps.items():
+                assert np.broadcast_to(cols.phases[phase][name], (len(configs),))[i] == value, (
+                    i,
+                    phase,
+                    name,
+                )
+        for name in ("has_rollout", "has_sync", "host_bytes", "server_note", "sleep_note"):
+            assert np.broadcast_to(getattr(cols, name), (len(configs),))[i] == getattr(one, name), (i, name)
+        for name in (
+            "budget",
+            "weights_tp",
+            "kv_bytes",
+            "kv_tokens",
+            "concurrency",
+            "asleep",
+            "startup_ok",
+            "startup_deficit",
+            "kv_ok",
+            "kv_deficit",
+        ):
+            assert np.broadcast_to(getattr(cols.vllm, name), (len(configs),))[i] == getattr(one.vllm, name), (
+                i,
+                name,
+            )
+        assert {
+            k: int(np.asarray(t).reshape(-1)[i] if np.ndim(t) else t) for k, t in cols.totals().items()
+        } == {k: int(t) for k, t in one.totals().items()}
+
+
+def _failing() -> MemoryEstimate:
+    """An estimate with every field away from its default: vLLM's start-up check and its KV cache both
+    fail, notes, host bytes, a calibration."""
+    model, card = find_model("Qwen2-7B"), find_gpu("A10")
+    assert model is not None and card is not None
+    config = JobConfig(**{**BASE, **ROWS[2], "sleep_level": 1, "vllm_max_model_len": 131072})
+    est = estimate_memory(JobShape(config, model, N), card)
+    return est.scaled(1.25)
+
+
+def test_a_stored_estimate_reads_back_equal() -> None:
+    est = _failing()
+    assert not est.vllm_startup_ok and not est.kv_ok and est.kv_tokens > 0 and est.rollout_concurrency > 0
+    assert est.notes and est.host_bytes > 0 and est.calibration_factor == 1.25
+    stored = est.to_dict()
+    assert MemoryEstimate.from_dict(stored) == est
+    over = est.overflow()
+    assert over is not None
+    # the record's keys and derived values, as study.json and the reports read them
+    assert stored == {
+        "components_bytes": est.components_bytes,
+        "peak_bytes": est.peak_bytes,
+        "peak_phase": est.peak_phase,
+        "phases_bytes": {k: sum(c.values()) for k, c in est.phases.items()},
+        "phases": est.phases,
+        "capacity_bytes": est.capacity_bytes,
+        "host_bytes": est.host_bytes,
+        "kv_tokens": est.kv_tokens,
+        "kv_bytes": est.kv_bytes,
+        "rollout_concurrency": est.rollout_concurrency,
+        "vllm_startup_ok": False,
+        "vllm_startup_deficit_bytes": est.vllm_startup_deficit_bytes,
+        "kv_ok": False,
+        "kv_deficit_bytes": est.kv_deficit_bytes,
+        "on_gpu": True,
+        "calibration_factor": 1.25,
+        "fits": False,
+        # the peak's excess is the largest failure: blamed on the peak phase's largest component
+        "overflow": {"component": "optimizer_states", "bytes": est.peak_bytes - est.capacity_bytes},
+        "reason": est.reason(),
+        "notes": list(est.notes),
+    }
+
+
+def test_a_record_from_before_the_phases_and_vllm_fields_reads_with_their_defaults() -> None:
+    old = {
+        "components_bytes": {"policy_weights": 100, "activations": 50},
+        "peak_bytes": 150,
+        "capacity_bytes": 1000,
+    }
+    assert MemoryEstimate.from_dict(old) == MemoryEstimate(
+        components_bytes={"policy_weights": 100, "activations": 50},
+        peak_bytes=150,
+        peak_phase="train",
+        phases={"train": {"policy_weights": 100, "activations": 50}},
+        capacity_bytes=1000,
+        host_bytes=0,
+        kv_tokens=0,
+        kv_bytes=0,
+        rollout_concurrency=0,
+        vllm_startup_ok=True,
+        vllm_startup_deficit_bytes=0,
+        kv_ok=True,
+        kv_deficit_bytes=0,
+    )
+    # a peak phase given without its phases: the components are that phase
+    rollout = MemoryEstimate.from_dict({**old, "peak_phase": "rollout"})
+    assert rollout.phases == {"rollout": {"policy_weights": 100, "activations": 50}}
