@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotune.estimate import JobShape, MemoryEstimate, estimate_memory, find_gpu, find_model
+from autotune.estimate import JobShape, MemoryEstimate, estimate_memory, find_gpu, find_model, should_prune
 from autotune.estimate.columns import CONFIG_COLUMNS, ShapeColumns, column
 from autotune.estimate.memory import memory_terms
 from autotune.jobconfig import JobConfig
@@ -204,3 +204,94 @@ def test_a_record_from_before_the_phases_and_vllm_fields_reads_with_their_defaul
     # a peak phase given without its phases: the components are that phase
     rollout = MemoryEstimate.from_dict({**old, "peak_phase": "rollout"})
     assert rollout.phases == {"rollout": {"policy_weights": 100, "activations": 50}}
+
+
+# --- what an estimate says of itself: fits, overflow, reason, prune (hand-built estimates) ----------
+
+GIB = 1 << 30
+
+
+def _est(components: dict[str, int], peak: int, capacity: int, **kw: Any) -> MemoryEstimate:
+    fields: dict[str, Any] = {
+        "components_bytes": components,
+        "peak_bytes": peak,
+        "peak_phase": "train",
+        "phases": {"train": components},
+        "capacity_bytes": capacity,
+        "host_bytes": 0,
+        "kv_tokens": 0,
+        "kv_bytes": 0,
+        "rollout_concurrency": 0,
+        "vllm_startup_ok": True,
+        "vllm_startup_deficit_bytes": 0,
+        "kv_ok": True,
+        "kv_deficit_bytes": 0,
+    }
+    return MemoryEstimate(**{**fields, **kw})
+
+
+def test_overflow_blames_the_largest_failure_by_bytes_not_by_name() -> None:
+    comps = {"policy_weights": 8 * GIB, "activations": 5 * GIB}
+    assert _est(comps, 10 * GIB, 10 * GIB).overflow() is None  # exactly full still fits
+    assert _est(comps, 10 * GIB + 1, 10 * GIB).overflow() == ("policy_weights", 1)
+    # the peak is 3 GiB over, vLLM's start-up check 1 GiB short: the peak's largest component is blamed
+    startup = _est(comps, 13 * GIB, 10 * GIB, vllm_startup_ok=False, vllm_startup_deficit_bytes=GIB)
+    assert startup.overflow() == ("policy_weights", 3 * GIB)
+    assert _est(
+        comps, 9 * GIB, 10 * GIB, vllm_startup_ok=False, vllm_startup_deficit_bytes=GIB
+    ).overflow() == (
+        "vllm_reserved",
+        GIB,
+    )
+    assert _est(comps, 9 * GIB, 10 * GIB, kv_ok=False, kv_deficit_bytes=2 * GIB).overflow() == (
+        "vllm_reserved",
+        2 * GIB,
+    )
+
+
+def test_fits_up_to_the_margin_inclusive() -> None:
+    est = _est({"policy_weights": 8 * GIB}, 8 * GIB, 10 * GIB)
+    assert est.fits(0.2) and not est.fits(0.21)
+
+
+def test_the_reason_lists_nonzero_components_largest_first() -> None:
+    comps = {"activations": 3 * GIB, "policy_weights": 6 * GIB, "logits": 0, "nccl_buffers": 1}
+    assert _est(comps, 9 * GIB + 1, 10 * GIB).reason() == (
+        "needs 9.0 GiB of 10.0 GiB per GPU (train): policy_weights 6.0 GiB, activations 3.0 GiB, nccl_buffers 0.0 GiB"
+    )
+    assert _est(comps, 0, 0, on_gpu=False).reason() == "CPU-only trial: no GPU memory is predicted"
+
+
+def test_prune_only_beyond_the_margin_and_only_on_a_gpu() -> None:
+    comps = {"policy_weights": 1}
+    # capacity 100 B, margin 15 %: a slack of 15 B
+    assert not should_prune(_est(comps, 115, 100))  # exactly at the slack
+    assert should_prune(_est(comps, 116, 100))
+    assert not should_prune(_est(comps, 50, 100, vllm_startup_ok=False, vllm_startup_deficit_bytes=15))
+    assert should_prune(_est(comps, 50, 100, vllm_startup_ok=False, vllm_startup_deficit_bytes=16))
+    assert not should_prune(_est(comps, 50, 100, kv_ok=False, kv_deficit_bytes=15))
+    assert should_prune(_est(comps, 50, 100, kv_ok=False, kv_deficit_bytes=16))
+    # a 1-byte card is still a card; none at all, or a CPU-only trial, is never pruned
+    assert should_prune(_est(comps, 2, 1))
+    assert not should_prune(_est(comps, 2, 0))
+    assert not should_prune(_est(comps, 200, 100, on_gpu=False))
+
+
+def test_the_estimate_notes_say_what_was_left_out() -> None:
+    model, card = find_model("Qwen2-7B"), find_gpu("A100-80G")
+    assert model is not None and card is not None
+    server = JobConfig(**{**BASE, **ROWS[3]})
+    assert estimate_memory(JobShape(server, model, N), card).notes == (
+        "vLLM server runs on other GPUs: not counted here",
+    )
+    sleeping = JobConfig(**{**BASE, **ROWS[0]})
+    assert estimate_memory(JobShape(sleeping, model, N), card).notes == (
+        "sleep level 1 keeps vLLM weights in host RAM between rollouts",
+    )
+    # a trial on GPUs but no GPU known: CPU-only for the estimate, nothing judged
+    cpu = estimate_memory(JobShape(JobConfig(**{**BASE, **ROWS[7]}), model, N), None)
+    assert (cpu.on_gpu, cpu.capacity_bytes, cpu.notes) == (
+        False,
+        0,
+        ("CPU-only trial: GPU memory is not judged",),
+    )
