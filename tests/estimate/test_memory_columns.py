@@ -295,3 +295,31 @@ def test_the_estimate_notes_say_what_was_left_out() -> None:
         0,
         ("CPU-only trial: GPU memory is not judged",),
     )
+
+
+def test_no_gpu_known_means_no_vllm_figures_and_phases_that_never_peak() -> None:
+    model = find_model("Qwen2-7B")
+    assert model is not None
+    # colocated vLLM asleep at level 1, but no GPU known: nothing of vLLM is predicted nor noted
+    est = estimate_memory(JobShape(JobConfig(**{**BASE, **ROWS[0]}), model, N), None)
+    assert (est.kv_tokens, est.kv_bytes, est.rollout_concurrency, est.vllm_startup_ok, est.kv_ok) == (
+        0,
+        0,
+        0,
+        True,
+        True,
+    )
+    assert est.notes == ("CPU-only trial: GPU memory is not judged",)
+    assert est.phases["train"]["vllm_reserved"] == 0
+    # a vLLM server elsewhere and no generation here: only the train phase exists; the others total -1
+    card = find_gpu("A100-80G")
+    assert card is not None
+    server = memory_terms(JobShape(JobConfig(**{**BASE, **ROWS[3]}), model, N), card.memory_bytes)
+    totals = server.totals()
+    assert (totals["rollout"], totals["sync"]) == (-1, -1)
+    assert totals["train"] == sum(server.phases["train"].values()) > 0
+    # one GPU: one rank's 3 GiB of host memory, no more
+    alone = estimate_memory(JobShape(JobConfig(**{**BASE, **ROWS[7], "world_size": 1}), model, 1), card)
+    assert alone.host_bytes == 3 * GIB
+    # an estimate that fits records no overflow
+    assert _est({"policy_weights": 1}, 1, 10).to_dict()["overflow"] is None

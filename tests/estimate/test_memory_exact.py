@@ -765,3 +765,72 @@ def test_vllms_sampler_is_profiled_for_at_most_1024_sequences() -> None:
     # the sampler term is min(seqs, 1024) · V · 4 · 2: 1024 and 2048 sequences profile the same; 1023 less
     assert kv(1024) == kv(2048)
     assert kv(1023) - kv(1024) == 152_064 * 4 * 2
+
+
+def test_generation_in_the_trainer_under_zero3_every_rollout_component() -> None:
+    # Qwen2.5-0.5B on 2 GPUs, ZeRO-3, no vLLM, 2 per device × 2 accumulation steps = 4 sequences
+    # generated at once, each 512 + 1024 = 1,536 tokens:
+    #   HF KV cache 4 · 1,536 · (2 · 24 layers · 2 KV heads · 64 · 2 B = 12,288) = 75,497,472, plus the
+    #   sampler's fp32 logits twice over the vocabulary 4 · 151,936 · 4 · 2 = 4,861,952 → 80,359,424;
+    #   ZeRO-3 gathers the whole model for generation: 2P = 988,065,536;
+    #   states: weights 4 · 136,134,656 + 2P/2 = 1,038,571,392, gradients kept between steps
+    #   int(18P/2) − int(2P/2) − int(12P/2) = 988,065,536, optimizer int(12P/2) = 2,964,196,608
+    est = _estimate(
+        "Qwen2.5-0.5B",
+        "A10",
+        2,
+        deepspeed=True,
+        zero_stage=3,
+        per_device_batch=2,
+        grad_accum=2,
+        use_vllm=False,
+    )
+    assert est.phases["rollout"] == {
+        "policy_weights": 1_038_571_392,
+        "gradients": 988_065_536,
+        "optimizer_states": 2_964_196_608,
+        "reference_model": 0,
+        "activations": 80_359_424,
+        "logits": 0,
+        "vllm_reserved": 0,
+        "zero3_gather": 988_065_536,
+        "cuda_context": CUDA_CONTEXT,
+        "nccl_buffers": NCCL,
+    }
+    assert "sync" not in est.phases  # no vLLM: nothing to sync
+
+
+def test_calibration_scales_every_modelled_component_but_vllms_reservation() -> None:
+    comps = {"policy_weights": 100, "vllm_reserved": 50}
+    est = MemoryEstimate(
+        components_bytes=comps,
+        peak_bytes=150,
+        peak_phase="train",
+        phases={"train": comps, "rollout": {"policy_weights": 80, "vllm_reserved": 90}},
+        capacity_bytes=1000,
+        host_bytes=7,
+        kv_tokens=0,
+        kv_bytes=0,
+        rollout_concurrency=0,
+        vllm_startup_ok=True,
+        vllm_startup_deficit_bytes=0,
+        kv_ok=True,
+        kv_deficit_bytes=0,
+    )
+    # × 1.5: train 150 + 50 = 200, rollout 120 + 90 = 210: the rollout becomes the peak
+    up = est.scaled(1.5)
+    assert up.phases == {
+        "train": {"policy_weights": 150, "vllm_reserved": 50},
+        "rollout": {"policy_weights": 120, "vllm_reserved": 90},
+    }
+    assert (up.peak_phase, up.peak_bytes, up.components_bytes) == (
+        "rollout",
+        210,
+        {"policy_weights": 120, "vllm_reserved": 90},
+    )
+    assert up.calibration_factor == 1.5 and up.host_bytes == 7
+    # then × 3 of the raw estimate (× 2 of this one): train 300 + 50 = 350, rollout 240 + 90 = 330
+    again = up.scaled(3.0)
+    assert (again.peak_phase, again.peak_bytes) == ("train", 350)
+    assert again.phases["rollout"] == {"policy_weights": 240, "vllm_reserved": 90}
+    assert est.scaled(1.0) is est
