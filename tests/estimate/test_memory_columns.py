@@ -323,3 +323,17 @@ def test_no_gpu_known_means_no_vllm_figures_and_phases_that_never_peak() -> None
     assert alone.host_bytes == 3 * GIB
     # an estimate that fits records no overflow
     assert _est({"policy_weights": 1}, 1, 10).to_dict()["overflow"] is None
+
+
+def test_rollout_offloads_zero_what_they_move_and_only_zero3_keeps_gradients() -> None:
+    model, card = find_model("Qwen2-7B"), find_gpu("A100-80G")
+    assert model is not None and card is not None
+    moved = estimate_memory(JobShape(JobConfig(**{**BASE, **ROWS[2]}), model, N), card)
+    assert (moved.phases["rollout"]["policy_weights"], moved.phases["rollout"]["optimizer_states"]) == (0, 0)
+    # ZeRO-2 frees its gradients after the optimizer step: none are held while generating or syncing
+    zero2 = estimate_memory(JobShape(JobConfig(**{**BASE, **ROWS[6], "lora_rank": 0}), model, N), card)
+    assert (zero2.phases["rollout"]["gradients"], zero2.phases["sync"]["gradients"]) == (0, 0)
+    assert zero2.phases["train"]["gradients"] > 0
+    # a CPU-only estimate reads back as one
+    cpu = estimate_memory(JobShape(JobConfig(**{**BASE, **ROWS[7]}), model, N), None)
+    assert MemoryEstimate.from_dict(cpu.to_dict()) == cpu
