@@ -74,14 +74,14 @@ def env_name(name: str) -> str:
     The name without its leading dashes (or hydra ``+``/``~``), upper-cased, every run of other
     characters than letters and digits one ``_``; ``SECRET`` when nothing is left.
     """
-    core = re.sub(r"[^A-Za-z0-9]+", "_", name.lstrip("-+~")).strip("_").upper()
+    core = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper()  # leading -, +, ~ become _, stripped
     if not core:
         return "SECRET"
     return f"_{core}" if core[0].isdigit() else core
 
 
 def _normal(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", name.lstrip("-+~").lower()).strip("_")
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ class SecretRule:
                 owner = assign["name"] if assign else last_flag
                 out.append(self._value_pieces(item, owner))
             if _is_flag(item):
-                last_flag = item.split("=", 1)[0]
+                last_flag = item.partition("=")[0]
         return out
 
     def _value_pieces(self, item: str, owner: str | None) -> list[Piece]:
@@ -217,7 +217,7 @@ class SecretRule:
         spans: list[tuple[int, int, str]] = []
         base = env_name(owner) if owner else "URL"
         for m in _URL_CREDENTIALS.finditer(item):
-            spans.append((m.start("value"), m.end("value"), f"{base}_PASSWORD" if owner else "URL_PASSWORD"))
+            spans.append((m.start("value"), m.end("value"), f"{base}_PASSWORD"))
         for m in _TOKENS.finditer(item):
             spans.append((m.start(), m.end(), env_name(owner) if owner else "SECRET"))
         for value in (*self.values, MASK):  # a mask is a secret written before (a record read back)

@@ -4,15 +4,17 @@ Each target module is mutated by mutmut (``pip install -e '.[dev]'``) in a scrat
 repository and run against its own fast unit tests only (the table below), one module at a time so the
 machine stays usable. A *surviving* mutant is a change to the code that no test notices: a missing
 test, or a change that means the same thing (an equivalent mutant). The report gives, per module,
-the mutants killed, survived, with no test reaching them, and timed out, and the score
-killed ÷ (killed + survived + no tests).
+the mutants killed, survived, with no test reaching them, and timed out. A survivor listed in
+``bench/mutation_equivalent.toml`` (its mutmut name, the mutated line, and why it changes nothing) is
+counted apart as *explained*, once the mutated line still matches (a stale entry explains nothing); the
+score is killed ÷ (killed + unexplained survivors + no tests).
 
 Usage (from the repository root)::
 
     python bench/mutation.py                            # every target, 2 test processes
     python bench/mutation.py --targets secrets,verdict  # some of them
-    python bench/mutation.py --show-survivors           # list each survivor (``mutmut show NAME`` in
-                                                        # the kept scratch copy prints its diff)
+    python bench/mutation.py --show-survivors           # each unexplained survivor and its mutated line
+    python bench/mutation.py --work DIR --no-run        # report again on the copies a run kept in DIR
     python bench/mutation.py --json results.json
 
 The scratch copies go to ``--work`` (a temporary folder unless given; given, they are kept, so
@@ -22,6 +24,7 @@ The scratch copies go to ``--work`` (a temporary folder unless given; given, the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -34,8 +37,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
-MUTMUT = Path(sys.executable).with_name("mutmut")
+#: mutmut run by this interpreter (its console script may live in another venv that a .pth line shares)
+MUTMUT = (sys.executable, "-m", "mutmut")
 
 
 @dataclass(frozen=True)
@@ -67,12 +76,16 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "outcome",
         ("autotune/trial/outcome.py",),
-        ("tests/trial/test_outcome.py",),
+        ("tests/trial/test_outcome.py", "tests/trial/test_outcome_exact.py"),
     ),
     Target(
         "memory",
         ("autotune/estimate/memory.py",),
-        ("tests/estimate/test_memory_exact.py", "tests/estimate/test_memory.py"),
+        (
+            "tests/estimate/test_memory_exact.py",
+            "tests/estimate/test_memory.py",
+            "tests/estimate/test_memory_columns.py",
+        ),
     ),
     Target(
         "estimate",
@@ -80,6 +93,7 @@ TARGETS: tuple[Target, ...] = (
         (
             "tests/estimate/test_memory_exact.py",
             "tests/estimate/test_memory.py",
+            "tests/estimate/test_memory_columns.py",
             "tests/estimate/test_timing.py",
             "tests/estimate/test_calibrate.py",
             "tests/estimate/test_catalog.py",
@@ -92,6 +106,43 @@ TARGETS: tuple[Target, ...] = (
 )
 BY_NAME = {t.name: t for t in TARGETS}
 _RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+?)\s*$")
+EQUIVALENT = ROOT / "bench" / "mutation_equivalent.toml"
+#: the mutated lines of some mutants, read by mutmut itself in the scratch copy (``mutmut show`` would
+#: start one process per mutant); prints {name: diff} as JSON
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+print(json.dumps({n: get_diff_for_mutant(n) for n in json.load(sys.stdin)}))
+"""
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """A surviving mutant that means what the code means, and why.
+
+    Attributes:
+        mutant: mutmut's name for it (``autotune.study.verdict.x_judge__mutmut_30``).
+        changed: the mutated line as ``mutmut show`` prints it after ``+``, stripped; when the code moves
+            and the name comes to mean another mutant, this no longer matches and the entry is stale.
+        reason: one line on why no test can tell the mutant from the code.
+    """
+
+    mutant: str
+    changed: str
+    reason: str
+
+
+def load_equivalents(path: Path = EQUIVALENT) -> dict[str, Equivalent]:
+    """The explained survivors by mutant name (empty when the file is absent)."""
+    if not path.exists():
+        return {}
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("equivalent", [])
+    return {e["mutant"]: Equivalent(e["mutant"], e["changed"].strip(), e["reason"]) for e in entries}
+
+
+def mutated_lines(diff: str) -> list[str]:
+    """The added lines of a mutmut diff, stripped (the ``+++`` header left out)."""
+    return [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
 
 
 @dataclass
@@ -103,12 +154,18 @@ class TargetReport:
     survivors: list[str] = field(default_factory=list)
     no_tests: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    explained: list[str] = field(default_factory=list)
+    #: the mutated line of each unexplained survivor (and of each stale entry), by name
+    changed: dict[str, str] = field(default_factory=dict)
+    stale: list[str] = field(default_factory=list)
+
+    @property
+    def unexplained(self) -> list[str]:
+        return [n for n in self.survivors if n not in self.explained]
 
     @property
     def score(self) -> float | None:
-        judged = (
-            self.counts.get("killed", 0) + self.counts.get("survived", 0) + self.counts.get("no tests", 0)
-        )
+        judged = self.counts.get("killed", 0) + len(self.unexplained) + self.counts.get("no tests", 0)
         return self.counts.get("killed", 0) / judged if judged else None
 
 
@@ -150,7 +207,7 @@ def _write_config(dest: Path, target: Target) -> None:
 
 def _results(dest: Path) -> list[tuple[str, str]]:
     out = subprocess.run(
-        [str(MUTMUT), "results", "--all", "true"], cwd=dest, check=True, capture_output=True, text=True
+        [*MUTMUT, "results", "--all", "true"], cwd=dest, check=True, capture_output=True, text=True
     ).stdout
     found = []
     for line in out.splitlines():
@@ -160,46 +217,82 @@ def _results(dest: Path) -> list[tuple[str, str]]:
     return found
 
 
-def run_target(target: Target, work: Path, children: int, log: Path | None) -> TargetReport:
-    """Mutate one target in a fresh copy under ``work`` and collect its mutants' fates."""
+def _diffs(dest: Path, names: list[str]) -> dict[str, str]:
+    if not names:
+        return {}
+    out = subprocess.run(
+        [sys.executable, "-c", _DIFFS],
+        cwd=dest,
+        input=json.dumps(names),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    diffs: dict[str, str] = json.loads(out)
+    return diffs
+
+
+def run_target(
+    target: Target, work: Path, children: int, log: Path | None, *, run: bool = True, show: bool = False
+) -> TargetReport:
+    """Mutate one target in a fresh copy under ``work`` and collect its mutants' fates.
+
+    Args:
+        run: False to only read the results a previous run left in ``work``.
+        show: read the mutated line of every unexplained survivor too (not only of the listed ones).
+    """
     dest = work / target.name
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    _copy_repository(dest)
-    _write_config(dest, target)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    started = time.monotonic()
-    with open(log or os.devnull, "a", encoding="utf-8") as sink:
-        subprocess.run(
-            [str(MUTMUT), "run", "--max-children", str(children)],
-            cwd=dest,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    duration_s = time.monotonic() - started
+    duration_s = 0.0
+    if run:
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        _copy_repository(dest)
+        _write_config(dest, target)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        started = time.monotonic()
+        with open(log or os.devnull, "a", encoding="utf-8") as sink:
+            subprocess.run(
+                [*MUTMUT, "run", "--max-children", str(children)],
+                cwd=dest,
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+        duration_s = time.monotonic() - started
     results = _results(dest)
     counts = Counter(status for _, status in results)
+    survivors = sorted(n for n, s in results if s == "survived")
+    listed = load_equivalents()
+    wanted = [n for n in survivors if show or n in listed]
+    changed = {n: " | ".join(mutated_lines(d)) for n, d in _diffs(dest, wanted).items()}
+    explained = [n for n in survivors if n in listed and changed.get(n) == listed[n].changed]
     return TargetReport(
         name=target.name,
         counts=dict(counts),
-        survivors=sorted(n for n, s in results if s == "survived"),
+        survivors=survivors,
         no_tests=sorted(n for n, s in results if s == "no tests"),
         duration_s=duration_s,
+        explained=explained,
+        changed={n: c for n, c in changed.items() if n not in explained},
+        stale=[n for n in survivors if n in listed and n not in explained],
     )
 
 
 def _table(reports: list[TargetReport]) -> str:
-    head = f"{'target':<10} {'mutants':>7} {'killed':>6} {'survived':>8} {'no tests':>8} {'timeout':>7} {'score':>6}"
+    head = (
+        f"{'target':<10} {'mutants':>7} {'killed':>6} {'survived: explained':>19} {'unexplained':>11}"
+        f" {'no tests':>8} {'timeout':>7} {'score':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in reports:
         total = sum(r.counts.values())
-        score = f"{r.score:.0%}" if r.score is not None else "-"
+        score = f"{r.score:.1%}" if r.score is not None else "-"
         lines.append(
-            f"{r.name:<10} {total:>7} {r.counts.get('killed', 0):>6} {r.counts.get('survived', 0):>8} "
-            f"{r.counts.get('no tests', 0):>8} {r.counts.get('timeout', 0):>7} {score:>6}"
+            f"{r.name:<10} {total:>7} {r.counts.get('killed', 0):>6} {len(r.explained):>19}"
+            f" {len(r.unexplained):>11} {r.counts.get('no tests', 0):>8} {r.counts.get('timeout', 0):>7}"
+            f" {score:>7}"
         )
     return "\n".join(lines)
 
@@ -214,13 +307,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--children", type=int, default=2, help="test processes mutmut runs at once")
     ap.add_argument("--work", type=Path, default=None, help="where the scratch copies go (kept when given)")
     ap.add_argument("--json", type=Path, default=None, help="write the counts and survivors here")
-    ap.add_argument("--show-survivors", action="store_true", help="list every surviving mutant")
+    ap.add_argument(
+        "--show-survivors", action="store_true", help="list every unexplained survivor and its mutated line"
+    )
+    ap.add_argument(
+        "--no-run", action="store_true", help="only report on the copies an earlier run kept in --work"
+    )
     args = ap.parse_args(argv)
     unknown = [n for n in args.targets.split(",") if n and n not in BY_NAME]
     if unknown:
         ap.error(f"unknown target {unknown[0]!r}; known: {', '.join(BY_NAME)}")
-    if not MUTMUT.exists():
-        ap.error(f"mutmut is not installed beside {sys.executable}: pip install -e '.[dev]'")
+    if importlib.util.find_spec("mutmut") is None:
+        ap.error(f"mutmut is not importable by {sys.executable}: pip install -e '.[dev]'")
+    if args.no_run and args.work is None:
+        ap.error("--no-run reads the copies of an earlier run: give its --work DIR")
     targets = [BY_NAME[n] for n in args.targets.split(",") if n]
     work = args.work or Path(tempfile.mkdtemp(prefix="autotune-mutation-"))
     reports = []
@@ -229,7 +329,14 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"mutating {target.name} ({', '.join(target.mutate)}) against {len(target.tests)} test files"
             )
-            report = run_target(target, work, args.children, work / f"{target.name}.log")
+            report = run_target(
+                target,
+                work,
+                args.children,
+                work / f"{target.name}.log",
+                run=not args.no_run,
+                show=args.show_survivors,
+            )
             reports.append(report)
             print(_table([report]).splitlines()[-1], f"({report.duration_s:.0f} s)", flush=True)
     finally:
@@ -237,14 +344,21 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(_table(reports))
+    for r in reports:
+        for name in r.stale:
+            print(f"stale entry in {EQUIVALENT.name}: {name} now changes {r.changed.get(name, '?')!r}")
     if args.show_survivors:
         for r in reports:
-            for name in r.survivors:
-                print(f"survived  {name}")
+            for name in r.unexplained:
+                print(f"survived  {name}  {r.changed.get(name, '')}")
             for name in r.no_tests:
                 print(f"no tests  {name}")
     if args.json is not None:
-        args.json.write_text(json.dumps([asdict(r) | {"score": r.score} for r in reports], indent=2))
+        args.json.write_text(
+            json.dumps(
+                [asdict(r) | {"score": r.score, "unexplained": r.unexplained} for r in reports], indent=2
+            )
+        )
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.secrets import MASK, SecretRule, env_name
+from autotune.secrets import MASK, Piece, SecretRule, env_name
 
 TOKEN = "ghp_abcdefghijklmnopqrstuvwxyz0123"  # a GitHub token's format
 
@@ -152,3 +152,54 @@ def test_redact_url() -> None:
     assert rule.redact_url(None) is None
     assert rule.redact_url("postgresql://bob:pw123456@db/x") == f"postgresql://bob:{MASK}@db/x"
     assert rule.redact_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_a_value_starting_and_ending_with_one_letter_is_masked_whole() -> None:
+    # only a quote pair is kept around the mask; a letter pair is part of the secret
+    assert SecretRule().mask("--hf_token Xabc123X") == f"--hf_token {MASK}"
+
+
+def test_a_token_after_a_plain_flag_is_read_from_that_flags_variable() -> None:
+    assert SecretRule().script_words(["--push_to", TOKEN]) == (["--push_to", '"${PUSH_TO}"'], ["PUSH_TO"])
+
+
+def test_a_url_password_is_named_after_the_flag_before_any_equals_sign() -> None:
+    words, used = SecretRule().script_words(["--report=a=b", "postgresql://u:pw@h/db"])
+    assert used == ["REPORT_PASSWORD"]
+    assert words[1] == 'postgresql://u:"${REPORT_PASSWORD}"@h/db'
+
+
+def test_every_occurrence_of_a_known_value_is_masked() -> None:
+    rule = SecretRule(values=["s3cr3t-value"])
+    assert rule.redact_argv(["a=s3cr3t-value,s3cr3t-value,s3cr3t-value"]) == (f"a={MASK},{MASK},{MASK}",)
+
+
+def test_a_known_value_with_a_token_inside_is_masked_whole_and_later_secrets_too() -> None:
+    value = "mypre-hf_" + "a" * 25 + "-post"  # a token format inside a longer known secret
+    rule = SecretRule(values=[value])
+    assert rule.redact_argv([f"x={value},{TOKEN}"]) == (f"x={MASK},{MASK}",)
+
+
+def test_pieces_hold_no_empty_literal_around_a_secret() -> None:
+    assert SecretRule().pieces([TOKEN]) == [[Piece(TOKEN, "SECRET")]]
+
+
+def test_only_the_item_right_after_a_secret_flag_is_its_value() -> None:
+    rule = SecretRule()
+    assert rule.redact_argv(["--hf_token", "tok123456", "train.jsonl"]) == ("--hf_token", MASK, "train.jsonl")
+    # an empty assigned value is no secret, and it does not make the next item one
+    assert rule.redact_argv(["--hf_token=", "train.jsonl"]) == ("--hf_token=", "train.jsonl")
+
+
+def test_a_value_assigned_to_a_secret_name_is_learned_for_later_text() -> None:
+    rule = SecretRule().learning(["--hf_token=abcdef123"])
+    assert rule.mask("log: abcdef123 sent") == f"log: {MASK} sent"
+
+
+def test_declaring_a_suffix_of_autotunes_own_option_leaves_that_option_alone() -> None:
+    # ``--secret-args hf_token`` names a secret; declaring "args" secret must not mask that name
+    rule = SecretRule(["args"])
+    assert not rule.is_secret_name("--secret_args")
+    assert rule.mask("--secret_args hf_token") == "--secret_args hf_token"
+    assert rule.mask("secret_args: hf_token") == "secret_args: hf_token"
+    assert rule.mask("--my_args abcdef12") == f"--my_args {MASK}"  # the declared name itself still is

@@ -98,9 +98,7 @@ def needs_less_kv(space: SearchSpace, candidate: Mapping[str, Any], failed: Mapp
     for name, value in candidate.items():
         other = failed[name]
         if name == budget and isinstance(value, (int, float)) and isinstance(other, (int, float)):
-            if value > other + 1e-12:
-                return False
-            if value < other - 1e-12:
+            if value < other - 1e-12:  # higher or the same: ``lower`` stays False
                 lower = True
         elif not _same(value, other):
             return False

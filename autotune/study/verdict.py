@@ -195,13 +195,14 @@ def judge(
     }
     if overtaken is not None:
         r = results[winner]
-        gain = versus.get(overtaken)
+        # the old winner has two runs or more (it was compared to the new one), so it is in ``versus``
+        gain = versus[overtaken]
         update |= {
             "trial": winner,
             "throughput": r.throughput or 0.0,
             "headroom_bytes": headroom_bytes(r, hardware),
             "why": f"re-measured faster than trial {overtaken}, the search's best"
-            + (f" ({1 / gain.estimate:.2f}× its throughput)" if gain else ""),
+            f" ({1 / gain.estimate:.2f}× its throughput)",
         }
     rounds = f"{confirmation.rounds} interleaved run(s) of each"
     if winner == base:

@@ -129,7 +129,7 @@ def _config_traceback(lines: Sequence[str]) -> str | None:
                     return line
                 if any(_CONFIG_FRAME.search(f) or _CONFIG_FRAME.search(fn) for f, fn in frames):
                     return line
-            break
+            return None
     return None
 
 
@@ -261,7 +261,7 @@ def _stopped_by_us_or_done(record: RunRecord, health: Sequence[str]) -> Verdict 
         return _complete_or_unhealthy(record.stop_reason or f"completed {n_steps} steps", health)
     if record.stopped_by == "pruned":  # by the study (slower than the best) or for its health
         if health:
-            return _complete_or_unhealthy("", health)
+            return _unhealthy(health)
         return Verdict(TrialStatus.PRUNED, _one_line(record.stop_reason or "pruned by the study"))
     if record.stopped_by is None and record.exit_code == 0 and n_steps > 0:
         return _complete_or_unhealthy(f"completed {n_steps} steps", health)
@@ -270,19 +270,21 @@ def _stopped_by_us_or_done(record: RunRecord, health: Sequence[str]) -> Verdict 
 
 def _complete_or_unhealthy(reason: str, health: Sequence[str]) -> Verdict:
     """COMPLETE with ``reason``, or UNHEALTHY with the first health problem when there is one."""
-    if health:
-        more = f" (and {len(health) - 1} more)" if len(health) > 1 else ""
-        return Verdict(TrialStatus.UNHEALTHY, _one_line(health[0] + more), None)
-    return Verdict(TrialStatus.COMPLETE, reason)
+    return _unhealthy(health) if health else Verdict(TrialStatus.COMPLETE, reason)
+
+
+def _unhealthy(health: Sequence[str]) -> Verdict:
+    """UNHEALTHY with the first of the (non-empty) health problems."""
+    more = f" (and {len(health) - 1} more)" if len(health) > 1 else ""
+    return Verdict(TrialStatus.UNHEALTHY, _one_line(health[0] + more))
 
 
 def _gpu_failure_text(facts: _Facts) -> Verdict | None:
     """Rule 3: GPU out of memory, then vLLM's start-up failure, on any rank."""
     for status in ("OOM", "VLLM_INIT"):
         if status in facts.found:
-            pattern, line = facts.found[status]
-            detail = _oom_detail(line) if status == "OOM" else ""
-            return facts.by_pattern(status, f"{pattern.reason}{_rank_of(line)}{detail}")
+            pattern, line = facts.found[status]  # a vLLM line that gives sizes has them quoted too
+            return facts.by_pattern(status, f"{pattern.reason}{_rank_of(line)}{_oom_detail(line)}")
     return None
 
 
@@ -292,9 +294,7 @@ def _watchdog_stop(facts: _Facts) -> Verdict | None:
     if record.stopped_by in ("hang", "startup_timeout"):
         return Verdict(TrialStatus.HANG, _one_line(record.stop_reason or "no progress"), record.stop_evidence)
     if record.stopped_by == "timeout":
-        return Verdict(
-            TrialStatus.TIMEOUT, _one_line(record.stop_reason or "trial wall budget ran out"), None
-        )
+        return Verdict(TrialStatus.TIMEOUT, _one_line(record.stop_reason or "trial wall budget ran out"))
     return None
 
 
@@ -309,7 +309,6 @@ def _killed_or_stuck(facts: _Facts) -> Verdict | None:
         return Verdict(
             TrialStatus.HOST_OOM,
             f"killed by SIGKILL that autotune did not send ({how}){_LIKELY_HOST_OOM}",
-            None,
         )
     for status in ("HOST_OOM", "HANG"):
         if status in facts.found:
@@ -352,9 +351,10 @@ def host_oom_reason(reason: str, min_available_bytes: int | None, ram_total_byte
 
 
 def _other_backend_status(facts: _Facts) -> Verdict | None:
-    """Rule 6, end: a backend pattern naming a status the rules do not handle by name."""
+    """Rule 6, end: a backend pattern naming a status the rules do not handle by name (OOM, VLLM_INIT,
+    HOST_OOM and HANG were decided by the rules before; INVALID and CRASH come after)."""
     for status in facts.found:
-        if status not in ("INVALID", "OOM", "VLLM_INIT", "HOST_OOM", "HANG", "CRASH"):
+        if status not in ("INVALID", "CRASH"):
             return facts.by_pattern(status, facts.found[status][0].reason)
     return None
 
@@ -384,7 +384,7 @@ def _rejected_arguments(facts: _Facts) -> Verdict | None:
     return None
 
 
-def _crash_text_or_no_step(facts: _Facts, steps_required: bool = True) -> Verdict | None:
+def _crash_text_or_no_step(facts: _Facts, steps_required: bool) -> Verdict | None:
     """Rule 8: a CRASH pattern's text; or exit 0 without a single step."""
     record = facts.record
     if "CRASH" in facts.found:
@@ -404,7 +404,7 @@ def _crash_text_or_no_step(facts: _Facts, steps_required: bool = True) -> Verdic
 def ran_every_step(record: RunRecord, steps_expected: int | None) -> bool:
     """Whether the process ended on its own after recording ``steps_expected`` distinct steps (so
     whatever went wrong after that happened once its work was done)."""
-    if not steps_expected or steps_expected <= 0 or record.stopped_by is not None:
+    if steps_expected is None or steps_expected <= 0 or record.stopped_by is not None:
         return False
     return len({s.step for s in record.steps}) >= steps_expected
 

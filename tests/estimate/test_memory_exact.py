@@ -484,7 +484,32 @@ SYNC_CASES = [
     pytest.param("batches", 16, 2_179_996_672, id="16-batches"),
     # batches named but none given: the whole model
     pytest.param("batches", None, 15_231_233_024, id="batches-unset"),
+    # the whole model at once even when batches are given (they only apply to a batched sync)
+    pytest.param("model", 4, 15_231_233_024, id="whole-model-batches-ignored"),
+    # one batch: all 28 layers = 6,525,618,176 params (more than the embeddings) → × 2 B
+    pytest.param("batches", 1, 13_051_236_352, id="1-batch"),
 ]
+
+
+def test_zero3_sync_gather_counts_tied_embeddings_once() -> None:
+    # Qwen2.5-0.5B (tied) on 4 GPUs, 16 batches: embeddings V·h + h = 136,134,656 + 896 = 136,135,552;
+    # a layer (494,032,768 − 136,135,552)/24 = 14,912,384; ceil(24/16) = 2 layers = 29,824,768, less
+    # than the embeddings → 2 · 136,135,552
+    est = _estimate(
+        "Qwen2.5-0.5B",
+        "A10",
+        4,
+        deepspeed=True,
+        zero_stage=3,
+        per_device_batch=1,
+        use_vllm=True,
+        vllm_util=0.3,
+        sleep_level=1,
+        weight_sync="batches",
+        move_model_batches=16,
+        vllm_max_model_len=2048,
+    )
+    assert est.phases["sync"]["zero3_gather"] == 272_271_104
 
 
 @pytest.mark.parametrize(("sync", "batches", "expected"), SYNC_CASES)
@@ -654,6 +679,27 @@ HOST_CASES = [
         10_495_724_800,
         id="0.5b-fsdp-offload-model",
     ),
+    # ZeRO-3 on 2 GPUs without parameter offload, the rollout moving the model: DeepSpeed moves the
+    # whole model's bf16 weights once, 2P = 988,065,536 (not each rank's partition), + 2 · 3 GiB
+    #   → 7,430,516,480
+    pytest.param(
+        "Qwen2.5-0.5B",
+        2,
+        {"deepspeed": True, "zero_stage": 3, "rollout_offload_model": True},
+        7_430_516_480,
+        id="0.5b-zero3-offload-model",
+    ),
+    # FSDP with its parameters offloaded still moves each rank's shard of weights and gradients:
+    #   states' host buffers int(2P · 1.5) = 1,482,098,304; weights 4 · 136,134,656 = 544,538,624 and
+    #   gradients int(18P/2) − int(2P/2) − int(12P/2) = 988,065,536 per rank, × 2 ranks = 3,065,208,320;
+    #   + 2 · 3 GiB → 10,989,757,568
+    pytest.param(
+        "Qwen2.5-0.5B",
+        2,
+        {"fsdp": True, "zero_stage": 3, "ds_offload_param": True, "rollout_offload_model": True},
+        10_989_757_568,
+        id="0.5b-fsdp-param-offload-offload-model",
+    ),
 ]
 
 
@@ -672,3 +718,119 @@ def test_host_memory_is_the_hand_computed_bytes(
         **config,
     )
     assert est.host_bytes == expected
+
+
+def test_one_gpu_zero2_is_zero0_and_lora_without_deepspeed_ignores_the_zero_stage() -> None:
+    # ZeRO-2 on one GPU partitions over one rank: 2P weights, 18P − 12P = 6P gradients, 12P optimizer
+    one = {"params": P_SMALL, "largest_layer_params": LARGEST_SMALL, "n_gpus": 1, "deepspeed": True}
+    flags = {"offload_optimizer": False, "offload_param": False}
+    expected = (2 * P_SMALL, 6 * P_SMALL, 12 * P_SMALL, 0)
+    for stage in (0, 2):
+        st = model_states(**one, **flags, zero_stage=stage)
+        assert (st.weights_bytes, st.gradients_bytes, st.optimizer_bytes, st.host_bytes) == expected
+    # LoRA under plain DDP: a ZeRO stage 3 and an optimizer offload in the config mean nothing; the
+    # base stays whole in bf16 (2P) beside the fp32 adapter (4a), adapter gradients 4a, Adam 8a
+    a = lora_params(_model("Qwen2.5-0.5B"), 8)
+    st = model_states(
+        params=P_SMALL,
+        largest_layer_params=LARGEST_SMALL,
+        n_gpus=4,
+        zero_stage=3,
+        deepspeed=False,
+        offload_optimizer=True,
+        offload_param=True,
+        trainable_params=a,
+    )
+    assert (st.weights_bytes, st.gradients_bytes, st.optimizer_bytes, st.host_bytes) == (
+        2 * P_SMALL + 4 * a,
+        4 * a,
+        8 * a,
+        0,
+    )
+
+
+def test_vllms_sampler_is_profiled_for_at_most_1024_sequences() -> None:
+    def kv(seqs: int) -> int:
+        est = _estimate(
+            "Qwen2-7B",
+            "A100-80G",
+            8,
+            per_device_batch=1,
+            use_vllm=True,
+            vllm_util=0.5,
+            vllm_max_num_seqs=seqs,
+        )
+        return est.kv_bytes
+
+    # the sampler term is min(seqs, 1024) · V · 4 · 2: 1024 and 2048 sequences profile the same; 1023 less
+    assert kv(1024) == kv(2048)
+    assert kv(1023) - kv(1024) == 152_064 * 4 * 2
+
+
+def test_generation_in_the_trainer_under_zero3_every_rollout_component() -> None:
+    # Qwen2.5-0.5B on 2 GPUs, ZeRO-3, no vLLM, 2 per device × 2 accumulation steps = 4 sequences
+    # generated at once, each 512 + 1024 = 1,536 tokens:
+    #   HF KV cache 4 · 1,536 · (2 · 24 layers · 2 KV heads · 64 · 2 B = 12,288) = 75,497,472, plus the
+    #   sampler's fp32 logits twice over the vocabulary 4 · 151,936 · 4 · 2 = 4,861,952 → 80,359,424;
+    #   ZeRO-3 gathers the whole model for generation: 2P = 988,065,536;
+    #   states: weights 4 · 136,134,656 + 2P/2 = 1,038,571,392, gradients kept between steps
+    #   int(18P/2) − int(2P/2) − int(12P/2) = 988,065,536, optimizer int(12P/2) = 2,964,196,608
+    est = _estimate(
+        "Qwen2.5-0.5B",
+        "A10",
+        2,
+        deepspeed=True,
+        zero_stage=3,
+        per_device_batch=2,
+        grad_accum=2,
+        use_vllm=False,
+    )
+    assert est.phases["rollout"] == {
+        "policy_weights": 1_038_571_392,
+        "gradients": 988_065_536,
+        "optimizer_states": 2_964_196_608,
+        "reference_model": 0,
+        "activations": 80_359_424,
+        "logits": 0,
+        "vllm_reserved": 0,
+        "zero3_gather": 988_065_536,
+        "cuda_context": CUDA_CONTEXT,
+        "nccl_buffers": NCCL,
+    }
+    assert "sync" not in est.phases  # no vLLM: nothing to sync
+
+
+def test_calibration_scales_every_modelled_component_but_vllms_reservation() -> None:
+    comps = {"policy_weights": 100, "vllm_reserved": 50}
+    est = MemoryEstimate(
+        components_bytes=comps,
+        peak_bytes=150,
+        peak_phase="train",
+        phases={"train": comps, "rollout": {"policy_weights": 80, "vllm_reserved": 90}},
+        capacity_bytes=1000,
+        host_bytes=7,
+        kv_tokens=0,
+        kv_bytes=0,
+        rollout_concurrency=0,
+        vllm_startup_ok=True,
+        vllm_startup_deficit_bytes=0,
+        kv_ok=True,
+        kv_deficit_bytes=0,
+    )
+    # × 1.5: train 150 + 50 = 200, rollout 120 + 90 = 210: the rollout becomes the peak
+    up = est.scaled(1.5)
+    assert up.phases == {
+        "train": {"policy_weights": 150, "vllm_reserved": 50},
+        "rollout": {"policy_weights": 120, "vllm_reserved": 90},
+    }
+    assert (up.peak_phase, up.peak_bytes, up.components_bytes) == (
+        "rollout",
+        210,
+        {"policy_weights": 120, "vllm_reserved": 90},
+    )
+    assert up.calibration_factor == 1.5 and up.host_bytes == 7
+    # then × 3 of the raw estimate (× 2 of this one): train 300 + 50 = 350, rollout 240 + 90 = 330
+    again = up.scaled(3.0)
+    assert (again.peak_phase, again.peak_bytes) == ("train", 350)
+    assert again.phases["rollout"] == {"policy_weights": 240, "vllm_reserved": 90}
+    assert est.scaled(1.0) is est

@@ -92,3 +92,17 @@ def test_refuted_phase_knobs_leave_the_blame_outside_the_phase(space: SearchSpac
     ]
     risks = np.array([s.failure_risk(history, [p]) for p in untried])
     assert risks.max() > 0.3
+
+
+def test_a_memory_failure_also_blames_what_the_trainer_holds(tmp_path: Path) -> None:
+    p = tmp_path / "z.yaml"
+    p.write_text(SPACE + "  zero: {type: int, choices: [2, 3], default: 2}\n")
+    space = load_space(p).with_roles({**ROLES, "zero_stage": "zero"})
+    params = {"tp": 2, "workers": 2, "batch": 4, "zero": 2}
+    oom = TrialResult(
+        number=1, params=params, status=TrialStatus.OOM, reason="CUDA out of memory", failed_phase="rollout"
+    )
+    # the rollout's knobs, and the ZeRO stage that decides how much of the trainer stays on the GPU
+    assert blamed_knobs(space, oom) == {"tp", "batch", "zero"}
+    # a hang in the same phase is about the rollout's knobs only
+    assert blamed_knobs(space, _hang(1, params, "rollout")) == {"tp", "batch"}

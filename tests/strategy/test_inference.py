@@ -9,7 +9,7 @@ from autotune.backends.trl.backend import TrlBackend
 from autotune.records import TrialResult, TrialStatus
 from autotune.space import SearchSpace, canonical_key, load_space
 from autotune.strategy import infer_infeasible, oom_dominated
-from autotune.strategy._inference import is_kv_failure, is_memory_failure, needs_at_least
+from autotune.strategy._inference import is_kv_failure, is_memory_failure, needs_at_least, needs_less_kv
 
 SPACE = """
 knobs:
@@ -212,3 +212,63 @@ def test_inference_is_complete_along_single_ordered_knobs(seed: int, random_spac
                 value,
                 other,
             )
+
+
+# --- each comparison and each reason, exactly -------------------------------------------------------
+def test_the_reason_names_the_failed_trial_and_every_knob_that_differs(tmp_path: Path) -> None:
+    s = space(tmp_path)
+    bigger = {**BASE, "per_device_train_batch_size": 8, "gradient_checkpointing": False}
+    inference = infer_infeasible(s, bigger, [oom(BASE)])
+    assert inference is not None and inference.reason == (
+        "needs more GPU memory than trial 7, which ran out of memory"
+        " (per_device_train_batch_size 8 vs 4, gradient_checkpointing False vs True)"
+    )
+    startup = infer_infeasible(s, {**BASE, "vllm_gpu_memory_utilization": 0.7}, [vllm_fail(BASE, STARTUP)])
+    assert startup is not None and startup.reason == (
+        "needs more GPU memory than trial 3, which left vLLM too little free memory to start"
+        " (vllm_gpu_memory_utilization 0.7 vs 0.5)"
+    )
+    kv_failed = vllm_fail(BASE, KV)
+    kv = infer_infeasible(s, {**BASE, "vllm_gpu_memory_utilization": 0.3}, [kv_failed])
+    assert kv is not None and kv.trial is kv_failed
+    assert kv.reason == (
+        "leaves vLLM less KV cache than trial 3, whose KV cache was already too small"
+        " (vllm_gpu_memory_utilization 0.3 vs 0.5)"
+    )
+
+
+def test_vllms_own_text_in_the_evidence_decides_the_kind(tmp_path: Path) -> None:
+    # a result classified elsewhere: a bare reason, vLLM's text kept as the evidence line
+    raw = "ValueError: Free memory on device (12.18/23.56 GiB) on startup is less than desired"
+    failed = TrialResult(
+        number=3, params=BASE, status=TrialStatus.VLLM_INIT, reason="vLLM could not start", evidence=raw
+    )
+    assert is_memory_failure(failed) and not is_kv_failure(failed)
+
+
+def test_the_same_configuration_is_not_more_nor_less(tmp_path: Path) -> None:
+    s = space(tmp_path)
+    assert needs_at_least(s, BASE, BASE) is False
+    assert needs_less_kv(s, BASE, BASE) is False
+    assert needs_less_kv(s, {**BASE, "vllm_gpu_memory_utilization": 0.7}, BASE) is False
+
+
+def test_knobs_the_space_does_not_order_or_hold_are_compared_by_value(tmp_path: Path) -> None:
+    s = space(tmp_path)
+    # a fixed argument outside the space: equal values compare, different ones block the inference
+    extra = {**BASE, "seed": 1}
+    assert needs_at_least(s, {**extra, "per_device_train_batch_size": 8}, extra) is True
+    assert needs_at_least(s, {**extra, "per_device_train_batch_size": 8, "seed": 2}, extra) is False
+    # an ordered knob unset on one side only (None has no memory rank): not comparable
+    assert (
+        needs_at_least(
+            s, {**BASE, "per_device_train_batch_size": None, "gradient_checkpointing": False}, BASE
+        )
+        is False
+    )
+    # different knob sets and a space without a vLLM budget role: no KV lesson
+    lower = {**BASE, "vllm_gpu_memory_utilization": 0.3}
+    assert needs_less_kv(s, {**lower, "seed": 1}, BASE) is False
+    p = tmp_path / "plain.yaml"
+    p.write_text(SPACE)
+    assert needs_less_kv(load_space(p), lower, BASE) is False

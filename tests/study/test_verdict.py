@@ -10,6 +10,9 @@ import pytest
 from autotune.records import (
     Confirmation,
     ConfirmRun,
+    GpuInfo,
+    Hardware,
+    HostInfo,
     Recommendation,
     SteadyEstimate,
     TrialResult,
@@ -245,3 +248,187 @@ def test_a_recommendation_stored_before_verdicts_existed_still_loads() -> None:
     assert speedup_text(rec) == "1.52× (single runs, not re-measured)"
     again = Recommendation.model_validate(rec.model_dump(mode="json"))
     assert again == rec
+
+
+# ------------------------------------------------------- judge, value by value (each a bug it would let by)
+
+GIB = 2**30
+T975_DF4 = 2.776
+
+
+def _run(trial: int, k: int, t: float | None, **kw: object) -> ConfirmRun:
+    """One re-measurement run; ``kw`` overrides the status, the run's own spread, the host load."""
+    fields: dict[str, object] = {
+        "trial": trial,
+        "round": k,
+        "order": k,
+        "role": "baseline" if trial == 0 else "winner",
+        "status": TrialStatus.COMPLETE,
+        "step_time_s": t,
+        "rel_ci95": 0.0,
+        "steady_steps": 6,
+        "duration_s": 10.0,
+        "gpu_seconds": 10.0,
+    }
+    return ConfirmRun.model_validate(fields | kw)
+
+
+def _stale(rec: Recommendation) -> Recommendation:
+    """``rec`` as a second judgement would see it: an interval and a verdict from an earlier one."""
+    return rec.model_copy(update={"speedup_low": 1.5, "speedup_high": 2.5, "measurable": True})
+
+
+def test_unequal_run_counts_pool_every_configuration_once() -> None:
+    # step times in powers of two, so each log time is a multiple of ln 2 (L):
+    #   winner 3: 1, 2 s      -> logs 0, L      mean L/2     sum of squares L²/2
+    #   baseline 0: 4, 4, 8 s -> logs 2L,2L,3L  mean 7L/3   sum of squares (1/9+1/9+4/9) L² = 2L²/3
+    #   runner-up 5: 2, 2 s   -> mean L, sum of squares 0 (slower than the winner: 2 s vs √2 s)
+    # pooled: 7 runs - 3 configurations = 4 degrees of freedom, var = (1/2 + 2/3) L² / 4 = 7L²/24
+    # speedup 2^(7/3 - 1/2) = 2^(11/6); half-width t(4) · sqrt(7L²/24 · (1/2 + 1/3)) = t(4) · L · sqrt(35/144)
+    runs = [_run(3, 1, 1.0), _run(3, 2, 2.0), _run(0, 1, 4.0), _run(0, 2, 4.0), _run(0, 3, 8.0)]
+    runs += [_run(5, 1, 2.0), _run(5, 2, 2.0)]
+    results = {0: _result(0, 4.0, baseline=True), 3: _result(3, 1.0), 5: _result(5, 1.5)}
+    judged = judge(_rec(results, 3), Confirmation(rounds=3, runs=runs), results, None)
+    estimate = 2 ** (11 / 6)
+    half = T975_DF4 * math.log(2) * math.sqrt(35 / 144)
+    assert judged.trial == 3 and judged.speedup == pytest.approx(estimate)
+    assert judged.speedup_low == pytest.approx(estimate * math.exp(-half), rel=1e-3)
+    assert judged.speedup_high == pytest.approx(estimate * math.exp(half), rel=1e-3)
+    assert judged.confirmation is not None and judged.confirmation.speedup is not None
+    assert judged.confirmation.speedup.df == 4 and judged.confirmation.speedup.runs == (2, 3)
+    assert judged.measurable is True
+    assert judged.equivalent == [5]  # 1.41× slower, but with this much noise not measurably
+    assert judged.verdict == (
+        f"speedup over the baseline (trial 0): {judged.confirmation.speedup.text()}"
+        " (95 % interval, 3 interleaved run(s) of each); equivalent to the winner:"
+        f" trial 5 ({judged.confirmation.versus_winner[5].text()} of the winner)"
+    )
+
+
+def test_exact_ties_are_neither_a_win_nor_a_new_winner() -> None:
+    # every run 1 s with no spread (and no own-steps spread: rel_ci95 unknown): the interval is [1, 1]
+    runs = [_run(t, k, 1.0, rel_ci95=None) for t in (0, 3, 5) for k in (1, 2)]
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0), 5: _result(5, 1.02)}
+    judged = judge(_rec(results, 3), Confirmation(rounds=2, runs=runs), results, None)
+    assert judged.trial == 3 and judged.why == "fastest healthy trial in the search"  # not overtaken by a tie
+    assert (judged.speedup, judged.speedup_low, judged.speedup_high) == (1.0, 1.0, 1.0)
+    assert judged.measurable is False and judged.equivalent == [5]
+    assert judged.verdict is not None
+    assert judged.verdict.startswith("no measurable speedup over the baseline (trial 0): 1.00× [1.00, 1.00]")
+
+
+def test_the_runs_own_spread_is_carried_from_the_confirm_records() -> None:
+    # identical runs on each side (no between-run spread), each run's steps ±10 % (95 %, 5 steps):
+    # the floor t(4)=2.776 → within sd 0.10/2.776; se of the difference sqrt(2·sd²/2) = sd; df 2
+    runs = [_run(3, k, 1.0, rel_ci95=0.10, steady_steps=5) for k in (1, 2)]
+    runs += [_run(0, k, 1.05, rel_ci95=0.10, steady_steps=5) for k in (1, 2)]
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    judged = judge(_rec(results, 3), Confirmation(rounds=2, runs=runs), results, None)
+    sd = 0.10 / 2.776
+    assert judged.speedup == pytest.approx(1.05)
+    assert judged.speedup_low == pytest.approx(1.05 * math.exp(-T975_DF2 * sd), rel=1e-3)
+    assert judged.speedup_high == pytest.approx(1.05 * math.exp(T975_DF2 * sd), rel=1e-3)
+
+
+def test_failed_runs_and_runs_without_a_time_are_left_out() -> None:
+    # the first test's numbers (winner 1.0/1.1 s, baseline 2.0/2.2 s) plus a CRASHed run with a time and a
+    # COMPLETE run that never reached steady state: neither may count
+    runs = [_run(3, 1, 1.0), _run(3, 2, 1.1), _run(3, 3, 5.0, status=TrialStatus.CRASH)]
+    runs += [_run(0, 1, 2.0), _run(0, 2, 2.2), _run(0, 3, None)]
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    judged = judge(_rec(results, 3), Confirmation(rounds=3, runs=runs), results, None)
+    assert judged.confirmation is not None and judged.confirmation.speedup is not None
+    assert judged.confirmation.speedup.runs == (2, 2) and judged.speedup == pytest.approx(2.0)
+    half = T975_DF2 * math.log(1.1) / math.sqrt(2)
+    assert judged.speedup_low == pytest.approx(2.0 * math.exp(-half), rel=1e-3)
+
+
+def test_a_side_whose_runs_all_failed_gives_no_interval_and_says_why() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    failed = TrialStatus.CRASH
+    for dead in (0, 3):  # the baseline's runs failed, then the winner's
+        runs = [
+            _run(t, k, 1.0, status=failed if t == dead else TrialStatus.COMPLETE)
+            for t in (0, 3)
+            for k in (1, 2)
+        ]
+        judged = judge(_stale(_rec(results, 3)), Confirmation(rounds=2, runs=runs), results, None)
+        assert judged.trial == 3 and judged.speedup == pytest.approx(2.0)  # the search's single runs
+        assert (judged.speedup_low, judged.speedup_high, judged.measurable) == (None, None, None)
+        assert judged.verdict == (
+            "2.00× the baseline (trial 0) from one run of each"
+            " (not confirmed: too few re-measurement runs completed)"
+        )
+
+
+def test_a_new_winner_takes_its_own_search_numbers_and_says_by_how_much() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0), 5: _result(5, 1.02)}
+    results[5] = results[5].model_copy(update={"peak_mem_bytes": [60 * GIB]})
+    runs = _runs({0: [2.0, 2.02], 3: [1.2, 1.21], 5: [0.9, 0.91]}, winner=3)
+    hardware = Hardware(
+        gpus=(GpuInfo(index=0, name="H100", memory_total_bytes=80 * GIB),),
+        host=HostInfo(
+            hostname="h", cpu_cores_logical=8, cpu_cores_physical=4, ram_total_bytes=GIB, platform="linux"
+        ),
+    )
+    judged = judge(_rec(results, 3), Confirmation(rounds=2, runs=runs), results, hardware)
+    assert judged.trial == 5 and judged.headroom_bytes == [20 * GIB]  # 80 GiB - its 60 GiB peak
+    # trial 3 against 5: geometric means sqrt(1.2·1.21) = 1.20499 s and sqrt(0.9·0.91) = 0.90499 s → 1.33×
+    assert judged.why == "re-measured faster than trial 3, the search's best (1.33× its throughput)"
+    # what every verdict fills in is kept beside the new winner's numbers
+    assert judged.search_speedup == pytest.approx(2.0) and judged.confirmation is not None
+    assert judged.confirmation.speedup is not None and judged.confirmation.speedup.runs == (2, 2)
+
+
+def test_the_baseline_as_winner_names_how_slow_the_search_best_was() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    conf = Confirmation(rounds=2, runs=_runs({0: [1.0, 1.01], 3: [1.3, 1.31]}, winner=3))
+    judged = judge(_stale(_rec(results, 3)), conf, results, None)
+    assert judged.confirmation is not None and judged.confirmation.speedup is None  # no baseline vs itself
+    slower = judged.confirmation.versus_winner[3]
+    assert slower.estimate == pytest.approx(math.sqrt(1.0 * 1.01) / math.sqrt(1.3 * 1.31))
+    assert (judged.speedup_low, judged.speedup_high) == (None, None)
+    assert judged.verdict == (
+        "the baseline (trial 0) is the fastest configuration: trial 3, the search's best, re-measured at"
+        f" {slower.text()} the baseline's throughput (2 interleaved run(s) of each)"
+    )
+
+
+def test_every_equivalent_runner_up_is_listed_after_the_verdict() -> None:
+    results = {
+        0: _result(0, 2.0, baseline=True),
+        3: _result(3, 1.0),
+        5: _result(5, 1.02),
+        7: _result(7, 1.03),
+    }
+    times = {0: [2.0, 2.1], 3: [1.0, 1.05], 5: [1.04, 0.99], 7: [1.03, 1.01]}
+    judged = judge(_rec(results, 3), Confirmation(rounds=2, runs=_runs(times, winner=3)), results, None)
+    assert judged.confirmation is not None and judged.confirmation.speedup is not None
+    versus = judged.confirmation.versus_winner
+    assert judged.trial == 3 and judged.equivalent == [5, 7]
+    assert judged.verdict == (
+        f"speedup over the baseline (trial 0): {judged.confirmation.speedup.text()} (95 % interval,"
+        f" 2 interleaved run(s) of each); equivalent to the winner: trial 5 ({versus[5].text()} of the"
+        f" winner), trial 7 ({versus[7].text()} of the winner)"
+    )
+
+
+def test_a_loaded_run_without_a_core_count_reports_none_busy() -> None:
+    runs = [_run(t, k, 1.0 + 0.1 * k + t) for t in (0, 3) for k in (1, 2)]
+    runs[0] = runs[0].model_copy(update={"host_loaded": True, "other_busy_cores": None})
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    judged = judge(_rec(results, 3), Confirmation(rounds=2, runs=runs), results, None)
+    assert judged.host_load is not None and "(up to 0.0 cores busy outside the run)" in judged.host_load
+
+
+def test_not_re_measured_keeps_the_search_speedup_and_names_a_baseline_winner() -> None:
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    rec = not_remeasured(_rec(results, 3), "the study was stopped")
+    assert rec.search_speedup == pytest.approx(2.0)
+    base = not_remeasured(_rec(results, 0), "the baseline is the winner")
+    assert base.verdict == "the baseline (trial 0) is the fastest configuration tried"
+    # a study written before verdicts whose best was its baseline
+    old = _rec(results, 0)
+    assert (
+        old.verdict is None and headline(old) == "the baseline (trial 0) is the fastest configuration tried"
+    )
