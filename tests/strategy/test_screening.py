@@ -257,3 +257,38 @@ def test_a_stop_on_the_physical_ceiling_needs_neither_the_prior_nor_screening(sp
     assert strategy(lambda p: best * 1.5).converged(history, left(history, 10)) is None
     unknown = lambda p: None if p["tp"] == 4 else best  # noqa: E731
     assert strategy(unknown).converged(history, left(history, 10)) is None
+
+
+def test_a_level_the_memory_gate_refuses_everywhere_gets_one_memory_probe(space: SearchSpace) -> None:
+    """tp=4 never passes the pre-screen (the gate predicts it does not fit); once the design is done and
+    the other levels are measured, screening tests the gate with the tp=4 candidate the model prefers
+    first in its order among those predicted within ``memory_probe_load``, marked as a memory probe;
+    none beyond that load, and after one probe no other."""
+    screening = Screening(space, ScreeningSettings(design_share=0.0), seed=0)
+    pool = list(space.grid())
+    plan = screening.plan(pool, {"tp": 0.5, "zero": 0.3, "offload": 0.2, "batch": 0.4, "workers": 0.0})
+    runs = [result(0, dict(BASELINE))]
+    for number, p in enumerate(
+        [
+            {"batch": 2, "tp": 2, "zero": 2, "offload": True, "workers": 0},
+            {"batch": 4, "tp": 1, "zero": 3, "offload": False, "workers": 2},
+            {"batch": 8, "tp": 2, "zero": 3, "offload": True, "workers": 0},
+        ],
+        start=1,
+    ):
+        runs.append(result(number, p, {"mode": "screen"}))
+    assert screening.state(plan, runs).uncovered(plan) == [("tp", canonical_key({"v": 4}))]
+    cands = [p for p in pool if canonical_key(p) not in {canonical_key(r.params) for r in runs}]
+    n = len(cands)
+    check = lambda p: p["tp"] != 4  # noqa: E731 - the gate refuses every tp=4 candidate
+    load = lambda p: 1.2 if p["batch"] == 1 else 1.6  # noqa: E731 - only batch 1 is within a probe's reach
+    score = np.zeros(n)
+    pick = screening.next_run(plan, runs, cands, np.ones(n), score, check, 8, load)
+    assert pick is not None and pick.memory_probe and pick.covers == {"tp": 4}
+    assert cands[pick.index]["batch"] == 1  # the one tp=4 candidate within a probe's reach
+    assert screening.next_run(plan, runs, cands, np.ones(n), score, check, 8, lambda p: 1.6) is None
+    probed = [*runs, result(4, cands[pick.index], {"mode": "screen", "memory_probe": True})]
+    probed[-1] = probed[-1].model_copy(update={"status": TrialStatus.OOM, "steady": None})
+    rest = [p for p in cands if p is not cands[pick.index]]
+    m = len(rest)
+    assert screening.next_run(plan, probed, rest, np.ones(m), np.zeros(m), check, 7, load) is None
