@@ -85,6 +85,7 @@ TARGETS: tuple[Target, ...] = (
             "tests/estimate/test_memory_exact.py",
             "tests/estimate/test_memory.py",
             "tests/estimate/test_memory_columns.py",
+            "tests/estimate/test_memory_exact_vllm.py",
         ),
     ),
     Target(
@@ -94,6 +95,7 @@ TARGETS: tuple[Target, ...] = (
             "tests/estimate/test_memory_exact.py",
             "tests/estimate/test_memory.py",
             "tests/estimate/test_memory_columns.py",
+            "tests/estimate/test_memory_exact_vllm.py",
             "tests/estimate/test_timing.py",
             "tests/estimate/test_calibrate.py",
             "tests/estimate/test_catalog.py",

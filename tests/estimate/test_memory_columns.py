@@ -337,3 +337,40 @@ def test_rollout_offloads_zero_what_they_move_and_only_zero3_keeps_gradients() -
     # a CPU-only estimate reads back as one
     cpu = estimate_memory(JobShape(JobConfig(**{**BASE, **ROWS[7]}), model, N), None)
     assert MemoryEstimate.from_dict(cpu.to_dict()) == cpu
+
+
+# The column path computes model states once per distinct (world, LoRA rank, stage, DeepSpeed or FSDP,
+# optimizer offload, parameter offload), packed into one integer key. Pairs of rows below differ in
+# their states but come close in that key: a packing that merged them would give one row the other's
+# states. Keys: ((((world · 2^20 + rank) · 4 + stage) · 2 + sharded) · 4 + off_opt · 2 + off_param.
+STATES_ROWS: list[dict[str, Any]] = [
+    # ZeRO-2 with the optimizer on the host (full fine-tuning) and ZeRO-0 with LoRA rank 8 (the flag
+    # ignored below ZeRO-2): world · 2^20 + rank = 4,194,304 and 4,194,312, 8 apart, while the stages
+    # are 2 apart (a rank step of 4 per stage step would merge them)
+    {"world_size": 4, "deepspeed": True, "zero_stage": 2, "ds_offload_optimizer": True},
+    {"world_size": 4, "deepspeed": True, "zero_stage": 0, "ds_offload_optimizer": True, "lora_rank": 8},
+    # ZeRO-2 LoRA rank 8 on 4 GPUs and rank 128 on 1 GPU: 4 · 40 + 8 = 1 · 40 + 128 (a world step of 40
+    # ranks would merge them)
+    {"world_size": 4, "deepspeed": True, "zero_stage": 2, "lora_rank": 8},
+    {"world_size": 1, "deepspeed": True, "zero_stage": 2, "lora_rank": 128},
+    # plain DDP with both offload flags (ignored without DeepSpeed) and ZeRO-2 without offload: their
+    # low digits are sharded · 4 + 3 and (sharded + 1) · 4 + 0, next to each other
+    {"world_size": 4, "zero_stage": 2, "ds_offload_optimizer": True, "ds_offload_param": True},
+    {"world_size": 4, "deepspeed": True, "zero_stage": 2},
+]
+
+
+def test_rows_with_different_states_never_share_one_computed_entry() -> None:
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+    configs = [JobConfig(**{**BASE, "use_vllm": False, **row}) for row in STATES_ROWS]
+    cols = memory_terms(_columns(configs, model), 0)
+    names = ("policy_weights", "gradients", "optimizer_states")
+    seen = set()
+    for i, config in enumerate(configs):
+        one = memory_terms(JobShape(config, model, N), 0)
+        states = tuple(int(one.phases["train"][name]) for name in names)
+        assert tuple(int(cols.phases["train"][name][i]) for name in names) == states, i
+        assert int(cols.host_bytes[i]) == int(one.host_bytes), i
+        seen.add(states)
+    assert len(seen) == len(STATES_ROWS)  # every row's states differ from every other's
