@@ -92,13 +92,28 @@ class EstimatorGate:
             gate.calibration = seed_calibration(hardware.gpus[0].name, spec.params) or gate.calibration
         return gate
 
-    def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+    def _shape(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+        """The job shape of ``params`` (derived here unless given)."""
         from autotune.backends import job_shape
-        from autotune.estimate import estimate_memory
 
         derived = derived if derived is not None else self.derive(dict(params))
-        shape = job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)
+        return job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)
+
+    def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+        from autotune.estimate import estimate_memory
+
+        shape = self._shape(params, derived)
         return shape, self.calibration.adjust(estimate_memory(shape, self.gpu))
+
+    @staticmethod
+    def _kept(store: dict[str, Any], params: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per configuration in ``store`` (emptied when it holds ``_TIMINGS_KEPT``)."""
+        key = canonical_key(params)
+        if key not in store:
+            if len(store) >= _TIMINGS_KEPT:
+                store.clear()
+            store[key] = compute()
+        return store[key]
 
     def check(
         self, params: Mapping[str, Any], derived: Mapping[str, Any], *, margin: float | None = None
@@ -117,18 +132,9 @@ class EstimatorGate:
 
     def _timing(self, params: Mapping[str, Any]) -> Any:
         """The estimator's step time of ``params`` (computed once per configuration)."""
-        from autotune.backends import job_shape
         from autotune.estimate import estimate_step_time
 
-        key = canonical_key(params)
-        if key not in self._timings:
-            if len(self._timings) >= _TIMINGS_KEPT:
-                self._timings.clear()
-            shape = job_shape(
-                self.backend, params, self.derive(dict(params)), self.job, self.model, self.n_gpus
-            )
-            self._timings[key] = estimate_step_time(shape, self.gpu)
-        return self._timings[key]
+        return self._kept(self._timings, params, lambda: estimate_step_time(self._shape(params), self.gpu))
 
     def rank(self, params: Mapping[str, Any]) -> float | None:
         return float(self._timing(params).throughput)
@@ -150,13 +156,8 @@ class EstimatorGate:
             names = (*self.gpu.nvml_names, self.gpu.name)
             measured = next((p for p in map(cached_peaks, names) if p is not None), None)
             self._basis = PeakBasis.resolve(self.gpu, measured)
-        key = canonical_key(params)
-        if key not in self._ceilings:
-            if len(self._ceilings) >= _TIMINGS_KEPT:
-                self._ceilings.clear()
-            shape, _ = self._estimate(params)
-            self._ceilings[key] = step_ceiling_s(shape, self._basis)
-        return self._ceilings[key]
+        basis = self._basis
+        return float(self._kept(self._ceilings, params, lambda: step_ceiling_s(self._shape(params), basis)))
 
     def observe(self, result: TrialResult) -> None:
         """Learn from a trial's measured peak (or its OOM): finished, unhealthy, and stopped early for
