@@ -5,7 +5,7 @@ repository and run against its own fast unit tests only (the table below), one m
 machine stays usable. A *surviving* mutant is a change to the code that no test notices: a missing
 test, or a change that means the same thing (an equivalent mutant). The report gives, per module,
 the mutants killed, survived, with no test reaching them, and timed out. A survivor listed in
-``bench/mutation_equivalent.toml`` (its mutmut name, the mutated line, and why it changes nothing) is
+``bench/mutation_equivalent/TARGET.toml`` (its mutmut name, the mutated line, and why it changes nothing) is
 counted apart as *explained*, once the mutated line still matches (a stale entry explains nothing); the
 score is killed ÷ (killed + unexplained survivors + no tests).
 
@@ -115,7 +115,8 @@ TARGETS: tuple[Target, ...] = (
 )
 BY_NAME = {t.name: t for t in TARGETS}
 _RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+?)\s*$")
-EQUIVALENT = ROOT / "bench" / "mutation_equivalent.toml"
+#: one file of explained survivors per target (``memory.toml``...), so work on one target touches one file
+EQUIVALENT = ROOT / "bench" / "mutation_equivalent"
 #: the mutated lines of some mutants, read by mutmut itself in the scratch copy (``mutmut show`` would
 #: start one process per mutant); prints {name: diff} as JSON
 _DIFFS = """
@@ -142,10 +143,10 @@ class Equivalent:
 
 
 def load_equivalents(path: Path = EQUIVALENT) -> dict[str, Equivalent]:
-    """The explained survivors by mutant name (empty when the file is absent)."""
-    if not path.exists():
-        return {}
-    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("equivalent", [])
+    """The explained survivors by mutant name, from one TOML file or every ``*.toml`` of a folder (empty
+    when there is none)."""
+    files = sorted(path.glob("*.toml")) if path.is_dir() else [path] if path.exists() else []
+    entries = [e for f in files for e in tomllib.loads(f.read_text(encoding="utf-8")).get("equivalent", [])]
     return {e["mutant"]: Equivalent(e["mutant"], e["changed"].strip(), e["reason"]) for e in entries}
 
 
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(reports))
     for r in reports:
         for name in r.stale:
-            print(f"stale entry in {EQUIVALENT.name}: {name} now changes {r.changed.get(name, '?')!r}")
+            print(f"stale entry in {EQUIVALENT.name}/: {name} now changes {r.changed.get(name, '?')!r}")
     if args.show_survivors:
         for r in reports:
             for name in r.unexplained:

@@ -53,3 +53,14 @@ def test_the_score_leaves_explained_survivors_out() -> None:
     )
     assert report.unexplained == ["c"]
     assert report.score == 8 / 9
+
+
+def test_each_explanation_sits_in_its_targets_file() -> None:
+    by_name = {t.name: t for t in mutation.TARGETS}
+    files = sorted(mutation.EQUIVALENT.glob("*.toml"))
+    assert files
+    for path in files:
+        target = by_name[path.stem]
+        modules = [p.removesuffix(".py").replace("/", ".") for p in target.mutate]
+        for name in mutation.load_equivalents(path):
+            assert any(name.startswith(m + ".") for m in modules), (path.name, name)
