@@ -269,8 +269,7 @@ def _trainable(s: Any) -> Any:
     lora: Any
     if v.is_array(s.lora_rank):
         distinct, inverse = np.unique(s.lora_rank, return_inverse=True)
-        per_rank = np.array([lora_params(s.model, int(r)) for r in distinct], dtype=np.float64)
-        lora = per_rank[inverse.reshape(-1)]
+        lora = np.array([lora_params(s.model, int(r)) for r in distinct])[inverse]
     else:
         lora = lora_params(s.model, s.lora_rank)
     return v.where(s.lora, lora, float(s.model.params))

@@ -19,6 +19,7 @@ other side of each ``max`` the larger one.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from autotune.estimate import (
     StepCeiling,
     StepWork,
     find_gpu,
+    generic_gpu,
     step_ceiling,
 )
 from autotune.estimate.ceiling import ceiling_terms
@@ -78,6 +80,39 @@ def _ceiling(basis: PeakBasis = RATES, n_gpus: int | None = None, **fields: Any)
 
 
 # ------------------------------------------------------------------------------------------ rollout
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        TOY,
+        # tied embeddings: the LM head is the embedding, counted once: 840 + 80
+        replace(TOY, name="tied", params=920, tie_embeddings=True),
+        # a vision tower of 200 parameters besides the 1,000 of the language model
+        replace(TOY, name="vl", params=1200, vision_params=200, is_vl=True),
+    ],
+    ids=lambda m: m.name,
+)
+def test_the_body_leaves_out_embedding_head_and_vision_tower(model: ModelSpec) -> None:
+    config = JobConfig(world_size=1, global_batch=2, num_generations=2, per_device_batch=2, grad_accum=1)
+    c = step_ceiling(JobShape(config, model, 1), RATES, StepWork(3, 0))
+    # 1 prompt of 3 tokens: 2·840 · 3 = 5,040 FLOPs at 100 FLOP/s
+    assert c.rollout_prefill_s == pytest.approx(50.4)
+
+
+def test_a_body_is_never_negative() -> None:
+    """A model whose parameter count is all embedding and head (a declared count below 2·80) has no body
+    FLOPs, not negative ones."""
+    c = step_ceiling(
+        JobShape(
+            JobConfig(world_size=1, global_batch=2, num_generations=2, per_device_batch=2, grad_accum=1),
+            replace(TOY, params=100),
+            1,
+        ),
+        RATES,
+        StepWork(3, 0),
+    )
+    assert c.rollout_prefill_s == 0
 
 
 def test_rollout_in_the_trainer() -> None:
@@ -186,7 +221,9 @@ def test_a_cap_above_the_sequences_changes_nothing() -> None:
 def test_a_zero_count_counts_as_one() -> None:
     """0 GPUs per engine, 0 processes or 0 generations per prompt (unset counts in a plan's columns)
     never divide by zero: each counts as 1."""
-    fields = dict(world_size=1, global_batch=4, num_generations=1, use_vllm=True, vllm_max_num_seqs=4)
+    fields = dict(
+        world_size=1, global_batch=4, num_generations=1, use_vllm=True, vllm_max_num_seqs=4, sleep_level=1
+    )
     one = _ceiling(COMPUTE_BOUND, **fields)
     # 4 sequences of 4 prompts: prefill 2·840 · 4 · 3 = 20,160; decode 2·920 · 4 · 5 = 36,800
     assert (one.rollout_prefill_s, one.rollout_decode_s) == pytest.approx((20160.0, 36800.0))
@@ -453,6 +490,13 @@ def test_which_peaks_a_ceiling_resolves_to() -> None:
     assert PeakBasis.resolve(h100, other) == PeakBasis.from_gpu(h100)
     unknown = MeasuredPeaks("Mystery GPU", 7e14, 3e12, None, None, 1, "m", "t")
     assert PeakBasis.resolve(h100, unknown) == PeakBasis.from_gpu(h100)
+    # a GPU the catalog does not know matches its own peaks by its name, or by an NVML name it lists
+    mystery = generic_gpu("Mystery GPU", 8 << 30)
+    assert PeakBasis.resolve(mystery, unknown) == PeakBasis.from_peaks(unknown, mystery)
+    x2 = _gpu("X2", "nvlink", 400e9, 32e9)
+    x2_peaks = MeasuredPeaks("NVIDIA X2", 7e14, 3e12, None, None, 1, "m", "t")
+    assert PeakBasis.resolve(x2, x2_peaks) == PeakBasis.from_peaks(x2_peaks, x2)
+    assert PeakBasis.resolve(x2, unknown) == PeakBasis.from_gpu(x2)
 
 
 def test_the_basis_in_words_and_as_a_dict() -> None:
@@ -470,6 +514,10 @@ def test_the_basis_in_words_and_as_a_dict() -> None:
         measured.text()
         == "measured peaks of cpu (0.123 TFLOP/s, 20 GB/s, measured 2026-01-01T00:00:00+00:00)"
     )
+    # the units are exactly 1e12 FLOP/s and 1e9 B/s: 1.1250000000005 TFLOP/s rounds up to 1.13 (a hair
+    # less, 1.125 exactly, would round to even: 1.12), 1.1250000000005e3 GB/s to 1.13e+03
+    edge = PeakBasis("measured", "cpu", 1.125e12 + 0.5, 1.125e12 + 0.5, 1.0, 1.0)
+    assert edge.text() == "measured peaks of cpu (1.13 TFLOP/s, 1.13e+03 GB/s)"
     assert measured.to_dict() == {
         "source": "measured",
         "device": "cpu",
