@@ -264,6 +264,8 @@ def test_the_reference_pass() -> None:
     # 8 · (2·840 · (3 + 5) + 2·80 · 5) = 8 · 14,240 = 113,920 FLOPs over 2 GPUs at 100 FLOP/s
     assert _ceiling(beta=0.04).reference_s == pytest.approx(569.6)
     assert _ceiling(beta=0.0).reference_s == 0
+    # on 1 GPU it does all of it: 113,920 FLOPs at 100 FLOP/s
+    assert _ceiling(beta=0.04, world_size=1).reference_s == pytest.approx(1139.2)
     # LoRA's base is the reference: the same forward pass
     assert _ceiling(beta=0.04, lora_rank=2).reference_s == pytest.approx(569.6)
 
@@ -355,6 +357,9 @@ def test_deepspeed_offload_runs_beside_the_training() -> None:
     # the step takes the larger of training and its offload: 1,708.8 < 3,000
     assert both.step_s == pytest.approx(both.rollout_s + 3000.0)
     assert c.step_s == pytest.approx(c.rollout_s + 1708.8)
+    # on 1 GPU it moves all of them: 2 · 2,000 B at 2 B/s
+    one = _ceiling(world_size=1, deepspeed=True, zero_stage=2, ds_offload_optimizer=True)
+    assert one.offload_s == pytest.approx(2000.0)
     # with LoRA only the 512 adapter gradients: 2 · (2 · 512 / 2) = 1,024 B
     lora = _ceiling(deepspeed=True, zero_stage=2, ds_offload_optimizer=True, lora_rank=2)
     assert lora.offload_s == pytest.approx(512.0)
