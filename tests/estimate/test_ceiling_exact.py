@@ -57,7 +57,6 @@ TOY = ModelSpec(
     max_position=64,
     largest_layer_params=100,
 )
-BODY, HEAD = 840, 80
 
 RATES = PeakBasis("measured", "toy", 100.0, 10.0, 4.0, 2.0)
 COMPUTE_BOUND = PeakBasis("measured", "toy", 1.0, 1000.0, 4.0, 2.0)
