@@ -269,8 +269,7 @@ def _trainable(s: Any) -> Any:
     lora: Any
     if v.is_array(s.lora_rank):
         distinct, inverse = np.unique(s.lora_rank, return_inverse=True)
-        per_rank = np.array([lora_params(s.model, int(r)) for r in distinct], dtype=np.float64)
-        lora = per_rank[inverse.reshape(-1)]
+        lora = np.array([lora_params(s.model, int(r)) for r in distinct])[inverse]
     else:
         lora = lora_params(s.model, s.lora_rank)
     return v.where(s.lora, lora, float(s.model.params))
@@ -280,7 +279,7 @@ def _rollout(s: Any, b: PeakBasis, lp: Any, lc: Any) -> tuple[Any, Any, Any]:
     """(prefill, decode, rollout) seconds."""
     m = s.model
     body, head = _body_params(m), m.vocab * m.hidden
-    tp = v.where(s.use_vllm, v.lmax(1, s.vllm_tp), 1)
+    tp = v.lmax(1, s.vllm_tp)  # 1 without vLLM (the shape says so)
     engines = v.where(
         s.use_vllm,
         v.where(s.vllm_mode == "colocate", v.lmax(1, s.world_size // tp), 1),
@@ -319,7 +318,7 @@ def _train(s: Any, b: PeakBasis, lp: Any, lc: Any) -> Any:
     gathers = v.where(
         v.num(s.states_sharding) == 3, s.grad_accum * BF16_BYTES * m.params * ring / b.peer_bytes_per_s, 0.0
     )
-    return v.lmax(compute, v.where(n > 1, grads + gathers, 0.0))
+    return v.lmax(compute, grads + gathers)  # both 0 on one GPU: ring is 0
 
 
 def _weight_sync(s: Any, b: PeakBasis) -> Any:
@@ -328,8 +327,7 @@ def _weight_sync(s: Any, b: PeakBasis) -> Any:
     n = v.lmax(1, s.world_size)
     load = weights / v.lmax(1, s.vllm_tp) / b.memory_bytes_per_s
     broadcast = v.where(s.vllm_mode == "server", weights / b.peer_bytes_per_s, 0.0)
-    gathered = (v.num(s.states_sharding) == 3) & (n > 1)
-    gather = v.where(gathered, weights * (n - 1) / n / b.peer_bytes_per_s, 0.0)
+    gather = v.where(v.num(s.states_sharding) == 3, weights * (n - 1) / n / b.peer_bytes_per_s, 0.0)
     return v.where(s.use_vllm, v.lmax(load, broadcast, gather), 0.0)
 
 
@@ -343,14 +341,12 @@ def _offload(s: Any, b: PeakBasis) -> tuple[Any, Any]:
     train = v.where(s.ds_offload_optimizer, 2 * (BF16_BYTES * trainable / n) / link, 0.0)
     train = train + v.where(s.ds_offload_param, s.grad_accum * 2 * weights / n / link, 0.0)
     held = v.where(s.zero_stage == 3, weights / n, weights)
-    rollout = v.where(s.colocate & s.rollout_offload_model, 2 * held / link, 0.0)
+    rollout = v.where(s.rollout_offload_model, 2 * held / link, 0.0)
     states = 12 * trainable / v.where(v.num(s.states_sharding) >= 1, n, 1)
     rollout = rollout + v.where(
-        s.colocate & s.rollout_offload_optimizer & v.neg(s.ds_offload_optimizer), 2 * states / link, 0.0
+        s.rollout_offload_optimizer & v.neg(s.ds_offload_optimizer), 2 * states / link, 0.0
     )
-    rollout = rollout + v.where(
-        s.colocate & (s.sleep_level == 1), 2 * weights / v.lmax(1, s.vllm_tp) / link, 0.0
-    )
+    rollout = rollout + v.where(s.sleep_level == 1, 2 * weights / v.lmax(1, s.vllm_tp) / link, 0.0)
     return train, rollout
 
 
