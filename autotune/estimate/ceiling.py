@@ -162,13 +162,13 @@ class PeakBasis:
         return cls.from_gpu(gpu) if gpu is not None else None
 
     def text(self) -> str:
-        """``catalog peaks of H100 (989 TFLOP/s, 3.35 TB/s)``."""
+        """``catalog peaks of H100 (989 TFLOP/s, 3,350 GB/s)``."""
         what = "measured peaks" if self.source == "measured" else "catalog peaks"
         guess = "" if self.known else ", an unknown GPU's guessed peaks: not a bound"
         when = f", measured {self.measured_at}" if self.measured_at else ""
         return (
             f"{what} of {self.device} ({self.flops_per_s / 1e12:.3g} TFLOP/s, "
-            f"{self.memory_bytes_per_s / 1e9:.3g} GB/s{when}{guess})"
+            f"{self.memory_bytes_per_s / 1e9:,.0f} GB/s{when}{guess})"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -506,12 +506,12 @@ def test_which_peaks_a_ceiling_resolves_to() -> None:
 def test_the_basis_in_words_and_as_a_dict() -> None:
     h100 = find_gpu("H100")
     assert h100 is not None
-    # 989e12 / 1e12 = 989 TFLOP/s; 3,350e9 / 1e9 = 3,350 GB/s, in 3 significant digits
-    assert PeakBasis.from_gpu(h100).text() == "catalog peaks of H100 (989 TFLOP/s, 3.35e+03 GB/s)"
+    # 989e12 / 1e12 = 989 TFLOP/s in 3 significant digits; 3,350e9 / 1e9 = 3,350 GB/s in whole GB/s
+    assert PeakBasis.from_gpu(h100).text() == "catalog peaks of H100 (989 TFLOP/s, 3,350 GB/s)"
     guess = PeakBasis.from_gpu(_gpu("X1", "pcie", 0.0, 32e9, known=False))
     assert (
         guess.text()
-        == "catalog peaks of X1 (200 TFLOP/s, 1e+03 GB/s, an unknown GPU's guessed peaks: not a bound)"
+        == "catalog peaks of X1 (200 TFLOP/s, 1,000 GB/s, an unknown GPU's guessed peaks: not a bound)"
     )
     measured = PeakBasis("measured", "cpu", 1.234e11, 2e10, 2e10, 2e10, True, "2026-01-01T00:00:00+00:00")
     assert (
@@ -519,9 +519,10 @@ def test_the_basis_in_words_and_as_a_dict() -> None:
         == "measured peaks of cpu (0.123 TFLOP/s, 20 GB/s, measured 2026-01-01T00:00:00+00:00)"
     )
     # the units are exactly 1e12 FLOP/s and 1e9 B/s: 1.1250000000005 TFLOP/s rounds up to 1.13 (a hair
-    # less, 1.125 exactly, would round to even: 1.12), 1.1250000000005e3 GB/s to 1.13e+03
-    edge = PeakBasis("measured", "cpu", 1.125e12 + 0.5, 1.125e12 + 0.5, 1.0, 1.0)
-    assert edge.text() == "measured peaks of cpu (1.13 TFLOP/s, 1.13e+03 GB/s)"
+    # less, 1.125 exactly, would round to even: 1.12), 1,124.5000000005 GB/s up to 1,125 (a hair less
+    # rounds to 1,124)
+    edge = PeakBasis("measured", "cpu", 1.125e12 + 0.5, 1.1245e12 + 0.5, 1.0, 1.0)
+    assert edge.text() == "measured peaks of cpu (1.13 TFLOP/s, 1,125 GB/s)"
     assert measured.to_dict() == {
         "source": "measured",
         "device": "cpu",
