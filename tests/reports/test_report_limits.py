@@ -16,7 +16,7 @@ from autotune.records import TrialCeiling, TrialResult, TrialStatus
 from autotune.studydir import StudyDir
 
 CEILING = TrialCeiling(
-    basis="catalog peaks of H100 (989 TFLOP/s, 3.35e+03 GB/s)",
+    basis="catalog peaks of H100 (989 TFLOP/s, 3,350 GB/s)",
     basis_source="catalog",
     work="160 completion tokens per sample (measured); prompt tokens not counted",
     phase_ceiling_s={
