@@ -8,6 +8,7 @@ foreign file reads as, and every error message. None of them needs a GPU or meas
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -164,6 +165,22 @@ def test_cpu_model_falls_back_to_the_machine_type_then_cpu(
     assert peaks_module._cpu_model(tmp_path / "absent") == expected
 
 
+@pytest.fixture
+def latin1_locale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files opened without an encoding are read as Latin-1, as under a Latin-1 locale (``open`` asks
+    ``io.text_encoding`` for the default)."""
+    real = io.text_encoding
+    monkeypatch.setattr(
+        io, "text_encoding", lambda encoding, *a: "latin-1" if encoding is None else real(encoding)
+    )
+
+
+def test_cpuinfo_is_read_as_utf8_whatever_the_locale(tmp_path: Path, latin1_locale: None) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_bytes("model name\t: Caf\u00e9 CPU\n".encode())  # b"Caf\xc3\xa9": "CafÃ©" in Latin-1
+    assert peaks_module._cpu_model(path) == "Caf\u00e9 CPU"
+
+
 def test_machine_id(box: None, monkeypatch: pytest.MonkeyPatch) -> None:
     assert machine_id() == HOST_ID
     # GPUs: how many, then each name once, sorted, joined by "+"
@@ -188,7 +205,8 @@ def test_file_name_is_the_host_and_a_key_of_machine_and_device(box: None) -> Non
 @pytest.mark.parametrize(
     ("hostname", "prefix"),
     [
-        ("--my_host  name.lab--", "my-host-name.lab"),  # each run of other characters is one "-"
+        ("--My_host  name.lab--", "My-host-name.lab"),  # each run of other characters is one "-"
+        ("Xeon-7X-", "Xeon-7X"),  # only dashes are stripped from the ends
         ("a" * 50, "a" * 40),  # at most 40 characters
         ("___", "host"),  # nothing left
         ("", "localhost"),  # no hostname
@@ -378,6 +396,11 @@ def test_measure_host_peaks_counts_the_work_of_each_kernel(bench: dict[str, list
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", peaks.measured_at)  # UTC, to the second
 
 
+def test_measure_host_peaks_takes_3_s_unless_told(bench: dict[str, list[Any]]) -> None:
+    peaks_module.measure_host_peaks()
+    assert [s for _, _, s in bench["best_rate"]] == [1.5, 1.5]
+
+
 def test_measure_host_peaks_uses_numpy_without_torch(
     bench: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -445,6 +468,18 @@ def test_a_damaged_file_is_named_with_what_is_wrong(
     assert [r.getMessage() for r in caplog.records] == [
         f"ignoring the damaged peaks cache {path} ({why}); measure again to replace it"
     ]
+
+
+def test_a_hand_edited_file_is_read_as_utf8_whatever_the_locale(
+    box: None, tmp_path: Path, latin1_locale: None
+) -> None:
+    path = tmp_path / "peaks" / A10_FILE
+    path.parent.mkdir()
+    # store_peaks writes ASCII (json escapes "é"); a hand-edited file may hold it as UTF-8 bytes
+    text = json.dumps({"version": 1, "peaks": _dict(device="Caf\u00e9 GPU")}, ensure_ascii=False)
+    path.write_bytes(text.encode())
+    found = cached_peaks(None, tmp_path)
+    assert found is not None and found.device == "Caf\u00e9 GPU"
 
 
 def test_only_files_of_this_device_and_machine_are_read(
