@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import re
@@ -26,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 __all__ = [
     "CPU_DEVICE",
@@ -44,6 +47,7 @@ CPU_DEVICE = "cpu"
 _FORMAT_VERSION = 1
 _MATMUL_N = 512  # large enough for a BLAS to reach its peak on a CPU core, small enough to repeat
 _COPY_BYTES = 64 * 1024 * 1024  # far beyond any last-level cache
+_CPUINFO = Path("/proc/cpuinfo")
 
 
 @dataclass(frozen=True)
@@ -89,39 +93,30 @@ class MeasuredPeaks:
         for name in ("device", "machine_id", "measured_at"):
             if not isinstance(data[name], str) or not data[name]:
                 raise ValueError(f"{name} is not a non-empty string")
-        rates = {
-            name: _positive(data[name], name, optional=optional)
-            for name, optional in (
-                ("matmul_flops_per_s", False),
-                ("memory_bytes_per_s", False),
-                ("host_to_device_bytes_per_s", True),
-                ("allreduce_bus_bytes_per_s", True),
-            )
-        }
+        matmul = _positive(data["matmul_flops_per_s"], "matmul_flops_per_s")
+        memory = _positive(data["memory_bytes_per_s"], "memory_bytes_per_s")
+        host_to_device, allreduce = (
+            None if data[name] is None else _positive(data[name], name)
+            for name in ("host_to_device_bytes_per_s", "allreduce_bus_bytes_per_s")
+        )
         n = data["n_devices"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError("n_devices is not a positive integer")
         return cls(
             device=data["device"],
-            matmul_flops_per_s=float(rates["matmul_flops_per_s"] or 0.0),
-            memory_bytes_per_s=float(rates["memory_bytes_per_s"] or 0.0),
-            host_to_device_bytes_per_s=rates["host_to_device_bytes_per_s"],
-            allreduce_bus_bytes_per_s=rates["allreduce_bus_bytes_per_s"],
+            matmul_flops_per_s=matmul,
+            memory_bytes_per_s=memory,
+            host_to_device_bytes_per_s=host_to_device,
+            allreduce_bus_bytes_per_s=allreduce,
             n_devices=n,
             machine_id=data["machine_id"],
             measured_at=data["measured_at"],
         )
 
 
-def _positive(value: Any, name: str, *, optional: bool) -> float | None:
-    if value is None and optional:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not value > 0
-        or value == float("inf")
-    ):
+def _positive(value: Any, name: str) -> float:
+    """``value`` as a float when it is a finite number above 0 (not a bool), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name} is not a positive number")
     return float(value)
 
@@ -129,9 +124,10 @@ def _positive(value: Any, name: str, *, optional: bool) -> float | None:
 # ------------------------------------------------------------------------------------------ identity
 
 
-def _cpu_model() -> str:
+def _cpu_model(cpuinfo: Path = _CPUINFO) -> str:
+    """The CPU's model name from ``cpuinfo`` (Linux), else the platform's processor or machine name."""
     try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
     found = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
@@ -166,39 +162,76 @@ def _file_name(device: str) -> str:
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def _best_rate(work: float, run: Callable[[], None], seconds: float) -> float:
-    """``work`` per second of the fastest of repeated ``run()`` calls within about ``seconds``."""
+def _best_rate(
+    work: float, run: Callable[[], None], seconds: float, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """``work`` per second of the fastest of repeated ``run()`` calls: at least 3, then more until
+    ``seconds`` have passed by ``clock`` (a run timed at 0 s counts as 1 ns)."""
     run()  # warm-up: allocation, thread pool, first-touch pages
-    best = float("inf")
-    deadline = time.perf_counter() + max(seconds, 0.0)
+    best = math.inf
+    deadline = clock() + seconds
     repeats = 0
-    while repeats < 3 or time.perf_counter() < deadline:
-        start = time.perf_counter()
+    while repeats < 3 or clock() < deadline:
+        start = clock()
         run()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
         repeats += 1
     return work / max(best, 1e-9)
 
 
-def _torch_runs(n: int, copy_elems: int) -> tuple[Callable[[], None], Callable[[], None]] | None:
+class _Kernels(Protocol):
+    """The two timed micro-benchmarks on fp32 operands made once: ``out = a @ b`` (``n×n``) and
+    ``dst[:] = src``."""
+
+    def matmul(self) -> None: ...
+
+    def copy(self) -> None: ...
+
+
+class _TorchKernels:
+    """The kernels in torch, on the CPU."""
+
+    def __init__(self, torch: Any, n: int, copy_elems: int) -> None:
+        self._mm = torch.mm
+        self.a = torch.rand(n, n, dtype=torch.float32)
+        self.b = torch.rand(n, n, dtype=torch.float32)
+        self.out = torch.empty(n, n, dtype=torch.float32)
+        self.src = torch.rand(copy_elems, dtype=torch.float32)
+        self.dst = torch.empty_like(self.src)
+
+    def matmul(self) -> None:
+        self._mm(self.a, self.b, out=self.out)
+
+    def copy(self) -> None:
+        self.dst.copy_(self.src)
+
+
+class _NumpyKernels:
+    """The kernels in numpy (when torch is not installed)."""
+
+    def __init__(self, n: int, copy_elems: int) -> None:
+        rng = np.random.default_rng()
+        self.a = rng.random((n, n), dtype=np.float32)
+        self.b = rng.random((n, n), dtype=np.float32)
+        self.out = np.empty((n, n), dtype=np.float32)
+        self.src = rng.random(copy_elems, dtype=np.float32)
+        self.dst = np.empty_like(self.src)
+
+    def matmul(self) -> None:
+        np.matmul(self.a, self.b, out=self.out)
+
+    def copy(self) -> None:
+        np.copyto(self.dst, self.src)
+
+
+def _torch_runs(n: int, copy_elems: int) -> _Kernels | None:
+    """The kernels in torch using every usable core, or None when torch is not installed."""
     try:
         import torch
     except ImportError:
         return None
     torch.set_num_threads(_usable_cores())  # the peak of the whole host, whatever OMP_NUM_THREADS says
-    a = torch.rand(n, n, dtype=torch.float32)
-    b = torch.rand(n, n, dtype=torch.float32)
-    out = torch.empty(n, n, dtype=torch.float32)
-    src = torch.rand(copy_elems, dtype=torch.float32)
-    dst = torch.empty_like(src)
-
-    def matmul() -> None:
-        torch.mm(a, b, out=out)
-
-    def copy() -> None:
-        dst.copy_(src)
-
-    return matmul, copy
+    return _TorchKernels(torch, n, copy_elems)
 
 
 def _usable_cores() -> int:
@@ -224,25 +257,6 @@ def _set_torch_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _numpy_runs(n: int, copy_elems: int) -> tuple[Callable[[], None], Callable[[], None]]:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    a = rng.random((n, n), dtype=np.float32)
-    b = rng.random((n, n), dtype=np.float32)
-    out = np.empty((n, n), dtype=np.float32)
-    src = rng.random(copy_elems, dtype=np.float32)
-    dst = np.empty_like(src)
-
-    def matmul() -> None:
-        np.matmul(a, b, out=out)
-
-    def copy() -> None:
-        np.copyto(dst, src)
-
-    return matmul, copy
-
-
 def measure_host_peaks(seconds: float = 3.0) -> MeasuredPeaks:
     """Measure this host's dense fp32 matmul FLOP/s and RAM copy bandwidth (torch if importable, else
     numpy), about ``seconds`` in all.
@@ -253,9 +267,9 @@ def measure_host_peaks(seconds: float = 3.0) -> MeasuredPeaks:
     copy_elems = _COPY_BYTES // 4
     threads = _torch_threads()
     try:
-        matmul, copy = _torch_runs(_MATMUL_N, copy_elems) or _numpy_runs(_MATMUL_N, copy_elems)
-        flops = _best_rate(2.0 * _MATMUL_N**3, matmul, seconds / 2)
-        bandwidth = _best_rate(2.0 * _COPY_BYTES, copy, seconds / 2)
+        kernels = _torch_runs(_MATMUL_N, copy_elems) or _NumpyKernels(_MATMUL_N, copy_elems)
+        flops = _best_rate(2.0 * _MATMUL_N**3, kernels.matmul, seconds / 2)
+        bandwidth = _best_rate(2.0 * _COPY_BYTES, kernels.copy, seconds / 2)
     finally:
         _set_torch_threads(threads)
     return MeasuredPeaks(

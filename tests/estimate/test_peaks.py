@@ -20,6 +20,14 @@ from autotune.estimate import (
 from autotune.estimate import peaks as peaks_module
 
 
+@pytest.fixture
+def one_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measure on one core: libgomp (torch's OpenMP) hangs in a forked process (mutmut runs each mutant in
+    a fork of the process that ran these tests) at the first multi-threaded matmul after one before the
+    fork. That measuring uses every usable core is checked in ``test_peaks_exact.py``."""
+    monkeypatch.setattr(peaks_module, "_usable_cores", lambda: 1)
+
+
 def _peaks(**over: object) -> MeasuredPeaks:
     base = MeasuredPeaks(
         device=CPU_DEVICE,
@@ -35,7 +43,9 @@ def _peaks(**over: object) -> MeasuredPeaks:
 
 
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
-def test_measure_host_peaks_gives_positive_rates(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_measure_host_peaks_gives_positive_rates(
+    backend: str, monkeypatch: pytest.MonkeyPatch, one_core: None
+) -> None:
     if backend == "numpy":
         monkeypatch.setattr(peaks_module, "_torch_runs", lambda n, elems: None)
     else:
@@ -49,13 +59,13 @@ def test_measure_host_peaks_gives_positive_rates(backend: str, monkeypatch: pyte
     assert peaks.machine_id == machine_id()
 
 
-def test_measuring_restores_torch_threads() -> None:
+def test_measuring_restores_torch_threads(one_core: None) -> None:
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(3)  # measuring uses 1 (one_core), then puts 3 back
     try:
         measure_host_peaks(seconds=0.05)
-        assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
 
