@@ -23,6 +23,7 @@ all-reduce (two per layer), 0.05 s per move_model_batches round.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -197,6 +198,51 @@ CASES: dict[str, tuple[JobConfig, GpuSpec, int, tuple[float, float, float, float
             2 * 2e9 / 6e9 + 2 * 12e9 / 6e9,
         ),
     ),
+    # F. vLLM colocated at TP 1 on 2 GPUs, ZeRO-3 without checkpointing and with parameters offloaded,
+    # the sync gathered in one batch, sleep level 1.
+    "colocate_zero3_offload_param": (
+        _config(
+            world_size=2, global_batch=16, num_generations=8, per_device_batch=4, grad_accum=2,
+            max_prompt_length=100, max_completion_length=100, gradient_checkpointing=False,
+            deepspeed=True, zero_stage=3, ds_offload_param=True, use_vllm=True, vllm_mode="colocate",
+            sleep_level=1, move_model_batches=1,
+        ),
+        PCIE,
+        8,
+        (
+            # rollout: 2 instances of 8 sequences, 8 in flight: as E.
+            100 * (2.0096e9 / 7e11 + 0.005) + 0.032,
+            # train: 1600 tokens at 6P → 9.6e12 / (1e14 · MFU(800)); ZeRO-3, ring 1/2: full = gradients
+            #   = 2e9 · 0.5 / 6e9 = 1/6 s; 2 micro-batches · (2 gathers without checkpointing · 1/6 + 1/6).
+            9.6e12 / (1e14 * _mfu(800)) + 2 * (2 * (1 / 6) + 1 / 6),
+            # sync: load 2 · 2e9 / 7e11; gather 2e9 · 1/2 / 6e9 = 1/6 s; (1 + 1) rounds · 0.05 = 0.1 s.
+            2 * 2e9 / 7e11 + 1 / 6 + 0.1,
+            # offload: parameters fetched 2 micro-batches · 2 passes · 2e9 / 2 / 6e9 = 2/3 s; sleep level 1
+            #   at TP 1: weights 2 · 2e9 / 6e9 = 2/3 s.
+            2 * 2 * 2e9 / 2 / 6e9 + 2 * 2e9 / 6e9,
+        ),
+    ),
+    # G. vLLM colocated on one GPU, ZeRO-3 with checkpointing and the optimizer offloaded by DeepSpeed
+    # (so the rollout's optimizer offload has nothing left to move); move_model_batches without a gather.
+    "one_gpu_zero3_vllm": (
+        _config(
+            world_size=1, global_batch=8, num_generations=8, per_device_batch=4, grad_accum=2,
+            max_prompt_length=100, max_completion_length=100, deepspeed=True, zero_stage=3,
+            ds_offload_optimizer=True, use_vllm=True, vllm_mode="colocate", move_model_batches=3,
+            rollout_offload_optimizer=True,
+        ),
+        PCIE,
+        8,
+        (
+            # rollout: 1 // 1 = 1 instance of 8 sequences, 8 in flight: read 2.0096e9 B, prefill 0.032 s.
+            100 * (2.0096e9 / 7e11 + 0.005) + 0.032,
+            # train: 8 · 200 = 1600 tokens at 8P → 1.28e13 / (1e14 · MFU(800)); one GPU: nothing to gather.
+            1.28e13 / (1e14 * _mfu(800)),
+            2 * 2e9 / 7e11,  # sync: load only (one GPU: no gather, no batches)
+            # offload: DeepSpeed's optimizer offload only, 2 · 2e9 / 6e9 + 1e9 / 1e9.
+            2 * 2e9 / 6e9 + 1.0,
+        ),
+    ),
 }  # fmt: skip
 
 
@@ -296,3 +342,118 @@ def test_estimate_step_time_reports_the_terms() -> None:
     assert estimate_step_time(shape_a, PCIE, mem).rollout_s == pytest.approx(
         step_time_terms(shape_a, PCIE, mem.rollout_concurrency)[0], rel=1e-12
     )
+
+
+def test_a_tp_group_wider_than_the_gpus_is_still_one_instance() -> None:
+    # TP 2 on one GPU: max(1, 1 // 2) = 1 instance of all 8 sequences, 8 in flight, one wave
+    config = _config(
+        world_size=1, global_batch=8, num_generations=8, per_device_batch=8, grad_accum=1,
+        max_prompt_length=100, max_completion_length=200, use_vllm=True, vllm_mode="colocate", vllm_tp=2,
+    )  # fmt: skip
+    rollout = step_time_terms(JobShape(config, MODEL, 1), PCIE, 8)[0]
+    # read 2e9 / 2 + 8 · 200 · 8000 / 2 = 1.0064e9 B; prefill 2e9 · 8 · 100 / 2 / 5e13 = 0.016 s
+    assert rollout == pytest.approx(200 * (1.0064e9 / 7e11 + 4e-4 + 0.005) + 0.016, rel=1e-12)
+
+
+def test_compute_bound_decode_is_split_over_the_tp_group() -> None:
+    # NVL, TP 2 on 4 GPUs: 2 instances of 32 sequences, 16 in flight → 2 waves; compute
+    # 2e9 · 16 / 2 / 5e12 = 3.2e-3 s beats memory (1e9 + 16 · 200 · 8000 / 2) / 7e11 = 1.45e-3 s
+    config = _config(
+        world_size=4, global_batch=64, num_generations=8, per_device_batch=4, grad_accum=4,
+        max_prompt_length=100, max_completion_length=200, use_vllm=True, vllm_mode="colocate", vllm_tp=2,
+    )  # fmt: skip
+    rollout = step_time_terms(JobShape(config, MODEL, 4), NVL, 16)[0]
+    # prefill 2e9 · 32 · 100 / 2 / 5e12 = 0.64 s
+    assert rollout == pytest.approx(2 * 200 * (3.2e-3 + 4e-4 + 0.005) + 0.64, rel=1e-12)
+
+
+def test_model_generate_runs_the_local_batch_and_at_least_one_sequence() -> None:
+    # one sequence per step: read 2e9 + 1 · (100 + 50) · 8000 = 2.0012e9 B; prefill 2e9 · 100 / 5e13
+    one = 3.0 * (100 * (2.0012e9 / 7e11 + 0.005) + 2e9 * 100 / 5e13)
+    for batch in (1, 0):  # a batch of 0 (packed micro-batches, so training has tokens) still runs one
+        config = _config(
+            world_size=1, global_batch=1, num_generations=1, per_device_batch=batch, grad_accum=1,
+            max_prompt_length=100, max_completion_length=100, micro_batch_tokens=4096,
+        )  # fmt: skip
+        assert step_time_terms(JobShape(config, MODEL, 1), PCIE, 1)[0] == pytest.approx(one, rel=1e-12)
+
+
+@pytest.mark.parametrize("tokens", [8192, 16384])
+def test_training_mfu_stops_growing_at_8192_tokens(tokens: int) -> None:
+    # 8 · 200 = 1600 tokens at 6P = 9.6e12 FLOP at the full 0.45 MFU, whatever the packed budget above
+    config = _config(
+        world_size=1, global_batch=8, num_generations=8, per_device_batch=8, grad_accum=1,
+        max_prompt_length=100, max_completion_length=100, gradient_checkpointing=False,
+        micro_batch_tokens=tokens,
+    )  # fmt: skip
+    expected = 9.6e12 / (1e14 * 0.45)
+    assert step_time_terms(JobShape(config, MODEL, 1), PCIE, 1)[1] == pytest.approx(expected, rel=1e-12)
+    train = step_time_terms(_columns([config, config]), PCIE, np.array([1, 1]))[1]
+    assert train.tolist() == pytest.approx([expected, expected], rel=1e-12)
+
+
+def test_no_process_count_reads_as_one_process() -> None:
+    # num_processes=0 on a CPU-only study reaches the estimator as world_size 0: every term is that of one
+    base = {
+        "global_batch": 8, "num_generations": 8, "per_device_batch": 4, "grad_accum": 2, "deepspeed": True,
+        "zero_stage": 3, "ds_offload_optimizer": True, "ds_offload_param": True,
+    }  # fmt: skip
+    zero = step_time_terms(JobShape(_config(world_size=0, **base), MODEL, 0), PCIE, 1)
+    one = step_time_terms(JobShape(_config(world_size=1, **base), MODEL, 0), PCIE, 1)
+    assert zero == one
+
+
+def test_the_gathered_sync_adds_batch_rounds_only_when_batched() -> None:
+    config = CASES["colocate_zero3_offload_param"][0]
+    # no move_model_batches: the gather 1/6 s, no rounds
+    whole = replace(config, move_model_batches=None)
+    assert step_time_terms(JobShape(whole, MODEL, 2), PCIE, 8)[2] == pytest.approx(
+        2 * 2e9 / 7e11 + 1 / 6, rel=1e-12
+    )
+
+
+def test_the_rollout_optimizer_offload_moves_the_zero_shard() -> None:
+    # ZeRO-1 on 2 GPUs, colocated: the optimizer's 12 · 1e9 / 2 = 6e9 B out and back, 2 · 6e9 / 6e9 = 2 s
+    config = _config(
+        world_size=2, global_batch=16, num_generations=8, per_device_batch=4, grad_accum=2,
+        deepspeed=True, zero_stage=1, use_vllm=True, vllm_mode="colocate", rollout_offload_optimizer=True,
+    )  # fmt: skip
+    assert step_time_terms(JobShape(config, MODEL, 2), PCIE, 8)[3] == 2.0
+    # colocated without any rollout offload or sleep level 1: nothing
+    plain = replace(config, rollout_offload_optimizer=False)
+    assert step_time_terms(JobShape(plain, MODEL, 2), PCIE, 8)[3] == 0.0
+
+
+def test_a_short_step_has_its_throughput() -> None:
+    # one sequence of 1 + 1 tokens, under a second in all: the throughput is 1 / total, not 0 or 1
+    config = _config(
+        world_size=1, global_batch=1, num_generations=1, per_device_batch=1, grad_accum=1,
+        max_prompt_length=1, max_completion_length=1, gradient_checkpointing=False, micro_batch_tokens=8192,
+    )  # fmt: skip
+    # rollout 3 · (1 · ((2e9 + 1.5 · 8000) / 7e11 + 0.005) + 2e9 · 1 / 5e13); train 2 · 6e9 / (1e14 · 0.45)
+    total = 3 * ((2e9 + 1.5 * 8000) / 7e11 + 0.005 + 2e9 / 5e13) + 2 * 6e9 / (1e14 * 0.45)
+    assert total < 1
+    terms = step_time_terms(JobShape(config, MODEL, 1), PCIE, 1)
+    assert terms[4] == pytest.approx(total, rel=1e-12)
+    assert terms[5] == pytest.approx(1 / total, rel=1e-12)
+
+
+def test_a_cpu_only_trial_is_timed_on_a_generic_gpu() -> None:
+    # no GPU: 125e12 FLOP/s, 600e9 B/s (4.2e11 achieved); 8 sequences generated at once, 3× slower
+    config = _config(
+        world_size=1, global_batch=8, num_generations=8, per_device_batch=8, grad_accum=1,
+        max_prompt_length=100, max_completion_length=100, gradient_checkpointing=False,
+    )  # fmt: skip
+    e = estimate_step_time(JobShape(config, MODEL, 0), None)
+    # read 2e9 + 8 · 150 · 8000 = 2.0096e9 B per step; prefill 2e9 · 8 · 100 / 6.25e13 = 0.0256 s
+    assert e.rollout_s == pytest.approx(3 * (100 * (2.0096e9 / 4.2e11 + 0.005) + 0.0256), rel=1e-12)
+    # 8 · 200 = 1600 tokens at 6P
+    assert e.train_s == pytest.approx(9.6e12 / (125e12 * _mfu(1600)), rel=1e-12)
+    assert (e.sync_s, e.offload_s) == (0.0, 0.0)
+
+
+def test_the_memory_estimate_on_the_trials_gpu_sets_the_concurrency() -> None:
+    shape = JobShape(replace(CASES["colocate_zero3_tp2"][0], vllm_max_num_seqs=64), MODEL, 4)
+    mem = estimate_memory(shape, PCIE)
+    assert mem.rollout_concurrency > 1  # room for more than one sequence on the 80 GiB GPU
+    assert estimate_step_time(shape, PCIE) == estimate_step_time(shape, PCIE, mem)
