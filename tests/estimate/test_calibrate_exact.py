@@ -47,6 +47,7 @@ def test_prediction_error_is_relative_to_the_measurement() -> None:
     assert prediction_error(150, 100) == 0.5
     assert prediction_error(75, 100) == -0.25
     assert prediction_error(100, 100) == 0.0
+    assert prediction_error(3, 1) == 2.0  # one byte measured is a measurement
     assert prediction_error(5, 0) == 0.0 and prediction_error(5, -1) == 0.0  # nothing measured
 
 
@@ -166,6 +167,12 @@ def test_observe_without_vllm_counts_everything_as_modelled() -> None:
     cal = Calibration()
     cal.observe(_estimate(components_bytes={"weights": 900, "activations": 100}), 1100, False)
     assert cal.observations == [Observation(None, 1000, 1000, 0, 2000, 1100, False)]
+
+
+def test_observe_records_any_gpu_with_memory() -> None:
+    cal = Calibration()
+    cal.observe(_estimate(capacity_bytes=1), None, True)  # a one-byte GPU still has a capacity
+    assert cal.observations == [Observation(None, 1000, 700, 300, 1, None, True)]
 
 
 def test_observe_ignores_estimates_with_nothing_to_judge() -> None:

@@ -99,6 +99,9 @@ def test_the_table_learns_from_the_points_that_are_evidence() -> None:
 def test_the_oom_verdict_and_the_step_ratio_need_their_points() -> None:
     missed = CalibrationPoint(6, "bs=64", "COMPLETE", True, _estimate(30, 20), 19 * G, None, None)
     assert _table([POINTS[2], missed]).oom_classified is False  # one sized to OOM ran
+    # an OOM whose peak was read before it died: the observation keeps no measured peak
+    late = CalibrationPoint(7, "bs=32", "OOM", False, _estimate(10, 15), 16 * G, None, None)
+    assert _table([late]).memory["observations"] == [_observation(7, 15, None)]
     nothing = _table([POINTS[3]])  # an OOM only: no step ratio, no deliberate OOM
     assert (nothing.step_time_ratio, nothing.oom_classified) == (None, None)
     assert nothing.memory["observations"] == [_observation(3, 15, None)]
@@ -176,6 +179,12 @@ def test_tables_are_kept_per_gpu_type(tmp_path: Path, monkeypatch: pytest.Monkey
     assert store_table(
         CalibrationTable("--A10 (24G)--", "m", 1, WHEN, (), {}, None, None), tmp_path
     ).name == ("a10-24g.json")
+    # lower case and a trailing letter X are kept
+    titan = CalibrationTable("NVIDIA TITAN X", "m", 1, WHEN, (), {}, None, None)
+    assert store_table(titan, tmp_path).name == "nvidia-titan-x.json"
+    assert store_table(CalibrationTable("Tesla T4", "m", 1, WHEN, (), {}, None, None), tmp_path).name == (
+        "tesla-t4.json"
+    )
     # without a folder: the autotune cache
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
     assert store_table(table) == tmp_path / "cache" / "calibration" / "nvidia-h100-80gb-hbm3.json"
