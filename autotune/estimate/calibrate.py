@@ -112,7 +112,7 @@ class Calibration:
         """
         if not predicted.on_gpu or predicted.capacity_bytes <= 0:
             return
-        raw = predicted.scaled(1.0) if predicted.calibration_factor != 1.0 else predicted
+        raw = predicted.scaled(1.0)  # itself when no factor was applied
         exact = raw.components_bytes.get("vllm_reserved", 0)
         self.observations.append(
             Observation(
@@ -168,7 +168,7 @@ class Calibration:
                     measured_peak_bytes=None
                     if o.get("measured_peak_bytes") is None
                     else int(o["measured_peak_bytes"]),
-                    oom=bool(o.get("oom", False)),
+                    oom=bool(o.get("oom")),
                 )
             )
         return cal

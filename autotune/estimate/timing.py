@@ -8,6 +8,7 @@ is FLOPs at a realistic MFU that grows with the micro-batch, plus ZeRO communica
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -73,8 +74,8 @@ def _rollout_s(s: Any, gpu: GpuSpec, concurrency: Any) -> Any:
     # vLLM: one instance per TP group when colocated; model.generate: the local generation batch
     instances = v.where(colocate_mode, v.lmax(1, s.world_size // s.vllm_tp), 1)
     vllm_seqs = v.ceil(s.global_batch / instances)
-    vllm_conc = v.where(colocate_mode, concurrency, v.lmin(vllm_seqs, s.vllm_max_num_seqs))
-    vllm_conc = v.lmax(1, v.lmin(vllm_conc, vllm_seqs))
+    # what the instance may run at once, never more than it has nor fewer than one
+    vllm_conc = v.lmax(1, v.lmin(v.where(colocate_mode, concurrency, s.vllm_max_num_seqs), vllm_seqs))
     local = v.lmax(1, s.per_device_batch * s.grad_accum)
     tp = v.where(s.use_vllm, s.vllm_tp, 1)
     seqs = v.where(s.use_vllm, vllm_seqs, local)
@@ -95,16 +96,18 @@ def _rollout_s(s: Any, gpu: GpuSpec, concurrency: Any) -> Any:
     return slowdown * (waves * s.max_completion_length * decode_step + prefill)
 
 
+def _per_value(f: Callable[[int], Any], x: Any) -> Any:
+    """``f(x)``; on a column, ``f`` of each distinct value put back in every row that holds it (so each
+    row gets exactly the Python number ``f`` gives)."""
+    if not v.is_array(x):
+        return f(x)
+    distinct, inverse = np.unique(x, return_inverse=True)
+    return np.array([f(int(d)) for d in distinct])[inverse]
+
+
 def _mfu(micro_tokens: Any) -> Any:
     """Training MFU of a micro-batch (a power: computed per distinct size, as Python computes it)."""
-
-    def one(tokens: int) -> float:
-        return TRAIN_MFU_MAX * min(1.0, tokens / TRAIN_MFU_TOKENS) ** 0.3
-
-    if not v.is_array(micro_tokens):
-        return one(micro_tokens)
-    distinct, inverse = np.unique(micro_tokens, return_inverse=True)
-    return np.array([one(int(t)) for t in distinct], dtype=np.float64)[inverse.reshape(-1)]
+    return _per_value(lambda tokens: TRAIN_MFU_MAX * min(1.0, tokens / TRAIN_MFU_TOKENS) ** 0.3, micro_tokens)
 
 
 def _train_s(s: Any, gpu: GpuSpec) -> Any:
@@ -134,21 +137,18 @@ def _train_s(s: Any, gpu: GpuSpec) -> Any:
         ),
     )
     comm = v.where(zero3, comm, comm * 0.5)  # bucketed reduction overlaps with the backward pass
-    return compute + v.where(n > 1, comm, 0.0)
+    return compute + comm  # one process: the ring factor (n - 1) / n leaves nothing to communicate
 
 
 def _lora_params_of(s: Any) -> Any:
     """:func:`lora_params` of the trial's rank (per distinct rank on columns)."""
-    if not v.is_array(s.lora_rank):
-        return lora_params(s.model, s.lora_rank)
-    distinct, inverse = np.unique(s.lora_rank, return_inverse=True)
-    return np.array([lora_params(s.model, int(r)) for r in distinct], dtype=np.int64)[inverse.reshape(-1)]
+    return _per_value(lambda rank: lora_params(s.model, rank), s.lora_rank)
 
 
 def _sync_s(s: Any, gpu: GpuSpec) -> Any:
     m = s.model
     weight_bytes = 2 * m.params
-    t = 2 * weight_bytes / v.lmax(1, s.vllm_tp) / (gpu.hbm_bytes_s * HBM_EFFICIENCY)  # load into vLLM
+    t = 2 * weight_bytes / s.vllm_tp / (gpu.hbm_bytes_s * HBM_EFFICIENCY)  # load into vLLM
     # NCCL broadcast to the server
     t = t + v.where(s.vllm_mode == "server", weight_bytes / (gpu.pcie_bytes_s * LINK_EFFICIENCY), 0.0)
     n = v.lmax(1, s.world_size)
@@ -172,15 +172,12 @@ def _offload_s(s: Any, gpu: GpuSpec) -> Any:
     passes = v.where(s.gradient_checkpointing, 3, 2)
     t = t + v.where(s.ds_offload_param, s.grad_accum * passes * 2 * m.params / n / pcie, 0.0)
     held = v.where(s.zero_stage == 3, 2 * m.params / n, 2 * m.params)
-    t = t + v.where(s.colocate & s.rollout_offload_model, 2 * held / pcie, 0.0)
+    # (the rollout offloads and sleep levels are the shape's: set only when vLLM is colocated)
+    t = t + v.where(s.rollout_offload_model, 2 * held / pcie, 0.0)
     opt_bytes = 12 * trainable / v.where(v.num(s.states_sharding) >= 1, n, 1)
-    t = t + v.where(
-        s.colocate & s.rollout_offload_optimizer & v.neg(s.ds_offload_optimizer), 2 * opt_bytes / pcie, 0.0
-    )
+    t = t + v.where(s.rollout_offload_optimizer & v.neg(s.ds_offload_optimizer), 2 * opt_bytes / pcie, 0.0)
     # weights to the host and back
-    return t + v.where(
-        s.colocate & (s.sleep_level == 1), 2 * (2 * m.params / v.lmax(1, s.vllm_tp)) / pcie, 0.0
-    )
+    return t + v.where(s.sleep_level == 1, 2 * (2 * m.params / s.vllm_tp) / pcie, 0.0)
 
 
 def estimate_step_time(
