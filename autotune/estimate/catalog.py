@@ -174,8 +174,8 @@ def _vision_params_from_config(vision: dict[str, Any], llm_hidden: int) -> int:
     whose output feeds the language model: its width is ``llm_hidden`` in any config that runs.
     """
     qwen2_vl = "embed_dim" in vision
-    depth = _size(vision, "depth", "num_hidden_layers", default=0)
-    dim = _size(vision, "embed_dim" if qwen2_vl else "hidden_size", default=0)
+    depth = _int(vision, "depth", "num_hidden_layers")
+    dim = _int(vision, "embed_dim" if qwen2_vl else "hidden_size")
     if not depth or not dim:
         return 0
     if qwen2_vl:
@@ -528,12 +528,14 @@ _GPU_ALIASES: dict[str, str] = {
 
 
 def _norm_gpu(name: str) -> str:
-    text = name.lower()
+    """The lookup key of a GPU name: lower-case letters and digits, no brand, no memory unit, no SXM
+    generation (``NVIDIA A100-SXM4-80GB`` → ``a100sxm80``)."""
+    text = re.sub(r"[^a-z0-9]+", " ", name.lower())
     for word in ("nvidia", "geforce", "tesla"):
         text = text.replace(word, "")
-    text = re.sub(r"(\d+)\s*(gb|g)\b", r"\1", text)  # 80GB / 80g → 80
+    text = re.sub(r"(\d+)\s*(gb|g)\b", r"\1", text)  # 80GB / 80 g → 80
     text = re.sub(r"sxm\d", "sxm", text)  # A100-SXM4, H100-SXM5 → sxm
-    return re.sub(r"[^a-z0-9]", "", text)
+    return text.replace(" ", "")
 
 
 _GPU_INDEX: dict[str, str] = dict(_GPU_ALIASES)

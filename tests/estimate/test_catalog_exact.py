@@ -205,6 +205,15 @@ def test_minimal_config_takes_the_documented_defaults(tmp_path: Path) -> None:
     assert spec.hub_id == str(tmp_path / "m")
 
 
+def test_a_config_given_without_its_folder_is_named_after_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path, QWEN2_7B)
+    monkeypatch.chdir(tmp_path)
+    spec = model_from_config(Path("config.json"))  # no folder in the path: the file's own name
+    assert (spec.name, spec.params) == ("config.json", QWEN2_7B_PARAMS)
+
+
 def test_zero_sizes_fall_back_like_missing_ones(tmp_path: Path) -> None:
     cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}
     zeros = {"num_key_value_heads": 0, "head_dim": 0, "intermediate_size": 0, "max_position_embeddings": 0}
@@ -222,8 +231,8 @@ def test_untied_flag_doubles_the_embedding(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "renamed",
     [
-        {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 256, "n_positions": 1024},
-        {"d_model": 64, "num_layers": 2, "n_head": 4, "intermediate_size": 256, "seq_length": 1024},
+        {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 96, "n_positions": 1024},
+        {"d_model": 64, "num_layers": 2, "n_head": 4, "intermediate_size": 96, "seq_length": 1024},
     ],
 )
 def test_gpt_style_key_names_mean_the_same(tmp_path: Path, renamed: dict[str, int]) -> None:
@@ -231,7 +240,7 @@ def test_gpt_style_key_names_mean_the_same(tmp_path: Path, renamed: dict[str, in
         "hidden_size": 64,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
-        "intermediate_size": 256,
+        "intermediate_size": 96,  # not the default 4 * 64
         "max_position_embeddings": 1024,
     }
     assert _from(tmp_path, {**renamed, "vocab_size": 100}) == _from(
