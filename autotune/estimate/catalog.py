@@ -557,13 +557,14 @@ def find_gpu(name: str) -> GpuSpec | None:
     hit = _GPU_INDEX.get(key)
     if hit is None:
         # NVML names vary in suffixes ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "NVIDIA H100 80GB HBM3e"):
-        # a PCIe entry that starts the name (only a PCIe name starts with one), else the longest other
+        # a PCIe entry that starts the name (only a PCIe name starts with one), else the longest entry
+        # of 4 characters or more that does (no PCIe entry does then)
         hit = next((n for k, n in _GPU_INDEX.items() if "pcie" in k and key.startswith(k)), None)
         hit = hit or next(
             (
                 n
                 for k, n in sorted(_GPU_INDEX.items(), key=lambda kv: -len(kv[0]))
-                if key.startswith(k) and len(k) >= 4 and "pcie" not in k
+                if key.startswith(k) and len(k) >= 4
             ),
             None,
         )
