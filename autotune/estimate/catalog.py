@@ -442,7 +442,7 @@ def model_from_config(path: Path) -> ModelSpec:
     )
     vision_cfg = data.get("vision_config")
     is_vl = isinstance(vision_cfg, dict)
-    vision = _vision_params_from_config(vision_cfg, hidden) if is_vl else 0
+    vision = _vision_params_from_config(vision_cfg, hidden) if isinstance(vision_cfg, dict) else 0
     return ModelSpec(
         name=file.parent.name or str(file),
         hub_id=str(data.get("_name_or_path") or file.parent),
