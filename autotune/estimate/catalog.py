@@ -554,20 +554,17 @@ def find_gpu(name: str) -> GpuSpec | None:
     """The catalog entry for a short name (``A10``, ``a100-80g``, ``H100``) or an NVML name
     (``NVIDIA A100-SXM4-80GB``, ``NVIDIA GeForce RTX 4090``), or None when unknown."""
     key = _norm_gpu(name)  # an empty key matches no entry and starts with none
-    hit = _GPU_INDEX.get(key)
-    if hit is None:
-        # NVML names vary in suffixes ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "NVIDIA H100 80GB HBM3e"):
-        # a PCIe entry that starts the name (only a PCIe name starts with one), else the longest entry
-        # of 4 characters or more that does (no PCIe entry does then)
-        hit = next((n for k, n in _GPU_INDEX.items() if "pcie" in k and key.startswith(k)), None)
-        hit = hit or next(
-            (
-                n
-                for k, n in sorted(_GPU_INDEX.items(), key=lambda kv: -len(kv[0]))
-                if key.startswith(k) and len(k) >= 4
-            ),
-            None,
-        )
+    # NVML names vary in suffixes ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "NVIDIA H100 80GB HBM3e"): the
+    # longest entry of 4 characters or more that starts the name (for a PCIe name a PCIe entry when one
+    # starts it, since any longer entry that starts the name holds that one)
+    hit = _GPU_INDEX.get(key) or next(
+        (
+            n
+            for k, n in sorted(_GPU_INDEX.items(), key=lambda kv: -len(kv[0]))
+            if key.startswith(k) and len(k) >= 4
+        ),
+        None,
+    )
     return _GPU_BY_NAME[hit] if hit is not None else None
 
 

@@ -23,6 +23,7 @@ from autotune.estimate import (
     GpuSpec,
     ModelSpec,
     find_gpu,
+    find_model,
     generic_gpu,
     model_from_config,
     model_from_facts,
@@ -510,6 +511,19 @@ def test_facts_of_an_older_record_take_the_newer_fields_defaults() -> None:
     assert model_from_facts(old) == _qwen2_7b("Qwen2-7B", "Qwen/Qwen2-7B", family="")
     assert model_from_facts({**old, "unknown_key": 1}) == _qwen2_7b("Qwen2-7B", "Qwen/Qwen2-7B", family="")
     assert model_from_facts({k: v for k, v in old.items() if k != "vocab"}) is None
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        (" Qwen/Qwen2-7B/ ", "Qwen2-7B"),  # spaces around, a trailing slash
+        ("/models/Qwen/Qwen2.5-7B-Instruct", "Qwen2.5-7B-Instruct"),  # a local path: its last folder
+        ("qwen2.5_7b instruct", "Qwen2.5-7B-Instruct"),  # underscores and spaces for dashes
+    ],
+)
+def test_find_model_reads_paths_and_loose_spelling(query: str, expected: str) -> None:
+    spec = find_model(query)
+    assert spec is not None and spec.name == expected
 
 
 # --- GPUs: NVML names with suffixes, brands and form factors
