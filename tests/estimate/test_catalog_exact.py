@@ -526,6 +526,12 @@ def test_find_model_reads_paths_and_loose_spelling(query: str, expected: str) ->
     assert spec is not None and spec.name == expected
 
 
+@pytest.mark.parametrize("query", ["Qwen2-7BX", "Qwen2-7B-Chat", "Qwen/Qwen2-7B/extra"])
+def test_a_name_that_only_starts_like_a_catalog_name_is_unknown(query: str) -> None:
+    # unlike GPU names, model names are matched whole (a suffix can mean another model)
+    assert find_model(query) is None
+
+
 # --- GPUs: NVML names with suffixes, brands and form factors
 
 
