@@ -149,23 +149,74 @@ def _decoder_params(
     return total, largest
 
 
-def _qwen_vision_params(*, kind: str, llm_hidden: int) -> int:
-    """Vision tower + patch merger of Qwen2-VL (``kind='qwen2_vl'``) or Qwen2.5-VL (``'qwen2_5_vl'``)."""
-    dim, depth, patch = 1280, 32, 3 * 2 * 14 * 14 * 1280  # Conv3d patch embedding, no bias
-    attn = dim * 3 * dim + 3 * dim + dim * dim + dim
-    if kind == "qwen2_vl":  # LayerNorm with bias, GELU MLP 4x
-        mlp = dim * 4 * dim + 4 * dim + 4 * dim * dim + dim
+def _int(cfg: dict[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` that holds an integer (a boolean is not one), or None."""
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _size(cfg: dict[str, Any], *keys: str, default: int) -> int:
+    """The first of ``keys`` that holds a non-zero integer, else ``default``."""
+    return _int(cfg, *keys) or default
+
+
+def _vision_params_from_config(vision: dict[str, Any], llm_hidden: int) -> int:
+    """Vision tower + patch merger of Qwen2-VL or Qwen2.5-VL, from its ``vision_config``.
+
+    Qwen2-VL names the tower's width ``embed_dim`` (its ``hidden_size`` is the merger's output), with
+    LayerNorms and a GELU MLP of ``mlp_ratio`` times the width; Qwen2.5-VL names the width
+    ``hidden_size`` (``out_hidden_size`` the output), with RMSNorms and a gated MLP of
+    ``intermediate_size``. Attention is one qkv and one output projection with biases; the patch
+    embedding a Conv3d without bias; the merger a norm and two linear layers over 2x2 merged patches,
+    whose output feeds the language model: its width is ``llm_hidden`` in any config that runs.
+    """
+    qwen2_vl = "embed_dim" in vision
+    depth = _int(vision, "depth", "num_hidden_layers")
+    dim = _int(vision, "embed_dim" if qwen2_vl else "hidden_size")
+    if not depth or not dim:
+        return 0
+    if qwen2_vl:
+        inter = int(dim * float(vision.get("mlp_ratio", 4)))
+        mlp = 2 * dim * inter + inter + dim
         norms, ln_q = 4 * dim, 2 * dim
-    else:  # RMSNorm, gated SwiGLU MLP of 3420 with biases
-        inter = 3420
+    else:
+        inter = _size(vision, "intermediate_size", default=4 * dim)
         mlp = 3 * dim * inter + 2 * inter + dim
         norms, ln_q = 2 * dim, dim
-    merger = ln_q + (4 * dim) * (4 * dim) + 4 * dim + (4 * dim) * llm_hidden + llm_hidden
+    attn = 4 * dim * dim + 4 * dim
+    patch = (
+        _size(vision, "in_channels", "in_chans", default=3)
+        * _size(vision, "temporal_patch_size", default=2)
+        * _size(vision, "patch_size", default=14) ** 2
+        * dim
+    )
+    merge = _size(vision, "spatial_merge_size", default=2) ** 2 * dim
+    merger = ln_q + merge * merge + merge + merge * llm_hidden + llm_hidden
     return depth * (attn + mlp + norms) + patch + merger
+
+
+#: ``vision_config`` of the published Qwen VL checkpoints (the keys the tower's size depends on); the
+#: merger's output width is the language model's hidden size
+_QWEN_VISION: dict[str, dict[str, Any]] = {
+    "qwen2_vl": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "in_chans": 3, "patch_size": 14},
+    "qwen2_5_vl": {
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "in_chans": 3,
+        "patch_size": 14,
+    },
+}
+#: model types whose attention projections q, k, v carry a bias (unless ``attention_bias`` says otherwise)
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text"})
 
 
 # (name, hub id, family, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tie, max_position)
 _ModelRow = tuple[str, str, str, int, int, int, int, int, int, int, bool, int]
+# fmt: off
 _MODEL_ROWS: tuple[_ModelRow, ...] = (
     # Qwen2 (base configs say 131072; the -Instruct configs 32768)
     ("Qwen2-0.5B", "Qwen/Qwen2-0.5B", "qwen2", 24, 896, 14, 2, 64, 4864, 151936, True, 131072),
@@ -188,211 +239,30 @@ _MODEL_ROWS: tuple[_ModelRow, ...] = (
     ("Qwen3-14B", "Qwen/Qwen3-14B", "qwen3", 40, 5120, 40, 8, 128, 17408, 151936, False, 40960),
     ("Qwen3-32B", "Qwen/Qwen3-32B", "qwen3", 64, 5120, 64, 8, 128, 25600, 151936, False, 40960),
     # Vision-language (language part; the vision tower is added below)
-    (
-        "Qwen2-VL-2B-Instruct",
-        "Qwen/Qwen2-VL-2B-Instruct",
-        "qwen2_vl",
-        28,
-        1536,
-        12,
-        2,
-        128,
-        8960,
-        151936,
-        True,
-        32768,
-    ),
-    (
-        "Qwen2-VL-7B-Instruct",
-        "Qwen/Qwen2-VL-7B-Instruct",
-        "qwen2_vl",
-        28,
-        3584,
-        28,
-        4,
-        128,
-        18944,
-        152064,
-        False,
-        32768,
-    ),
-    (
-        "Qwen2.5-VL-3B-Instruct",
-        "Qwen/Qwen2.5-VL-3B-Instruct",
-        "qwen2_5_vl",
-        36,
-        2048,
-        16,
-        2,
-        128,
-        11008,
-        151936,
-        True,
-        128000,
-    ),
-    (
-        "Qwen2.5-VL-7B-Instruct",
-        "Qwen/Qwen2.5-VL-7B-Instruct",
-        "qwen2_5_vl",
-        28,
-        3584,
-        28,
-        4,
-        128,
-        18944,
-        152064,
-        False,
-        128000,
-    ),
+    ("Qwen2-VL-2B-Instruct", "Qwen/Qwen2-VL-2B-Instruct", "qwen2_vl", 28, 1536, 12, 2, 128, 8960, 151936, True, 32768),
+    ("Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-7B-Instruct", "qwen2_vl", 28, 3584, 28, 4, 128, 18944, 152064, False, 32768),
+    ("Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct", "qwen2_5_vl", 36, 2048, 16, 2, 128, 11008, 151936, True, 128000),
+    ("Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_5_vl", 28, 3584, 28, 4, 128, 18944, 152064, False, 128000),
     # Llama 3.x
     ("Llama-3.2-1B", "meta-llama/Llama-3.2-1B", "llama", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072),
     ("Llama-3.2-3B", "meta-llama/Llama-3.2-3B", "llama", 28, 3072, 24, 8, 128, 8192, 128256, True, 131072),
     ("Llama-3-8B", "meta-llama/Meta-Llama-3-8B", "llama", 32, 4096, 32, 8, 128, 14336, 128256, False, 8192),
     ("Llama-3.1-8B", "meta-llama/Llama-3.1-8B", "llama", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
     ("Llama-3-70B", "meta-llama/Meta-Llama-3-70B", "llama", 80, 8192, 64, 8, 128, 28672, 128256, False, 8192),
-    (
-        "Llama-3.1-70B",
-        "meta-llama/Llama-3.1-70B",
-        "llama",
-        80,
-        8192,
-        64,
-        8,
-        128,
-        28672,
-        128256,
-        False,
-        131072,
-    ),
-    (
-        "Llama-3.3-70B-Instruct",
-        "meta-llama/Llama-3.3-70B-Instruct",
-        "llama",
-        80,
-        8192,
-        64,
-        8,
-        128,
-        28672,
-        128256,
-        False,
-        131072,
-    ),
+    ("Llama-3.1-70B", "meta-llama/Llama-3.1-70B", "llama", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
+    ("Llama-3.3-70B-Instruct", "meta-llama/Llama-3.3-70B-Instruct", "llama", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
     # Mistral
-    (
-        "Mistral-7B-v0.1",
-        "mistralai/Mistral-7B-v0.1",
-        "mistral",
-        32,
-        4096,
-        32,
-        8,
-        128,
-        14336,
-        32000,
-        False,
-        32768,
-    ),
-    (
-        "Mistral-7B-v0.3",
-        "mistralai/Mistral-7B-v0.3",
-        "mistral",
-        32,
-        4096,
-        32,
-        8,
-        128,
-        14336,
-        32768,
-        False,
-        32768,
-    ),
+    ("Mistral-7B-v0.1", "mistralai/Mistral-7B-v0.1", "mistral", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768),
+    ("Mistral-7B-v0.3", "mistralai/Mistral-7B-v0.3", "mistral", 32, 4096, 32, 8, 128, 14336, 32768, False, 32768),
     # DeepSeek-R1 distills (Qwen2.5-Math-1.5B/7B, Qwen2.5-14B/32B, Llama-3.1-8B, Llama-3.3-70B bases)
-    (
-        "DeepSeek-R1-Distill-Qwen-1.5B",
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
-        "qwen2",
-        28,
-        1536,
-        12,
-        2,
-        128,
-        8960,
-        151936,
-        False,
-        131072,
-    ),
-    (
-        "DeepSeek-R1-Distill-Qwen-7B",
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
-        "qwen2",
-        28,
-        3584,
-        28,
-        4,
-        128,
-        18944,
-        152064,
-        False,
-        131072,
-    ),
-    (
-        "DeepSeek-R1-Distill-Qwen-14B",
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
-        "qwen2",
-        48,
-        5120,
-        40,
-        8,
-        128,
-        13824,
-        152064,
-        False,
-        131072,
-    ),
-    (
-        "DeepSeek-R1-Distill-Qwen-32B",
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",
-        "qwen2",
-        64,
-        5120,
-        40,
-        8,
-        128,
-        27648,
-        152064,
-        False,
-        131072,
-    ),
-    (
-        "DeepSeek-R1-Distill-Llama-8B",
-        "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
-        "llama",
-        32,
-        4096,
-        32,
-        8,
-        128,
-        14336,
-        128256,
-        False,
-        131072,
-    ),
-    (
-        "DeepSeek-R1-Distill-Llama-70B",
-        "deepseek-ai/DeepSeek-R1-Distill-Llama-70B",
-        "llama",
-        80,
-        8192,
-        64,
-        8,
-        128,
-        28672,
-        128256,
-        False,
-        131072,
-    ),
+    ("DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "qwen2", 28, 1536, 12, 2, 128, 8960, 151936, False, 131072),
+    ("DeepSeek-R1-Distill-Qwen-7B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "qwen2", 28, 3584, 28, 4, 128, 18944, 152064, False, 131072),
+    ("DeepSeek-R1-Distill-Qwen-14B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "qwen2", 48, 5120, 40, 8, 128, 13824, 152064, False, 131072),
+    ("DeepSeek-R1-Distill-Qwen-32B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2", 64, 5120, 40, 8, 128, 27648, 152064, False, 131072),
+    ("DeepSeek-R1-Distill-Llama-8B", "deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
+    ("DeepSeek-R1-Distill-Llama-70B", "deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
 )
+# fmt: on
 
 # Instruct variants that differ from their base only in name (and, for Qwen2/2.5, max_position).
 _INSTRUCT_OF: dict[str, int | None] = {
@@ -427,11 +297,11 @@ def _spec_from_row(row: _ModelRow) -> ModelSpec:
         intermediate=inter,
         vocab=vocab,
         tie=tie,
-        qkv_bias=family in ("qwen2", "qwen2_vl", "qwen2_5_vl"),
+        qkv_bias=family in _QKV_BIAS_TYPES,
         qk_norm=family == "qwen3",
     )
-    is_vl = family in ("qwen2_vl", "qwen2_5_vl")
-    vision = _qwen_vision_params(kind=family, llm_hidden=hidden) if is_vl else 0
+    vision_cfg = _QWEN_VISION.get(family)
+    vision = _vision_params_from_config(vision_cfg, hidden) if vision_cfg else 0
     return ModelSpec(
         name=name,
         hub_id=hub_id,
@@ -446,7 +316,7 @@ def _spec_from_row(row: _ModelRow) -> ModelSpec:
         tie_embeddings=tie,
         max_position=max_pos,
         largest_layer_params=largest,
-        is_vl=is_vl,
+        is_vl=vision_cfg is not None,
         vision_params=vision,
         family=family,
     )
@@ -500,39 +370,42 @@ def find_model(name: str) -> ModelSpec | None:
     return _MODELS[key] if key is not None else None
 
 
-def _int(cfg: dict[str, Any], *keys: str, default: int | None = None) -> int | None:
-    for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return default
+def _read_config(file: Path) -> dict[str, Any]:
+    """The JSON object of a ``config.json``; a missing, unreadable or non-object file is a UsageError."""
+    try:
+        data = json.loads(file.read_bytes())  # JSON bytes: UTF-8 (or the UTF-16/32 RFC 8259 allows)
+    except FileNotFoundError:
+        raise UsageError(
+            f"model config {file} does not exist", hint="Point at a model folder holding config.json"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"cannot read model config {file}: {exc}", hint="Give a Hugging Face config.json"
+        ) from None
+    if not isinstance(data, dict):
+        raise UsageError(f"model config {file} is not a JSON object", hint="Give a Hugging Face config.json")
+    return data
 
 
-def _vision_params_from_config(vision: dict[str, Any], llm_hidden: int) -> int:
-    depth = _int(vision, "depth", "num_hidden_layers") or 0
-    dim = _int(vision, "hidden_size", "embed_dim") or 0
-    if not depth or not dim:
-        return 0
-    if vision.get("model_type") == "qwen2_vl" or ("embed_dim" in vision and "mlp_ratio" in vision):
-        ratio = float(vision.get("mlp_ratio", 4))
-        inter = int(dim * ratio)
-        mlp = 2 * dim * inter + inter + dim
-        norms, ln_q = 4 * dim, 2 * dim
-    else:
-        inter = _int(vision, "intermediate_size") or 4 * dim
-        mlp = 3 * dim * inter + 2 * inter + dim
-        norms, ln_q = 2 * dim, dim
-    attn = 4 * dim * dim + 4 * dim
-    patch = _int(vision, "in_channels", "in_chans", default=3) or 3
-    patch *= (
-        (_int(vision, "temporal_patch_size", default=2) or 2)
-        * (_int(vision, "patch_size", default=14) or 14) ** 2
-        * dim
-    )
-    merge = (_int(vision, "spatial_merge_size", default=2) or 2) ** 2 * dim
-    out_hidden = _int(vision, "out_hidden_size", "hidden_size_out", default=llm_hidden) or llm_hidden
-    merger = ln_q + merge * merge + merge + merge * out_hidden + out_hidden
-    return depth * (attn + mlp + norms) + patch + merger
+#: the sizes a decoder config must give (a positive integer under the first name or one of its aliases)
+_REQUIRED_SIZES: tuple[tuple[str, ...], ...] = (
+    ("hidden_size", "n_embd", "d_model"),
+    ("num_hidden_layers", "n_layer", "num_layers"),
+    ("num_attention_heads", "n_head"),
+    ("vocab_size",),
+)
+
+
+def _required_sizes(cfg: dict[str, Any], file: Path) -> list[int]:
+    """hidden size, layers, attention heads and vocabulary of ``cfg``; any missing is a UsageError."""
+    sizes = {keys[0]: _size(cfg, *keys, default=0) for keys in _REQUIRED_SIZES}
+    missing = [name for name, size in sizes.items() if size <= 0]
+    if missing:
+        raise UsageError(
+            f"model config {file} lacks {', '.join(missing)}",
+            hint="Give the config.json of a decoder-only language model",
+        )
+    return list(sizes.values())
 
 
 def model_from_config(path: Path) -> ModelSpec:
@@ -546,52 +419,15 @@ def model_from_config(path: Path) -> ModelSpec:
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(
-            f"model config {file} does not exist", hint="Point at a model folder holding config.json"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(
-            f"cannot read model config {file}: {exc}", hint="Give a Hugging Face config.json"
-        ) from None
-    if not isinstance(data, dict):
-        raise UsageError(f"model config {file} is not a JSON object", hint="Give a Hugging Face config.json")
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else None
-    cfg = {**data, **text} if text else data
-    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    vocab = _int(cfg, "vocab_size")
-    missing = [
-        k
-        for k, v in (
-            ("hidden_size", hidden),
-            ("num_hidden_layers", layers),
-            ("num_attention_heads", heads),
-            ("vocab_size", vocab),
-        )
-        if v is None
-    ]
-    if missing or hidden is None or layers is None or heads is None or vocab is None:
-        raise UsageError(
-            f"model config {file} lacks {', '.join(missing)}",
-            hint="Give the config.json of a decoder-only language model",
-        )
-    kv_heads = _int(cfg, "num_key_value_heads", default=heads) or heads
-    head_dim = _int(cfg, "head_dim", default=hidden // heads) or hidden // heads
-    inter = _int(cfg, "intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden
-    tie_raw = cfg.get("tie_word_embeddings", data.get("tie_word_embeddings", True))
-    tie = bool(tie_raw) if isinstance(tie_raw, bool) else True
+    data = _read_config(file)
+    text = data.get("text_config")
+    cfg = {**data, **text} if isinstance(text, dict) else data
+    hidden, layers, heads, vocab = _required_sizes(cfg, file)
+    kv_heads = _size(cfg, "num_key_value_heads", default=heads)
+    head_dim = _size(cfg, "head_dim", default=hidden // heads)
+    inter = _size(cfg, "intermediate_size", "n_inner", default=4 * hidden)
+    tie = cfg.get("tie_word_embeddings") is not False  # tied unless it says false
     model_type = str(cfg.get("model_type") or data.get("model_type") or "")
-    family = model_type or "decoder"
-    qkv_bias = bool(
-        cfg.get(
-            "attention_bias",
-            model_type in ("qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_vl_text"),
-        )
-    )
     total, largest = _decoder_params(
         layers=layers,
         hidden=hidden,
@@ -601,15 +437,14 @@ def model_from_config(path: Path) -> ModelSpec:
         intermediate=inter,
         vocab=vocab,
         tie=tie,
-        qkv_bias=qkv_bias,
+        qkv_bias=bool(cfg.get("attention_bias", model_type in _QKV_BIAS_TYPES)),
         qk_norm=model_type.startswith("qwen3"),
     )
     vision_cfg = data.get("vision_config")
+    is_vl = isinstance(vision_cfg, dict)
     vision = _vision_params_from_config(vision_cfg, hidden) if isinstance(vision_cfg, dict) else 0
-    max_pos = _int(cfg, "max_position_embeddings", "n_positions", "seq_length", default=4096) or 4096
-    name = file.parent.name or str(file)
     return ModelSpec(
-        name=name,
+        name=file.parent.name or str(file),
         hub_id=str(data.get("_name_or_path") or file.parent),
         params=total + vision,
         layers=layers,
@@ -620,11 +455,11 @@ def model_from_config(path: Path) -> ModelSpec:
         intermediate=inter,
         vocab=vocab,
         tie_embeddings=tie,
-        max_position=max_pos,
+        max_position=_size(cfg, "max_position_embeddings", "n_positions", "seq_length", default=4096),
         largest_layer_params=largest,
-        is_vl=isinstance(vision_cfg, dict),
+        is_vl=is_vl,
         vision_params=vision,
-        family=family,
+        family=model_type or "decoder",
     )
 
 
@@ -693,12 +528,14 @@ _GPU_ALIASES: dict[str, str] = {
 
 
 def _norm_gpu(name: str) -> str:
-    text = name.lower()
+    """The lookup key of a GPU name: lower-case letters and digits, no brand, no memory unit, no SXM
+    generation (``NVIDIA A100-SXM4-80GB`` → ``a100sxm80``)."""
+    text = re.sub(r"[^a-z0-9]+", " ", name.lower())
     for word in ("nvidia", "geforce", "tesla"):
         text = text.replace(word, "")
-    text = re.sub(r"(\d+)\s*(gb|g)\b", r"\1", text)  # 80GB / 80g → 80
-    text = text.replace("sxm4", "sxm").replace("sxm5", "sxm")
-    return re.sub(r"[^a-z0-9]", "", text)
+    text = re.sub(r"(\d+)\s*(gb|g)\b", r"\1", text)  # 80GB / 80 g → 80
+    text = re.sub(r"sxm\d", "sxm", text)  # A100-SXM4, H100-SXM5 → sxm
+    return text.replace(" ", "")
 
 
 _GPU_INDEX: dict[str, str] = dict(_GPU_ALIASES)
@@ -716,22 +553,18 @@ def known_gpus() -> list[str]:
 def find_gpu(name: str) -> GpuSpec | None:
     """The catalog entry for a short name (``A10``, ``a100-80g``, ``H100``) or an NVML name
     (``NVIDIA A100-SXM4-80GB``, ``NVIDIA GeForce RTX 4090``), or None when unknown."""
-    key = _norm_gpu(name)
-    if not key:
-        return None
-    hit = _GPU_INDEX.get(key)
-    if hit is None:
-        # NVML names vary in suffixes ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "NVIDIA H100 80GB HBM3e").
-        if "pcie" in key:
-            hit = next((n for k, n in _GPU_INDEX.items() if "pcie" in k and key.startswith(k)), None)
-        hit = hit or next(
-            (
-                n
-                for k, n in sorted(_GPU_INDEX.items(), key=lambda kv: -len(kv[0]))
-                if key.startswith(k) and len(k) >= 4 and "pcie" not in k
-            ),
-            None,
-        )
+    key = _norm_gpu(name)  # an empty key matches no entry and starts with none
+    # NVML names vary in suffixes ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "NVIDIA H100 80GB HBM3e"): the
+    # longest entry of 4 characters or more that starts the name (for a PCIe name a PCIe entry when one
+    # starts it, since any longer entry that starts the name holds that one)
+    hit = _GPU_INDEX.get(key) or next(
+        (
+            n
+            for k, n in sorted(_GPU_INDEX.items(), key=lambda kv: -len(kv[0]))
+            if key.startswith(k) and len(k) >= 4
+        ),
+        None,
+    )
     return _GPU_BY_NAME[hit] if hit is not None else None
 
 
@@ -749,7 +582,8 @@ def resolve_gpu(name: str, memory_bytes: int | None = None) -> GpuSpec | None:
 def generic_gpu(name: str, memory_bytes: int) -> GpuSpec:
     """A GPU known only by its memory (unknown type, or declared with ``--gpu-memory-gib``).
 
-    Speed facts are those of a mid-range PCIe card (A10-like): they only order candidates.
+    Speed facts are those of a mid-range PCIe card (A10-like: no NVLink, a PCIe 4.0 host link): they
+    only order candidates.
     """
     return GpuSpec(
         name=name or "unknown GPU",
@@ -757,7 +591,5 @@ def generic_gpu(name: str, memory_bytes: int) -> GpuSpec:
         bf16_flops=125e12,
         hbm_bytes_s=600e9,
         interconnect="pcie",
-        nvlink_bytes_s=0.0,
-        pcie_bytes_s=_GEN4,
         known=False,
     )

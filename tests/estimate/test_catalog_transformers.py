@@ -95,3 +95,33 @@ def test_model_from_config_vl_nested_text_config(tmp_path: Path) -> None:
     assert got.is_vl
     assert got.params == spec.params
     assert got.vision_params == spec.vision_params
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl"])
+def test_model_from_config_vl_towers_equal_transformers_modules(tmp_path: Path, model_type: str) -> None:
+    """A saved Qwen2-VL / Qwen2.5-VL config (small sizes) counts what transformers builds.
+
+    Qwen2-VL's ``vision_config.hidden_size`` is the merger's output, not the tower's width (``embed_dim``).
+    """
+    text = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "vocab_size": 128,
+    }
+    vision: dict[str, object] = {"depth": 2, "num_heads": 2, "patch_size": 4, "spatial_merge_size": 2}
+    if model_type == "qwen2_vl":
+        vision |= {"embed_dim": 32, "mlp_ratio": 4, "hidden_size": 64}
+    else:
+        vision |= {"hidden_size": 32, "intermediate_size": 48, "out_hidden_size": 64}
+    config = transformers.AutoConfig.for_model(
+        model_type, text_config=text, vision_config=vision, tie_word_embeddings=False
+    )
+    config.save_pretrained(tmp_path)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    spec = model_from_config(tmp_path)
+    assert spec.vision_params == sum(p.numel() for p in model.model.visual.parameters())
+    assert spec.params == sum(p.numel() for p in model.parameters())
