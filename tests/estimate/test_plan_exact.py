@@ -1,0 +1,375 @@
+"""The plan's own logic, value by value, on hand-made inputs (no backend, no packaged space).
+
+``test_plan_columns.py`` holds the whole plan to the per-candidate path on real spaces; these pin what
+that comparison cannot see: each start-up rule and which one wins when several break, the grid walk and
+its pass-through groups, the ranking, fit and pruning bounds, and the objects a caller reads (counts,
+``to_dict``, lazy candidates). Every expected value is worked out in the comment beside it. Cheap: a
+few candidates on a fake decoder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from autotune.estimate import JobShape, estimate_memory, estimate_step_time, find_model
+from autotune.estimate.plan import (
+    RULES,
+    _config_fields,
+    _same_value,
+    _unique_values,
+    _walk,
+    candidate_rules,
+    speed_key,
+)
+from autotune.jobconfig import JobConfig
+from autotune.space import Knob, SearchSpace
+
+
+def _model(heads: int = 28) -> Any:
+    m = find_model("Qwen2-7B")  # 28 attention heads
+    assert m is not None
+    return dataclasses.replace(m, heads=heads)
+
+
+def _config(**kw: Any) -> JobConfig:
+    base: dict[str, Any] = {
+        "world_size": 4,
+        "global_batch": 64,
+        "num_generations": 8,
+        "per_device_batch": 4,
+        "grad_accum": 4,
+    }
+    return JobConfig(**{**base, **kw})
+
+
+# ------------------------------------------------------------------------------ the start-up rules
+
+
+def test_rules_are_named_in_check_order() -> None:
+    assert RULES == (
+        None,
+        "global_batch_divisible",
+        "generation_batch_num_generations",
+        "vllm_mode_required",
+        "vllm_tp_divides_world",
+        "vllm_tp_divides_heads",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "heads", "n_gpus", "rule"),
+    [
+        # 64 = 4 per device × 4 GPUs × 4 steps; 64 % 8 == 0; no vLLM: valid
+        ({}, 28, 4, None),
+        # per-device batch 0 splits nothing, although 64 % max(1, 0·4) == 0
+        ({"per_device_batch": 0}, 28, 4, "global_batch_divisible"),
+        # 64 % (16 × 8) = 64: the global batch does not split over 8 ranks of 16
+        ({"per_device_batch": 16}, 28, 8, "global_batch_divisible"),
+        # no GPU counts as one rank: 3 % (3 × 1) == 0 (two ranks would need 6)
+        ({"global_batch": 3, "per_device_batch": 3, "num_generations": 1}, 28, 0, None),
+        # 60 % (1 × 4) == 0 but 60 % 8 = 4
+        ({"global_batch": 60, "per_device_batch": 1}, 28, 4, "generation_batch_num_generations"),
+        # both broken: 60 % (3 × 4) = 0? no: 60 % 12 == 0, so use 62: 62 % 12 = 2 and 62 % 8 = 6 → the first
+        ({"global_batch": 62, "per_device_batch": 3}, 28, 4, "global_batch_divisible"),
+        # vLLM without a mode (a framework with no default) ...
+        ({"use_vllm": True, "vllm_mode": None}, 28, 4, "vllm_mode_required"),
+        # ... wins over TP 3 that divides neither 4 GPUs nor 28 heads
+        ({"use_vllm": True, "vllm_mode": None, "vllm_tp": 3}, 28, 4, "vllm_mode_required"),
+        # ... but loses to the generation batch: 60 % 8 = 4
+        (
+            {"use_vllm": True, "vllm_mode": None, "global_batch": 60, "per_device_batch": 1},
+            28,
+            4,
+            "generation_batch_num_generations",
+        ),
+        # no mode matters only with vLLM
+        ({"use_vllm": False, "vllm_mode": None}, 28, 4, None),
+        # colocated TP 4 on 2 GPUs: 2 % 4 = 2 (28 % 4 == 0), 64 % (4 × 2) == 0
+        ({"use_vllm": True, "vllm_tp": 4}, 28, 2, "vllm_tp_divides_world"),
+        # the same as a server: its GPUs are others, only the heads count
+        ({"use_vllm": True, "vllm_tp": 4, "vllm_mode": "server"}, 28, 2, None),
+        # TP 3: 4 % 3 = 1 and 28 % 3 = 1: the world rule is checked first
+        ({"use_vllm": True, "vllm_tp": 3}, 28, 4, "vllm_tp_divides_world"),
+        # TP 2 on 4 GPUs with 7 heads: 4 % 2 == 0, 7 % 2 = 1
+        ({"use_vllm": True, "vllm_tp": 2}, 7, 4, "vllm_tp_divides_heads"),
+        # a server with TP 2 and 7 heads breaks the heads rule too
+        ({"use_vllm": True, "vllm_tp": 2, "vllm_mode": "server"}, 7, 4, "vllm_tp_divides_heads"),
+        # TP 2 and 7 heads without vLLM: nothing is sharded
+        ({"use_vllm": False, "vllm_tp": 2}, 7, 4, None),
+        # TP 0 counts as 1: 7 % 1 == 0 and 4 % 1 == 0 (as 2 it would break the heads rule)
+        ({"use_vllm": True, "vllm_tp": 0}, 7, 4, None),
+    ],
+)
+def test_candidate_rules_first_broken(kw: dict[str, Any], heads: int, n_gpus: int, rule: str | None) -> None:
+    assert candidate_rules(_config(**kw), _model(heads), n_gpus) == rule
+
+
+def test_rules_on_columns_agree_with_one_configuration() -> None:
+    """The plan checks the same rules on numpy columns (through ``plan_space``, below); one config is
+    also checkable row by row, and the codes are indices into RULES."""
+    from types import SimpleNamespace
+
+    from autotune.estimate.plan import _rule_code
+
+    cols = SimpleNamespace(
+        per_device_batch=np.array([4, 0, 1, 4, 4, 4]),
+        global_batch=np.array([64, 64, 60, 64, 64, 64]),
+        num_generations=np.array([8, 8, 8, 8, 8, 8]),
+        use_vllm=np.array([False, False, False, True, True, True]),
+        vllm_tp=np.array([1, 1, 1, 1, 3, 2]),
+    )
+    missing = np.array([False, False, False, True, False, False])
+    server = np.array([False, False, False, False, False, True])
+    # rows: valid; pdbs 0; 60 % 8; no mode; TP 3 on 4 GPUs; a server with TP 2 over 7 heads
+    assert _rule_code(cols, missing, server, 7, 4).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------------------------ small helpers
+
+
+def test_speed_key_keeps_nine_significant_digits() -> None:
+    assert speed_key(1234.56789012) == 1234.56789
+    assert speed_key(0.1 + 0.2) == 0.3  # 0.30000000000000004 and 0.3 tie
+    assert speed_key(1.000000001) == 1.0  # 1.000000001 has 10 significant digits: ties with 1
+    assert speed_key(1.00000001) == 1.00000001  # the 9th digit still ranks apart
+
+
+def test_unique_values_keep_first_of_each_value_and_type() -> None:
+    knob = Knob("k", "int", default=1, choices=(1, True, 1, 2.0, 2, None, None, False, 0))
+    # True == 1 and 2.0 == 2 but of other types: kept apart; repeats dropped, first order kept
+    assert _unique_values(knob) == [1, True, 2.0, 2, None, False, 0]
+
+
+def test_same_value_numbers_agree_across_int_and_float_but_never_with_bool() -> None:
+    assert _same_value(2, 2.0) and _same_value(2.0, 2) and _same_value(3, 3)
+    assert _same_value("a", "a") and _same_value(None, None) and _same_value(True, True)
+    assert not _same_value(1, True) and not _same_value(True, 1)
+    assert not _same_value(1.0, True) and not _same_value(False, 0.0)
+    assert not _same_value(2, 3.0) and not _same_value("1", 1) and not _same_value(1, "1")
+    assert not _same_value(None, 0) and not _same_value(0, None)
+
+
+def test_config_fields_are_the_compared_fields() -> None:
+    config = _config(origin={"per_device_batch": ("knob", 4)})
+    fields = _config_fields(config)
+    assert "origin" not in fields  # compare=False: where a value came from is not the configuration
+    assert fields["per_device_batch"] == 4 and fields["global_batch"] == 64
+    assert len(fields) == len(dataclasses.fields(JobConfig)) - 1
+
+
+def _space(*knobs: Knob, dropped_defaults: dict[str, Any] | None = None) -> SearchSpace:
+    return SearchSpace("trl", tuple(knobs), dropped_defaults=dropped_defaults or {})
+
+
+def test_walk_follows_conditions_and_dropped_defaults() -> None:
+    a = Knob("a", "int", default=0, choices=(1, 0))
+    b = Knob("b", "int", default=5, choices=(5, 6, 7), when={"a": (1,)})
+    c = Knob("c", "bool", default=False, choices=(False, True), when={"gpu": (True,)})
+    d = Knob("d", "int", default=9, choices=(9,), when={"b": (7,)})
+    space = _space(a, b, d, c, dropped_defaults={"gpu": True})
+    values = [list(k.values()) for k in space.knobs]
+    # a=1: b in 5, 6, 7 and d only under b=7; a=0: b and d inactive (b=7 of the branch before is
+    # forgotten); c always (gpu is True by default)
+    assert _walk(space, values) == [
+        (0, 0, -1, 0),
+        (0, 0, -1, 1),
+        (0, 1, -1, 0),
+        (0, 1, -1, 1),
+        (0, 2, 0, 0),
+        (0, 2, 0, 1),
+        (1, -1, -1, 0),
+        (1, -1, -1, 1),
+    ]
+    # without the dropped default, c never exists
+    assert _walk(_space(a, c), [[1, 0], [False, True]]) == [(0, -1), (1, -1)]
+    # a knob that overrides a dropped default (gpu, only under a=1) gives the default back after its
+    # branch: under a=0 gpu is True again and c exists
+    g = Knob("gpu", "bool", default=True, choices=(False,), when={"a": (1,)})
+    space = _space(a, g, c, dropped_defaults={"gpu": True})
+    assert _walk(space, [[1, 0], [False], [False, True]]) == [(0, 0, -1), (1, -1, 0), (1, -1, 1)]
+
+
+# ------------------------------------------------------------------------------ a whole plan, by hand
+
+JOB = {"global_batch": 64, "num_generations": 8, "max_prompt_length": 512, "max_completion_length": 1024}
+
+
+def _describe(params: Any, derived: Any, fixed: Any, n_gpus: int) -> JobConfig:
+    """A decoder of the knobs below (what a backend's ``describe`` does, one field per knob)."""
+    world, pdbs, zero = derived["world_size"], params["pdbs"], params["zero"]
+    return JobConfig(
+        world_size=world,
+        global_batch=fixed["global_batch"],
+        num_generations=fixed["num_generations"],
+        per_device_batch=pdbs,
+        grad_accum=max(1, fixed["global_batch"] // (pdbs * world)),
+        max_prompt_length=fixed["max_prompt_length"],
+        max_completion_length=fixed["max_completion_length"],
+        deepspeed=zero > 0,
+        zero_stage=zero,
+        use_vllm=params["vllm"],
+        vllm_util=params.get("util", 0.9),
+        vllm_tp=params.get("tp", 1),
+        vllm_mode=params.get("mode", "colocate"),
+        loads_before_vllm=params.get("first", False),
+    )
+
+
+def _plan_space_by_hand() -> SearchSpace:
+    on = {"vllm": (True,)}
+    return SearchSpace(
+        "trl",
+        (
+            Knob("pdbs", "int", default=1, choices=(1, 2, 32), label="bs"),
+            Knob("zero", "int", default=0, choices=(0, 3)),
+            Knob("vllm", "bool", default=False, choices=(False, True)),
+            Knob("util", "float", default=0.3, choices=(0.3, 0.5), when=on, label="util"),
+            Knob("tp", "int", default=1, choices=(1, 3), when=on),
+            Knob("mode", "str", default="colocate", choices=("colocate", "server", None), when=on),
+        ),
+        dropped={"num_processes": "applies to CPU-only runs"},
+    )
+
+
+def _oracle(params: dict[str, Any], model: Any, gpu: Any, n: int) -> tuple[Any, Any]:
+    shape = JobShape(_describe(params, {"world_size": n}, JOB, n), model, n)
+    mem = estimate_memory(shape, gpu)
+    return mem, estimate_step_time(shape, gpu, mem)
+
+
+def test_plan_of_a_hand_made_space_counts_ranks_and_orders() -> None:
+    from autotune.estimate import GIB, PeakBasis, generic_gpu, plan_space, should_prune, step_ceiling
+
+    # 8 GiB GPUs: of the 20 valid candidates 15 fit, 3 miss by more than the margin, 2 by less
+    model, gpu = find_model("Qwen2.5-0.5B"), generic_gpu("8 GiB", 8 * GIB)
+    assert model is not None
+    result = plan_space(
+        _plan_space_by_hand(), backend="trl", describe=_describe, model=model, gpu=gpu, n_gpus=4, fixed=JOB
+    )
+    # 3 batches × 2 stages × (no vLLM + 2 utils × 2 TPs × 3 modes) = 78 candidates:
+    # pdbs 32: 64 % (32 × 4) = 64, all 2 × 13 = 26 break the batch rule;
+    # of pdbs 1 and 2 (2 × 2 = 4 groups), with vLLM: no mode: 2 × 2 = 4 each → 16;
+    # colocated TP 3 (4 % 3 = 1): 2 each → 8; a server with TP 3 (Qwen2.5-0.5B: 14 heads, 14 % 3 = 2): 8;
+    # valid: 4 × (1 + 2 colocated + 2 served) = 20
+    assert result.invalid == {
+        "global_batch_divisible": 26,
+        "vllm_mode_required": 16,
+        "vllm_tp_divides_world": 8,
+        "vllm_tp_divides_heads": 8,
+    }
+    cands = result.candidates
+    assert len(cands) == 20
+    oracle = [(c.params, *_oracle(c.params, model, gpu, 4)) for c in cands]
+    fit = [o for o in oracle if o[1].fits()]
+    assert result.n_fit == len(fit) == 15
+    assert result.n_pruned == sum(should_prune(m, 0.15) for _, m, _ in oracle) == int(cands.pruned.sum()) == 3
+    # ranks: 1 + the number of distinct faster keys among the fitting; None / 0 where it does not fit
+    keys = sorted({speed_key(t.throughput) for _, m, t in fit}, reverse=True)
+    best = max(t.throughput for _, _, t in fit)
+    for i, (c, (params, mem, t)) in enumerate(zip(cands, oracle, strict=True)):
+        assert (c.memory, c.time) == (mem, t)
+        # derived by hand: 4 ranks; 64 / (pdbs × 4) accumulation steps: 16 at pdbs 1, 8 at pdbs 2
+        assert c.derived == {"world_size": 4, "gradient_accumulation_steps": {1: 16, 2: 8}[params["pdbs"]]}
+        assert c.fits == bool(cands.fits[i]) == mem.fits()
+        assert c.pruned == should_prune(mem, 0.15)
+        assert c.relative_speed == t.throughput / best
+        if mem.fits():
+            assert c.speed_rank == 1 + keys.index(speed_key(t.throughput)) == cands.speed_rank[i]
+        else:
+            assert c.speed_rank is None and cands.speed_rank[i] == 0
+        shape = JobShape(_describe(params, {"world_size": 4}, JOB, 4), model, 4)
+        assert c.shape == shape
+        assert c.ceiling == step_ceiling(shape, PeakBasis.from_gpu(gpu))
+        assert c.ceiling_fraction == c.ceiling.step_s / t.total_s  # type: ignore[union-attr]
+    assert result.basis == PeakBasis.from_gpu(gpu)
+    assert result.labels == {"pdbs": "bs", "util": "util"}
+    assert result.notes == ("knob num_processes dropped: applies to CPU-only runs",)
+    assert (result.backend, result.n_gpus, result.fixed, result.margin) == ("trl", 4, JOB, 0.15)
+    # the order: fitting first, fastest first (ties: less memory first); then the misses, nearest first
+    # (by how far the worst check misses, over the capacity), ties again by less memory
+    grid = [
+        p
+        for p in _plan_space_by_hand().grid()
+        if candidate_rules(_describe(p, {"world_size": 4}, JOB, 4), model, 4) is None
+    ]
+
+    def key(p: dict[str, Any]) -> tuple[Any, ...]:
+        mem, t = _oracle(p, model, gpu, 4)
+        if mem.fits():
+            return (0, -speed_key(t.throughput), mem.peak_bytes)
+        worst = max(mem.vllm_startup_deficit_bytes, mem.kv_deficit_bytes, mem.peak_bytes - mem.capacity_bytes)
+        return (1, worst / mem.capacity_bytes, mem.peak_bytes)
+
+    assert [c.params for c in cands] == sorted(grid, key=key)
+    assert [cands.params(i) for i in range(len(cands))] == [c.params for c in cands]
+
+
+# 8 GiB = 2^33 B: margin × 2^33 is exact for a margin of a float's precision, so a candidate can miss by
+# exactly the slack
+C8 = 2**33
+
+
+def _one(margin: float, capacity: int = C8, n_gpus: int = 4, **choices: Any) -> Any:
+    """The plan of one candidate (each knob of the hand-made space pinned to one value)."""
+    from autotune.estimate import generic_gpu, plan_space
+
+    picked = {"pdbs": 1, "zero": 0, "vllm": False, **choices}
+    knobs = [
+        Knob(k, "int" if isinstance(x, int) else "float", default=x, choices=(x,)) for k, x in picked.items()
+    ]
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+    result = plan_space(
+        SearchSpace("trl", tuple(knobs)),
+        backend="trl",
+        describe=_describe,
+        model=model,
+        gpu=generic_gpu("gpu", capacity),
+        n_gpus=n_gpus,
+        fixed=JOB,
+        margin=margin,
+    )
+    assert len(result.candidates) == 1
+    return result.candidates[0]
+
+
+def test_a_peak_of_exactly_the_capacity_fits() -> None:
+    peak = _one(0.15).memory.peak_bytes  # no vLLM: the trainer's peak does not depend on the capacity
+    assert _one(0.15, capacity=peak).memory.peak_bytes == peak
+    assert _one(0.15, capacity=peak).fits and not _one(0.15, capacity=peak - 1).fits
+    # a miss of 1 byte is far below 15 % of the capacity: not pruned
+    assert not _one(0.15, capacity=peak - 1).pruned
+    # a fitting candidate with no slack at all is not pruned either (nothing misses: 0 > 0 is false)
+    assert not _one(0.0, capacity=peak).pruned
+
+
+def test_pruned_only_past_the_slack() -> None:
+    # batch 2 with vLLM at 0.3 of 8 GiB misses by its peak only (vLLM starts, KV fits)
+    over = _one(0.15, pdbs=2, vllm=True, util=0.3).memory
+    miss = over.peak_bytes - C8
+    assert miss > 0 and over.vllm_startup_deficit_bytes == over.kv_deficit_bytes == 0
+    exact = miss / C8  # slack = exact × 2^33 == miss: over by exactly the slack is not "more than"
+    assert exact * C8 == miss
+    assert not _one(exact, pdbs=2, vllm=True, util=0.3).pruned
+    assert _one((miss - 1) / C8, pdbs=2, vllm=True, util=0.3).pruned
+    # vLLM at 0.05: the peak fits but one sequence's KV cache does not; pruned past the slack only
+    short = _one(0.15, vllm=True, util=0.05).memory
+    assert short.peak_bytes < C8 and short.vllm_startup_deficit_bytes == 0 and short.kv_deficit_bytes > 0
+    exact = short.kv_deficit_bytes / C8
+    assert exact * C8 == short.kv_deficit_bytes
+    assert not _one(exact, vllm=True, util=0.05).pruned
+    assert _one((short.kv_deficit_bytes - 1) / C8, vllm=True, util=0.05).pruned
+    assert not _one(exact, vllm=True, util=0.05).fits
+
+
+def test_a_cpu_only_plan_judges_no_memory() -> None:
+    # no GPU: capacity 0, every candidate fits and none is pruned, as estimate_memory says of one trial
+    c = _one(0.15, n_gpus=0, pdbs=2)
+    assert c.fits and not c.pruned and c.speed_rank == 1 and c.relative_speed == 1.0
+    assert c.memory.capacity_bytes == 0 and not c.memory.on_gpu
+    # one rank (world max(1, 0)): 64 / (2 × 1) = 32 accumulation steps
+    assert c.derived == {"world_size": 1, "gradient_accumulation_steps": 32}
