@@ -373,3 +373,96 @@ def test_a_cpu_only_plan_judges_no_memory() -> None:
     assert c.memory.capacity_bytes == 0 and not c.memory.on_gpu
     # one rank (world max(1, 0)): 64 / (2 × 1) = 32 accumulation steps
     assert c.derived == {"world_size": 1, "gradient_accumulation_steps": 32}
+
+
+# ------------------------------------------------------------------------------ what a caller reads
+
+
+def _hand_plan() -> Any:
+    from autotune.estimate import GIB, generic_gpu, plan_space
+
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+    gpu = generic_gpu("8 GiB", 8 * GIB)
+    return plan_space(
+        _plan_space_by_hand(), backend="trl", describe=_describe, model=model, gpu=gpu, n_gpus=4, fixed=JOB
+    )
+
+
+def test_plan_result_as_a_record() -> None:
+    result = _hand_plan()
+    d = result.to_dict(top=2)
+    shown = d.pop("candidates")
+    assert d == {
+        "backend": "trl",
+        "model": {"name": "Qwen2.5-0.5B", "params": 494_032_768, "hub_id": "Qwen/Qwen2.5-0.5B"},
+        "gpu": {"name": "8 GiB", "memory_bytes": 8 * 2**30, "known": False},
+        "n_gpus": 4,
+        "fixed": JOB,
+        "margin": 0.15,
+        # 20 valid: 15 fit, 5 do not (3 of them by more than the margin); 26 + 16 + 8 + 8 = 58 invalid
+        "counts": {"candidates": 20, "fit": 15, "do_not_fit": 5, "pruned": 3, "invalid": 58},
+        "invalid": {
+            "global_batch_divisible": 26,
+            "vllm_mode_required": 16,
+            "vllm_tp_divides_world": 8,
+            "vllm_tp_divides_heads": 8,
+        },
+        "notes": ["knob num_processes dropped: applies to CPU-only runs"],
+        "ceiling_basis": result.basis.to_dict(),
+    }
+    assert shown == [result.candidates[0].to_dict(), result.candidates[1].to_dict()]
+    assert len(result.to_dict()["candidates"]) == 20  # no top: every candidate
+
+
+def test_candidate_as_a_record() -> None:
+    c = _hand_plan().candidates[0]
+    assert c.ceiling is not None
+    assert c.to_dict() == {
+        "params": c.params,
+        "derived": c.derived,
+        "fits": True,
+        "pruned": False,
+        "relative_speed": 1.0,
+        "speed_rank": 1,
+        "memory": c.memory.to_dict(),
+        "time": c.time.to_dict(),
+        "ceiling": c.ceiling.to_dict(),
+        "ceiling_fraction": c.ceiling.step_s / c.time.total_s,
+    }
+    bare = dataclasses.replace(c, ceiling=None, shape_of=None)
+    assert bare.to_dict()["ceiling"] is None and bare.to_dict()["ceiling_fraction"] is None
+    with pytest.raises(AttributeError, match="shape"):
+        _ = bare.shape
+    still = dataclasses.replace(c, time=dataclasses.replace(c.time, total_s=0.0))
+    assert still.ceiling_fraction is None  # no predicted time to compare with
+
+
+def test_candidates_are_built_when_read_and_kept() -> None:
+    cands = _hand_plan().candidates
+    n = len(cands)
+    assert n == 20
+    first, last = cands[0], cands[n - 1]
+    assert cands[0] is first  # built once
+    assert cands[-1] is last and cands[-n] is first
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError):
+            cands[bad]
+    assert cands[1:3] == [cands[1], cands[2]] and cands[18:] == [cands[18], last]
+    assert cands[::-1][0] is last and len(cands[:]) == n
+    assert list(cands) == cands[:]
+    assert cands.params(5) == cands[5].params
+    # the columns a table reads, in plan order: the knob values and, per candidate, their indices
+    assert cands.knob_values == {
+        "pdbs": [1, 2, 32],
+        "zero": [0, 3],
+        "vllm": [False, True],
+        "util": [0.3, 0.5],
+        "tp": [1, 3],
+        "mode": ["colocate", "server", None],
+    }
+    for i in (0, 7, n - 1):
+        pairs = zip(cands.knob_values.items(), cands.knob_index[i], strict=True)
+        assert {k: vals[j] for (k, vals), j in pairs if j >= 0} == cands[i].params
+    assert cands.fits.tolist() == [c.fits for c in cands]
+    assert cands.pruned.tolist() == [c.pruned for c in cands]
