@@ -466,3 +466,217 @@ def test_candidates_are_built_when_read_and_kept() -> None:
         assert {k: vals[j] for (k, vals), j in pairs if j >= 0} == cands[i].params
     assert cands.fits.tolist() == [c.fits for c in cands]
     assert cands.pruned.tolist() == [c.pruned for c in cands]
+
+
+# ------------------------------------------------------------------------------ decoded once per group
+
+
+def _decode_counted(space: SearchSpace, describe: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """The plan's table of ``space`` and every call of the decoder it made."""
+    from autotune.estimate.plan import _table
+
+    calls: list[dict[str, Any]] = []
+
+    def counted(params: dict[str, Any]) -> JobConfig:
+        calls.append(dict(params))
+        return describe(params)
+
+    return _table(space, counted), calls
+
+
+def _fields(params: dict[str, Any]) -> JobConfig:
+    """pdbs sets the batch and the accumulation (two fields); util, sleep and file one field each."""
+    pdbs = params.get("pdbs", 1)
+    return _config(
+        per_device_batch=pdbs,
+        grad_accum=64 // (pdbs * 4),
+        use_vllm=params.get("vllm", True),
+        vllm_util=params.get("util", 0.9),
+        sleep_level=params.get("sleep", 0),
+        ds_config_path=params.get("file"),
+    )
+
+
+def _check_table(space: SearchSpace, table: Any, describe: Any) -> None:
+    """The table holds the space's grid, in order, and each row's configuration as decoded alone."""
+    grid = list(space.grid())
+    assert [table.params(r) for r in range(len(table.index))] == grid
+    for name in ("per_device_batch", "grad_accum", "vllm_util", "sleep_level"):
+        assert table.config[name].tolist() == [getattr(describe(p), name) for p in grid], name
+
+
+def test_pass_through_knobs_are_decoded_once_per_value_not_per_candidate() -> None:
+    space = _space(
+        Knob("pdbs", "int", default=1, choices=(1, 2)),
+        Knob("util", "float", default=0.3, choices=(0.3, 0.5, 0.7)),
+        Knob("sleep", "int", default=0, choices=(0, 1)),
+    )
+    table, calls = _decode_counted(space, _fields)
+    _check_table(space, table, _fields)
+    # try 1: every knob passes through: one group (2, 0.7, 1); pdbs decoded at 1 and 2 moves two fields
+    #   → 2 calls, pdbs is decoded per group;
+    # try 2: groups (1, ·, ·) and (2, ·, ·); util's 3 values at its first group, sleep's 2, then the two
+    #   groups → 3 + 2 + 2 calls. 12 candidates, 9 decodes.
+    assert len(table.index) == 12
+    assert len(calls) == 2 + 3 + 2 + 2
+    assert calls[:2] == [{"pdbs": 1, "util": 0.7, "sleep": 1}, {"pdbs": 2, "util": 0.7, "sleep": 1}]
+    assert calls[-2:] == [{"pdbs": 1, "util": 0.7, "sleep": 1}, {"pdbs": 2, "util": 0.7, "sleep": 1}]
+
+
+def test_a_knob_that_passes_through_in_one_group_only_is_decoded_per_group() -> None:
+    def fields(params: dict[str, Any]) -> JobConfig:
+        c = _fields(params)  # batch 2 holds vLLM at 0.9 whatever util says
+        return dataclasses.replace(c, vllm_util=0.9) if params["pdbs"] == 2 else c
+
+    space = _space(
+        Knob("pdbs", "int", default=1, choices=(1, 2)),
+        Knob("util", "float", default=0.3, choices=(0.3, 0.5)),
+    )
+    table, calls = _decode_counted(space, fields)
+    _check_table(space, table, fields)
+    assert table.config["vllm_util"].tolist() == [0.3, 0.5, 0.9, 0.9]
+    # try 1: pdbs moves two fields (2 calls); try 2: util passes at pdbs 1 (2 calls) but the group of
+    # pdbs 2 decodes util 0.5 as 0.9 (2 group calls, the second fails); try 3: 4 groups, 4 calls
+    assert len(calls) == 2 + 2 + 2 + 4
+
+
+def test_knobs_inactive_somewhere_or_everywhere_and_fields_without_a_column() -> None:
+    space = _space(
+        Knob("vllm", "bool", default=False, choices=(False, True)),
+        Knob("util", "float", default=0.3, choices=(0.3, 0.5), when={"vllm": (True,)}),
+        Knob("never", "int", default=1, choices=(1, 2), when={"vllm": (None,)}),
+        Knob("sleep", "int", default=0, choices=(0, 1)),
+    )
+    table, calls = _decode_counted(space, _fields)
+    _check_table(space, table, _fields)
+    # vllm is a condition: it never passes through. Groups (False, -, -, 1) and (True, 0.5, -, 1);
+    # util is first active in the second group (2 calls), never is active nowhere (no call), sleep at
+    # the first group (2 calls); then the 2 groups. 2 + 2 × 2 = 6 candidates.
+    assert len(table.index) == 6 and len(calls) == 2 + 2 + 2
+    # a knob that moves a field the columns do not hold (a DeepSpeed file) is decoded per group
+    space = _space(
+        Knob("file", "str", default="a.json", choices=("a.json", "b.json")),
+        Knob("sleep", "int", default=0, choices=(0, 1)),
+    )
+    table, calls = _decode_counted(space, _fields)
+    _check_table(space, table, _fields)
+    # try 1: file (2 calls) is rejected; try 2: groups a and b, sleep at a (2 calls), 2 groups
+    assert len(table.index) == 4 and len(calls) == 2 + 2 + 2
+    assert [table.first_config(r).ds_config_path for r in range(4)] == [
+        "a.json",
+        "a.json",
+        "b.json",
+        "b.json",
+    ]
+
+
+# ------------------------------------------------------------------------------ edge plans
+
+
+def test_a_space_without_knobs_is_one_candidate() -> None:
+    from autotune.estimate import GIB, generic_gpu, plan_space
+
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+
+    def describe(params: Any, derived: Any, fixed: Any, n: int) -> JobConfig:
+        return _describe({"pdbs": 1, "zero": 0, "vllm": False, **params}, derived, fixed, n)
+
+    result = plan_space(
+        SearchSpace("trl", ()),
+        backend="trl",
+        describe=describe,
+        model=model,
+        gpu=generic_gpu("g", 8 * GIB),
+        n_gpus=4,
+        fixed=JOB,
+    )
+    assert len(result.candidates) == 1 and result.candidates[0].params == {} and result.n_fit == 1
+    assert result.candidates.knob_index.shape == (1, 0)
+
+
+def test_a_plan_where_every_candidate_breaks_a_rule_is_empty() -> None:
+    from autotune.estimate import GIB, generic_gpu, plan_space
+
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+    space = _space(
+        Knob("pdbs", "int", default=32, choices=(32, 64)), Knob("zero", "int", default=0, choices=(0, 3))
+    )
+    result = plan_space(
+        SearchSpace("trl", (*space.knobs, Knob("vllm", "bool", default=False, choices=(False,)))),
+        backend="trl",
+        describe=_describe,
+        model=model,
+        gpu=generic_gpu("g", 8 * GIB),
+        n_gpus=4,
+        fixed=JOB,
+    )
+    # 64 % (32 × 4) and 64 % (64 × 4) are 64: all 2 × 2 break the batch rule
+    assert result.invalid == {"global_batch_divisible": 4}
+    assert len(result.candidates) == 0 and result.n_fit == 0 and result.n_pruned == 0
+    assert result.to_dict()["counts"] == {
+        "candidates": 0,
+        "fit": 0,
+        "do_not_fit": 0,
+        "pruned": 0,
+        "invalid": 4,
+    }
+
+
+def test_when_nothing_fits_no_candidate_has_a_speed() -> None:
+    # a GPU of 1 byte: everything misses by far more than 15 % of it, so everything is pruned too
+    c = _one(0.15, capacity=1)
+    assert not c.fits and c.pruned and c.relative_speed is None and c.speed_rank is None
+    assert c.memory.capacity_bytes == 1
+
+
+def test_one_gpu_is_judged() -> None:
+    # one GPU is a GPU: the same candidate misses on 1 byte of it, with the trainer's whole peak
+    c = _one(0.15, capacity=1, n_gpus=1)
+    assert not c.fits and c.pruned and c.memory.on_gpu and c.memory.capacity_bytes == 1
+    assert c.derived == {"world_size": 1, "gradient_accumulation_steps": 64}  # 64 / (1 × 1)
+
+
+def test_a_deepspeed_file_of_the_users_own_is_refused() -> None:
+    from autotune.errors import UsageError
+    from autotune.estimate import GIB, generic_gpu, plan_space
+
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+
+    def describe(params: Any, derived: Any, fixed: Any, n: int) -> JobConfig:
+        config = _describe(params, derived, fixed, n)
+        return dataclasses.replace(config, ds_config_path="my_zero.json") if params["zero"] == 3 else config
+
+    space = _space(
+        Knob("pdbs", "int", default=1, choices=(1,)),
+        Knob("zero", "int", default=0, choices=(3,)),
+        Knob("vllm", "bool", default=False, choices=(False,)),
+    )
+    with pytest.raises(UsageError, match="DeepSpeed config of its own"):
+        plan_space(
+            space,
+            backend="trl",
+            describe=describe,
+            model=model,
+            gpu=generic_gpu("g", 8 * GIB),
+            n_gpus=4,
+            fixed=JOB,
+        )
+    # the same knobs on a preset are planned
+    space = _space(*space.knobs[:1], Knob("zero", "int", default=0, choices=(0,)), *space.knobs[2:])
+    assert (
+        len(
+            plan_space(
+                space,
+                backend="trl",
+                describe=describe,
+                model=model,
+                gpu=generic_gpu("g", 8 * GIB),
+                n_gpus=4,
+                fixed=JOB,
+            ).candidates
+        )
+        == 1
+    )
