@@ -413,6 +413,7 @@ def test_plan_result_as_a_record() -> None:
     }
     assert shown == [result.candidates[0].to_dict(), result.candidates[1].to_dict()]
     assert len(result.to_dict()["candidates"]) == 20  # no top: every candidate
+    assert dataclasses.replace(result, basis=None).to_dict(top=0)["ceiling_basis"] is None
 
 
 def test_candidate_as_a_record() -> None:
@@ -445,8 +446,9 @@ def test_candidates_are_built_when_read_and_kept() -> None:
     first, last = cands[0], cands[n - 1]
     assert cands[0] is first  # built once
     assert cands[-1] is last and cands[-n] is first
-    for bad in (n, -n - 1):
-        with pytest.raises(IndexError):
+    # the error names the index, counted from the start (-21 of 20 is -1)
+    for bad, named in ((n, "20"), (-n - 1, "-1")):
+        with pytest.raises(IndexError, match=rf"^{named}$"):
             cands[bad]
     assert cands[1:3] == [cands[1], cands[2]] and cands[18:] == [cands[18], last]
     assert cands[::-1][0] is last and len(cands[:]) == n
