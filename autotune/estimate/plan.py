@@ -343,8 +343,8 @@ def _table(space: SearchSpace, describe: Callable[[dict[str, Any]], JobConfig]) 
     while True:
         try:
             return _table_with(space, describe, values, passing)
-        except _NotPassThrough as e:
-            passing.discard(e.index)
+        except _NotPassThrough as e:  # always one of them: remove, so that a wrong one fails, not loops
+            passing.remove(e.index)
 
 
 def _table_with(
