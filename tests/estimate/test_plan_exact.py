@@ -184,6 +184,10 @@ def test_walk_follows_conditions_and_dropped_defaults() -> None:
         (1, -1, -1, 0),
         (1, -1, -1, 1),
     ]
+    # a knob that exists only while an earlier one is *unset* (a null choice): after a=1's branch, b's
+    # last value is forgotten, not left as None, so under a=0 b is absent and n does not exist
+    n = Knob("n", "int", default=0, choices=(0,), when={"b": (None,)})
+    assert _walk(_space(a, b, n), [[1, 0], [5, 6], [0]]) == [(0, 0, -1), (0, 1, -1), (1, -1, -1)]
     # without the dropped default, c never exists
     assert _walk(_space(a, c), [[1, 0], [False, True]]) == [(0, -1), (1, -1)]
     # a knob that overrides a dropped default (gpu, only under a=1) gives the default back after its
@@ -682,3 +686,31 @@ def test_a_deepspeed_file_of_the_users_own_is_refused() -> None:
         )
         == 1
     )
+
+
+def test_misses_are_ordered_by_their_worst_check() -> None:
+    """Candidates that do not fit: nearest first, by the largest of what vLLM's start-up lacks, what its
+    KV cache lacks and how far the peak is over (MemoryEstimate.overflow, the per-trial answer)."""
+    from autotune.estimate import GIB, generic_gpu, plan_space
+
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+    space = _space(
+        Knob("pdbs", "int", default=1, choices=(1, 2)),
+        Knob("zero", "int", default=0, choices=(0,)),
+        Knob("vllm", "bool", default=True, choices=(True,)),
+        Knob("util", "float", default=0.3, choices=(0.02, 0.05, 0.3, 0.9)),
+    )
+    gpu = generic_gpu("8 GiB", 8 * GIB)
+    result = plan_space(space, backend="trl", describe=_describe, model=model, gpu=gpu, n_gpus=4, fixed=JOB)
+    misses = [c for c in result.candidates if not c.fits]
+    causes = {
+        (c.memory.vllm_startup_ok, c.memory.kv_ok, c.memory.peak_bytes <= gpu.memory_bytes) for c in misses
+    }
+    # KV too small with the peak inside (util 0.02, 0.05); the peak over only (util 0.3, batch 2);
+    # start-up short and the peak over (util 0.9)
+    assert causes == {(True, False, True), (True, True, False), (False, True, False)}
+    # (the KV cache lacks as much at batch 1 as at 2: such ties go by the peak, the smaller first)
+    worst = [(c.memory.overflow()[1], c.memory.peak_bytes) for c in misses]  # type: ignore[index]
+    assert worst == sorted(worst) and len(set(worst)) == len(worst)
+    assert len(misses) == 7 and len(result.candidates) == 8
