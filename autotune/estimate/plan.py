@@ -186,7 +186,7 @@ class PlanResult:
         return int(self.candidates.pruned.sum())
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
-        shown = self.candidates[:] if top is None else self.candidates[:top]
+        shown = self.candidates[:top]
         return {
             "backend": self.backend,
             "model": {"name": self.model.name, "params": self.model.params, "hub_id": self.model.hub_id},

@@ -344,7 +344,10 @@ def _one(margin: float, capacity: int = C8, n_gpus: int = 4, **choices: Any) -> 
 def test_a_peak_of_exactly_the_capacity_fits() -> None:
     peak = _one(0.15).memory.peak_bytes  # no vLLM: the trainer's peak does not depend on the capacity
     assert _one(0.15, capacity=peak).memory.peak_bytes == peak
-    assert _one(0.15, capacity=peak).fits and not _one(0.15, capacity=peak - 1).fits
+    at, below = _one(0.15, capacity=peak), _one(0.15, capacity=peak - 1)
+    assert at.fits and not below.fits  # the estimate's word ...
+    assert at.speed_rank == 1 and below.speed_rank is None  # ... and the plan's (its rank: fitting only)
+    assert at.relative_speed == 1.0 and below.relative_speed is None
     # a miss of 1 byte is far below 15 % of the capacity: not pruned
     assert not _one(0.15, capacity=peak - 1).pruned
     # a fitting candidate with no slack at all is not pruned either (nothing misses: 0 > 0 is false)
@@ -714,3 +717,34 @@ def test_misses_are_ordered_by_their_worst_check() -> None:
     worst = [(c.memory.overflow()[1], c.memory.peak_bytes) for c in misses]  # type: ignore[index]
     assert worst == sorted(worst) and len(set(worst)) == len(worst)
     assert len(misses) == 7 and len(result.candidates) == 8
+
+
+def test_the_decoder_is_called_as_a_backend_describe_is() -> None:
+    """Knobs, ``derived`` with the world size (at least 1), the fixed job facts, and the GPU count."""
+    from autotune.estimate import GIB, generic_gpu, plan_space
+
+    model = find_model("Qwen2.5-0.5B")
+    assert model is not None
+    for n_gpus, world in ((4, 4), (0, 1)):
+        seen: list[tuple[Any, ...]] = []
+
+        def describe(params: Any, derived: Any, fixed: Any, n: int, seen: list[Any] = seen) -> JobConfig:
+            seen.append((dict(derived), dict(fixed), n))
+            return _describe(params, derived, fixed, n)
+
+        space = _space(
+            Knob("pdbs", "int", default=1, choices=(1, 2)),
+            Knob("zero", "int", default=0, choices=(0,)),
+            Knob("vllm", "bool", default=False, choices=(False,)),
+        )
+        fixed = {**JOB, "beta": 0.0}
+        plan_space(
+            space,
+            backend="trl",
+            describe=describe,
+            model=model,
+            gpu=generic_gpu("g", 8 * GIB),
+            n_gpus=n_gpus,
+            fixed=fixed,
+        )
+        assert seen and all(s == ({"world_size": world}, fixed, n_gpus) for s in seen)
