@@ -518,18 +518,21 @@ def test_pass_through_knobs_are_decoded_once_per_value_not_per_candidate() -> No
     space = _space(
         Knob("pdbs", "int", default=1, choices=(1, 2)),
         Knob("util", "float", default=0.3, choices=(0.3, 0.5, 0.7)),
+        Knob("one", "int", default=0, choices=(0,)),
         Knob("sleep", "int", default=0, choices=(0, 1)),
     )
     table, calls = _decode_counted(space, _fields)
     _check_table(space, table, _fields)
-    # try 1: every knob passes through: one group (2, 0.7, 1); pdbs decoded at 1 and 2 moves two fields
+    # a knob of one value is no branch: it is never tried as a pass-through knob.
+    # try 1: the others pass through: one group (2, 0.7, 0, 1); pdbs decoded at 1 and 2 moves two fields
     #   → 2 calls, pdbs is decoded per group;
-    # try 2: groups (1, ·, ·) and (2, ·, ·); util's 3 values at its first group, sleep's 2, then the two
-    #   groups → 3 + 2 + 2 calls. 12 candidates, 9 decodes.
+    # try 2: groups (1, ·, 0, ·) and (2, ·, 0, ·); util's 3 values at its first group, sleep's 2, then
+    #   the two groups → 3 + 2 + 2 calls. 12 candidates, 9 decodes.
     assert len(table.index) == 12
     assert len(calls) == 2 + 3 + 2 + 2
-    assert calls[:2] == [{"pdbs": 1, "util": 0.7, "sleep": 1}, {"pdbs": 2, "util": 0.7, "sleep": 1}]
-    assert calls[-2:] == [{"pdbs": 1, "util": 0.7, "sleep": 1}, {"pdbs": 2, "util": 0.7, "sleep": 1}]
+    first = {"pdbs": 1, "util": 0.7, "one": 0, "sleep": 1}
+    assert calls[:2] == [first, {**first, "pdbs": 2}]
+    assert calls[-2:] == [first, {**first, "pdbs": 2}]
 
 
 def test_a_knob_that_passes_through_in_one_group_only_is_decoded_per_group() -> None:
