@@ -69,6 +69,8 @@ def test_rules_are_named_in_check_order() -> None:
         ({"per_device_batch": 0}, 28, 4, "global_batch_divisible"),
         # 64 % (16 × 8) = 64: the global batch does not split over 8 ranks of 16
         ({"per_device_batch": 16}, 28, 8, "global_batch_divisible"),
+        # one rank of 1: 3 % (1 × 1) == 0, an odd batch splits
+        ({"global_batch": 3, "per_device_batch": 1, "num_generations": 1}, 28, 1, None),
         # no GPU counts as one rank: 3 % (3 × 1) == 0 (two ranks would need 6)
         ({"global_batch": 3, "per_device_batch": 3, "num_generations": 1}, 28, 0, None),
         # 60 % (1 × 4) == 0 but 60 % 8 = 4
