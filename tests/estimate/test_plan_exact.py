@@ -753,3 +753,20 @@ def test_the_decoder_is_called_as_a_backend_describe_is() -> None:
             fixed=fixed,
         )
         assert seen and all(s == ({"world_size": world}, fixed, n_gpus) for s in seen)
+
+
+def test_the_decoders_own_error_reaches_the_caller() -> None:
+    """A value the decoder refuses is refused once the knob is decoded per group: its UsageError, not
+    the plan's bookkeeping, is what the user reads."""
+    from autotune.errors import UsageError
+
+    def fields(params: dict[str, Any]) -> JobConfig:
+        if params["util"] == 0.3:
+            raise UsageError("vllm_gpu_memory_utilization=0.3 is refused here", hint="use 0.5")
+        return _fields(params)
+
+    space = _space(
+        Knob("pdbs", "int", default=1, choices=(1, 2)), Knob("util", "float", default=0.5, choices=(0.3, 0.5))
+    )
+    with pytest.raises(UsageError, match="0.3 is refused"):
+        _decode_counted(space, fields)
