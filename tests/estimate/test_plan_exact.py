@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from autotune.estimate import JobShape, estimate_memory, estimate_step_time, find_model
+from autotune.estimate.columns import CONFIG_COLUMNS
 from autotune.estimate.plan import (
     RULES,
     _config_fields,
@@ -505,6 +506,7 @@ def _fields(params: dict[str, Any]) -> JobConfig:
         vllm_util=params.get("util", 0.9),
         sleep_level=params.get("sleep", 0),
         ds_config_path=params.get("file"),
+        vllm_mode=params.get("mode", "colocate"),
     )
 
 
@@ -512,8 +514,11 @@ def _check_table(space: SearchSpace, table: Any, describe: Any) -> None:
     """The table holds the space's grid, in order, and each row's configuration as decoded alone."""
     grid = list(space.grid())
     assert [table.params(r) for r in range(len(table.index))] == grid
-    for name in ("per_device_batch", "grad_accum", "vllm_util", "sleep_level"):
-        assert table.config[name].tolist() == [getattr(describe(p), name) for p in grid], name
+    # every column: the decoded field, None as 0 (as "" for text)
+    for name, dtype in CONFIG_COLUMNS.items():
+        decoded = [getattr(describe(p), name) for p in grid]
+        blank = "" if dtype is np.str_ else 0
+        assert table.config[name].tolist() == [blank if x is None else x for x in decoded], name
 
 
 def test_pass_through_knobs_are_decoded_once_per_value_not_per_candidate() -> None:
@@ -770,3 +775,16 @@ def test_the_decoders_own_error_reaches_the_caller() -> None:
     )
     with pytest.raises(UsageError, match="0.3 is refused"):
         _decode_counted(space, fields)
+
+
+def test_a_field_decided_per_group_keeps_none_as_blank() -> None:
+    # mode is a condition of sync, so it is decoded per group: its None (no mode) is "" in the column
+    space = _space(
+        Knob("mode", "str", default="server", choices=(None, "server")),
+        Knob("sleep", "int", default=0, choices=(0, 1), when={"mode": ("server",)}),
+    )
+    table, calls = _decode_counted(space, _fields)
+    _check_table(space, table, _fields)
+    assert table.config["vllm_mode"].tolist() == ["", "server", "server"]
+    # groups (None, -) and ("server", 1): sleep's 2 values at the second, then 2 group decodes
+    assert len(calls) == 2 + 2
