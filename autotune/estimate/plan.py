@@ -186,7 +186,7 @@ class PlanResult:
         return int(self.candidates.pruned.sum())
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
-        shown = self.candidates[:] if top is None else self.candidates[:top]
+        shown = self.candidates[:top]
         return {
             "backend": self.backend,
             "model": {"name": self.model.name, "params": self.model.params, "hub_id": self.model.hub_id},
@@ -343,8 +343,8 @@ def _table(space: SearchSpace, describe: Callable[[dict[str, Any]], JobConfig]) 
     while True:
         try:
             return _table_with(space, describe, values, passing)
-        except _NotPassThrough as e:
-            passing.discard(e.index)
+        except _NotPassThrough as e:  # always one of them: remove, so that a wrong one fails, not loops
+            passing.remove(e.index)
 
 
 def _table_with(
@@ -409,9 +409,9 @@ def _table_with(
         block = np.stack([g_.reshape(-1) for g_ in grids], axis=1)
         blocks.append(block)
         group_of.append(np.full(len(block), n, dtype=np.int64))
-    index = np.concatenate(blocks) if blocks else np.zeros((0, len(knobs)), dtype=np.int64)
-    group = np.concatenate(group_of) if group_of else np.zeros(0, dtype=np.int64)
-    order = np.lexsort(index.T[::-1]) if len(index) else np.zeros(0, dtype=np.int64)
+    # (the walk gives one group at least; a space without knobs has one candidate, in order)
+    index, group = np.concatenate(blocks), np.concatenate(group_of)
+    order = np.lexsort(index.T[::-1]) if knobs else np.zeros(1, dtype=np.int64)
     index, group = index[order], group[order]
 
     columns = {
@@ -469,33 +469,29 @@ def plan_space(
     valid = np.flatnonzero(code == 0)
     rows = ShapeColumns({k: c[valid] for k, c in cfg.items()}, model, n_gpus)
     # a DeepSpeed JSON of the user's own cannot be estimated: JobShape says so (UsageError)
-    seen_custom: set[int] = set()
     for r in valid:
         first = table.first_config(int(r))
-        if first.ds_config_path is not None and id(first) not in seen_custom:
+        if first.ds_config_path is not None:
             JobShape(first, model, n_gpus)
-            seen_custom.add(id(first))
 
     on_gpu = n_gpus > 0  # a CPU-only plan judges nothing: every candidate fits, as estimate_memory says
     capacity = gpu.memory_bytes if on_gpu else 0
     terms = memory_terms(rows, capacity)
     totals = terms.totals()
     stacked = np.stack([np.broadcast_to(totals[p], (len(rows),)) for p in ("train", "rollout", "sync")])
-    peak = stacked.max(axis=0) if len(rows) else np.zeros(0, dtype=np.int64)
+    peak = stacked.max(axis=0)
     vllm = terms.vllm
     startup_ok = np.broadcast_to(vllm.startup_ok, (len(rows),))
     kv_ok = np.broadcast_to(vllm.kv_ok, (len(rows),))
-    fits = (startup_ok & kv_ok & (peak <= capacity * 1.0)) | (not on_gpu)
+    fits = (startup_ok & kv_ok & (peak <= capacity)) | (not on_gpu)
     slack = margin * capacity
     pruned = (
         (np.broadcast_to(vllm.startup_deficit, (len(rows),)) > slack)
         | (np.broadcast_to(vllm.kv_deficit, (len(rows),)) > slack)
         | (peak > capacity + slack)
     ) & (capacity > 0)
-    over = np.maximum(
-        np.maximum(np.where(startup_ok, 0, vllm.startup_deficit), np.where(kv_ok, 0, vllm.kv_deficit)),
-        np.maximum(peak - capacity, 0),
-    )
+    # how far a candidate that does not fit misses, by its worst check (a check that passes lacks 0)
+    over = np.maximum(np.maximum(vllm.startup_deficit, vllm.kv_deficit), peak - capacity)
     times = [
         np.broadcast_to(np.asarray(t, dtype=np.float64), (len(rows),))
         for t in step_time_terms(rows, gpu, vllm.concurrency)
@@ -507,15 +503,15 @@ def plan_space(
         k: np.broadcast_to(np.asarray(x, dtype=np.float64), (len(rows),)) for k, x in limits.items()
     }
     distinct_t, t_inverse = np.unique(throughput, return_inverse=True)
-    keys = np.array([speed_key(float(t)) for t in distinct_t], dtype=np.float64)[t_inverse.reshape(-1)]
+    keys = np.array([speed_key(float(t)) for t in distinct_t], dtype=np.float64)[t_inverse]
     best = float(throughput[fits].max()) if fits.any() else None
     ranked = sorted(set(keys[fits].tolist()), reverse=True)
     rank_of = {k: i for i, k in enumerate(ranked, 1)}
     rank = np.array(
         [rank_of[k] if f else 0 for k, f in zip(keys.tolist(), fits.tolist(), strict=True)], dtype=np.int64
     )
-    secondary = np.where(fits, -keys, over / max(1, capacity))
-    order = np.lexsort((peak, secondary, ~fits)) if len(rows) else np.zeros(0, dtype=np.int64)
+    secondary = np.where(fits, -keys, over)
+    order = np.lexsort((peak, secondary, ~fits))
 
     row_terms = _RowTerms(terms, len(rows))
 
