@@ -10,6 +10,7 @@ Python builtin named after it does on a number.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -79,3 +80,12 @@ def neg(x: Any) -> Any:
 def num(x: Any) -> Any:
     """``x or 0``: an optional count (None on one configuration, 0 in a column) as a number."""
     return x if isinstance(x, _ARRAY) else (x or 0)
+
+
+def per_value(f: Callable[[int], Any], x: Any) -> Any:
+    """``f(x)``; on a column, ``f`` of each distinct value put back in every row that holds it (so each
+    row gets exactly the Python number ``f`` gives, and ``f`` runs once per distinct value)."""
+    if not isinstance(x, _ARRAY):
+        return f(x)
+    distinct, inverse = np.unique(x, return_inverse=True)
+    return np.array([f(int(d)) for d in distinct])[inverse]

@@ -264,14 +264,7 @@ def _body_params(m: ModelSpec) -> int:
 
 def _trainable(s: Any) -> Any:
     """Trainable parameters: the LoRA adapters' (per distinct rank on columns), else the model's."""
-    import numpy as np
-
-    lora: Any
-    if v.is_array(s.lora_rank):
-        distinct, inverse = np.unique(s.lora_rank, return_inverse=True)
-        lora = np.array([lora_params(s.model, int(r)) for r in distinct])[inverse]
-    else:
-        lora = lora_params(s.model, s.lora_rank)
+    lora = v.per_value(lambda rank: lora_params(s.model, rank), s.lora_rank)
     return v.where(s.lora, lora, float(s.model.params))
 
 

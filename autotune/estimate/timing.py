@@ -8,11 +8,8 @@ is FLOPs at a realistic MFU that grows with the micro-batch, plus ZeRO communica
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
-
-import numpy as np
 
 from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GpuSpec
@@ -96,18 +93,11 @@ def _rollout_s(s: Any, gpu: GpuSpec, concurrency: Any) -> Any:
     return slowdown * (waves * s.max_completion_length * decode_step + prefill)
 
 
-def _per_value(f: Callable[[int], Any], x: Any) -> Any:
-    """``f(x)``; on a column, ``f`` of each distinct value put back in every row that holds it (so each
-    row gets exactly the Python number ``f`` gives)."""
-    if not v.is_array(x):
-        return f(x)
-    distinct, inverse = np.unique(x, return_inverse=True)
-    return np.array([f(int(d)) for d in distinct])[inverse]
-
-
 def _mfu(micro_tokens: Any) -> Any:
     """Training MFU of a micro-batch (a power: computed per distinct size, as Python computes it)."""
-    return _per_value(lambda tokens: TRAIN_MFU_MAX * min(1.0, tokens / TRAIN_MFU_TOKENS) ** 0.3, micro_tokens)
+    return v.per_value(
+        lambda tokens: TRAIN_MFU_MAX * min(1.0, tokens / TRAIN_MFU_TOKENS) ** 0.3, micro_tokens
+    )
 
 
 def _train_s(s: Any, gpu: GpuSpec) -> Any:
@@ -142,7 +132,7 @@ def _train_s(s: Any, gpu: GpuSpec) -> Any:
 
 def _lora_params_of(s: Any) -> Any:
     """:func:`lora_params` of the trial's rank (per distinct rank on columns)."""
-    return _per_value(lambda rank: lora_params(s.model, rank), s.lora_rank)
+    return v.per_value(lambda rank: lora_params(s.model, rank), s.lora_rank)
 
 
 def _sync_s(s: Any, gpu: GpuSpec) -> Any:

@@ -96,3 +96,18 @@ def test_num_reads_an_absent_count_as_zero() -> None:
     assert v.num(None) == 0 and v.num(0) == 0 and v.num(5) == 5
     col = np.array([0, 3])
     assert v.num(col) is col  # a column already holds 0 for "none"
+
+
+def test_per_value_calls_f_once_per_distinct_value_and_puts_it_back_in_every_row() -> None:
+    calls: list[int] = []
+
+    def f(x: int) -> int:
+        calls.append(x)
+        return 10 * x + 1
+
+    assert v.per_value(f, 3) == 31 and calls == [3]
+    calls.clear()
+    out = v.per_value(f, np.array([4, 2, 4, 0]))
+    # distinct values 0, 2, 4 (sorted, each once as a Python int): 1, 21, 41, back in row order
+    assert calls == [0, 2, 4] and all(type(c) is int for c in calls)
+    assert out.tolist() == [41, 21, 41, 1]
