@@ -543,6 +543,10 @@ for _gpu in _GPUS:
     _GPU_INDEX[_norm_gpu(_gpu.name)] = _gpu.name
     for _nvml in _gpu.nvml_names:
         _GPU_INDEX[_norm_gpu(_nvml)] = _gpu.name
+#: the index's keys of 4 characters or more, longest first: the prefixes an NVML name may carry
+_GPU_PREFIXES: tuple[tuple[str, str], ...] = tuple(
+    sorted(((k, n) for k, n in _GPU_INDEX.items() if len(k) >= 4), key=lambda kv: -len(kv[0]))
+)
 
 
 def known_gpus() -> list[str]:
@@ -557,14 +561,7 @@ def find_gpu(name: str) -> GpuSpec | None:
     # NVML names vary in suffixes ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "NVIDIA H100 80GB HBM3e"): the
     # longest entry of 4 characters or more that starts the name (for a PCIe name a PCIe entry when one
     # starts it, since any longer entry that starts the name holds that one)
-    hit = _GPU_INDEX.get(key) or next(
-        (
-            n
-            for k, n in sorted(_GPU_INDEX.items(), key=lambda kv: -len(kv[0]))
-            if key.startswith(k) and len(k) >= 4
-        ),
-        None,
-    )
+    hit = _GPU_INDEX.get(key) or next((n for k, n in _GPU_PREFIXES if key.startswith(k)), None)
     return _GPU_BY_NAME[hit] if hit is not None else None
 
 
