@@ -18,7 +18,8 @@ Usage (from the repository root)::
     python bench/mutation.py --json results.json
 
 The scratch copies go to ``--work`` (a temporary folder unless given; given, they are kept, so
-``cd WORK/TARGET && mutmut show NAME`` works afterwards).
+``cd WORK/TARGET && mutmut show NAME`` works afterwards). A folder
+under ``--work`` named after a target that this script did not make is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -198,6 +199,23 @@ def _copy_repository(dest: Path) -> None:
         shutil.copy2(src, dest / rel)
 
 
+#: the file that marks a folder as this script's scratch copy: only a folder holding it is ever replaced
+COPY_MARK = ".autotune-mutation-copy"
+
+
+def fresh_copy_dir(dest: Path) -> None:
+    """An empty ``dest`` for a scratch copy, marked as one; a ``dest`` that holds something else (a
+    folder of the user's under ``--work``) is refused and left as it is (SystemExit with the fix)."""
+    if dest.exists():
+        if not (dest / COPY_MARK).is_file():
+            raise SystemExit(
+                f"{dest} exists and is not a scratch copy this script made: give another --work folder"
+            )
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    (dest / COPY_MARK).write_text("a scratch copy of bench/mutation.py; its next run replaces it\n")
+
+
 def _write_config(dest: Path, target: Target) -> None:
     def block(key: str, values: tuple[str, ...]) -> str:
         return f"{key}=" + "\n    ".join(values) + "\n"
@@ -254,9 +272,7 @@ def run_target(
     dest = work / target.name
     duration_s = 0.0
     if run:
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
+        fresh_copy_dir(dest)
         _copy_repository(dest)
         _write_config(dest, target)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

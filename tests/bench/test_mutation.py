@@ -64,3 +64,25 @@ def test_each_explanation_sits_in_its_targets_file() -> None:
         modules = [p.removesuffix(".py").replace("/", ".") for p in target.mutate]
         for name in mutation.load_equivalents(path):
             assert any(name.startswith(m + ".") for m in modules), (path.name, name)
+
+
+def test_a_folder_under_work_that_the_script_did_not_make_is_refused_and_kept(tmp_path: Path) -> None:
+    users = tmp_path / "plan"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    try:
+        mutation.fresh_copy_dir(users)
+    except SystemExit as exc:
+        assert "not a scratch copy" in str(exc) and str(users) in str(exc)
+    else:
+        raise AssertionError("a folder of the user's was not refused")
+    assert (users / "notes.txt").read_text() == "mine"
+
+
+def test_a_scratch_copy_is_marked_and_replaced_by_the_next_run(tmp_path: Path) -> None:
+    dest = tmp_path / "plan"
+    mutation.fresh_copy_dir(dest)
+    assert sorted(p.name for p in dest.iterdir()) == [mutation.COPY_MARK]
+    (dest / "left-over").write_text("x")
+    mutation.fresh_copy_dir(dest)
+    assert sorted(p.name for p in dest.iterdir()) == [mutation.COPY_MARK]
