@@ -48,6 +48,8 @@ class TinyModelSpec:
         vocab_size: BPE vocabulary size (specials included).
         max_position_embeddings: longest sequence the model accepts.
         approx_params: parameter count, for messages and tests.
+        dtype: the torch dtype the weights are saved in (the checkpoint's ``dtype``, which the trainers
+            load and train in).
     """
 
     hidden_size: int
@@ -58,12 +60,18 @@ class TinyModelSpec:
     vocab_size: int = 512
     max_position_embeddings: int = 2048
     approx_params: int = 0
+    dtype: str = "float32"
 
 
 TINY_MODELS: dict[str, TinyModelSpec] = {
     "tiny-qwen2": TinyModelSpec(64, 2, 4, 2, 128, approx_params=107_000),
     "small-qwen2": TinyModelSpec(256, 4, 4, 2, 512, approx_params=2_500_000),
     "medium-qwen2": TinyModelSpec(512, 8, 8, 4, 1024, approx_params=19_000_000),
+    # Qwen2-1.5B's layer shape (width, heads, MLP) with 14 layers: a GPU trial with real weight
+    # traffic (scripts/gpu_check.sh), built in seconds, never downloaded. Saved in bf16 as the hub's
+    # Qwen2 checkpoints are: TRL trains in the checkpoint's dtype, and the estimator counts bf16 states
+    # (the first H200 run, with fp32 weights, measured 2.1x the memory the estimator predicted).
+    "large-qwen2": TinyModelSpec(1536, 14, 12, 2, 8960, approx_params=655_000_000, dtype="bfloat16"),
 }
 
 
@@ -216,7 +224,7 @@ def _build(out: Path, spec: TinyModelSpec, seed: int) -> None:
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = Qwen2ForCausalLM(config).to(getattr(torch, spec.dtype))
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True)
