@@ -303,6 +303,9 @@ class TrialResult(BaseModel):
     health: list[str] = Field(default_factory=list)
     peak_mem_bytes: list[int | None] = Field(default_factory=list)  # NVML, per selected GPU
     framework_peak_mem_bytes: int | None = None  # e.g. ms-swift memory(GiB): rank 0 torch reserve
+    # rank 0's torch peak of memory held by tensors (max_memory_allocated); with the reserve above it
+    # tells the caching allocator's free cache apart from memory the job needs (None: not reported)
+    framework_alloc_peak_bytes: int | None = None
     host_peak_rss_bytes: int | None = None
     timeline_summary: dict[str, Any] | None = None
     estimate: dict[str, Any] | None = None  # predicted memory breakdown (bytes per component)

@@ -14,7 +14,8 @@ It writes what the probes read, where autotune's environment says (nothing when 
 - one JSON line per logged optimizer step to ``$AUTOTUNE_METRICS_FILE`` (the format
   :class:`~autotune.backends.command.CommandParser` reads): ``step``, ``t_mono_s``/``t_wall_s`` of the
   step's end, ``duration_s`` since the previous step ended, ``samples``, ``tokens`` and every number the
-  trainer logged under ``values``;
+  trainer logged under ``values``, with this process's torch CUDA peaks (``memory_gib``: reserved,
+  ``memory_allocated_gib``: held by tensors) when it uses a GPU;
 - phase markers through :mod:`autotune.probes.phases` (``$AUTOTUNE_PHASES_FILE``).
 
 Which phase boundaries are exact. Trainer callbacks see only the step's edges (``on_step_begin``,
@@ -48,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -62,6 +64,7 @@ __all__ = [
     "MetricsWriter",
     "PhaseTracker",
     "numeric_values",
+    "torch_peak_memory_gib",
     "watch_trainer",
 ]
 
@@ -82,6 +85,26 @@ def numeric_values(logs: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def torch_peak_memory_gib() -> dict[str, float]:
+    """This process's torch CUDA peaks so far, in GiB: ``memory_gib`` (the caching allocator's reserve,
+    what NVML sees of it) and ``memory_allocated_gib`` (what tensors held at once).
+
+    Empty where torch is not imported or has not started CUDA: torch is never imported here.
+    """
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return {}
+        device = cuda.current_device()
+        return {
+            "memory_gib": cuda.max_memory_reserved(device) / 2**30,
+            "memory_allocated_gib": cuda.max_memory_allocated(device) / 2**30,
+        }
+    except (RuntimeError, AssertionError):  # a CUDA error is the trainer's to report, not the metrics'
+        return {}
+
+
 class MetricsWriter:
     """Appends one JSON line per optimizer step to the metrics file (rank 0 only; flushed per line).
 
@@ -90,8 +113,16 @@ class MetricsWriter:
     this run writes autotune's step records (and need not read the trainer's printed dicts).
     """
 
-    def __init__(self, path: Path, samples_per_step: int | None, *, is_main: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        samples_per_step: int | None,
+        *,
+        is_main: bool = True,
+        memory: Callable[[], Mapping[str, float]] = torch_peak_memory_gib,
+    ) -> None:
         self.path = Path(path)
+        self.memory = memory
         self.samples_per_step = samples_per_step
         self.is_main = is_main
         self._fh: IO[str] | None = None
@@ -125,6 +156,8 @@ class MetricsWriter:
         else:
             t_mono_s, t_wall_s, duration_s = time.monotonic(), time.time(), None
         values = numeric_values(logs)
+        for name, gib in self.memory().items():
+            values.setdefault(name, gib)  # what the trainer logged itself wins
         mean_len = values.get("completions/mean_length")
         tokens = (
             mean_len * self.samples_per_step

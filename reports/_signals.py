@@ -16,6 +16,8 @@ import pandas as pd
 from autotune.probes.phases import PHASES
 from autotune.reports._load import StudyData, TrialData
 
+from autotune.study.recommend import allocator_cache_bytes
+
 __all__ = ["IDLE_PCT", "HOST_BUSY_PCT", "TrialSignals", "signals"]
 
 IDLE_PCT = 5.0  # a GPU sample below this utilization counts as idle (same as probes.timeline)
@@ -27,7 +29,8 @@ class TrialSignals:
     """Derived numbers of one trial. Every field may be None when the evidence is missing.
 
     Attributes:
-        capacity_bytes / peak_bytes / headroom_bytes: per selected GPU (position order).
+        capacity_bytes / peak_bytes / headroom_bytes: per selected GPU (position order); headroom is
+            judged on the need (the peak less allocator_cache_bytes, as the recommendation judges it).
         util_mean_pct / idle_share: over all GPUs and the whole trial (the summary's numbers).
         window_s: length of the steady window; window_idle_share: GPU-idle share inside it.
         phase_seconds / idle_share_by_phase / pcie_bytes_s_by_phase: per phase inside the window
@@ -43,6 +46,8 @@ class TrialSignals:
     number: int
     capacity_bytes: list[int | None] = field(default_factory=list)
     peak_bytes: list[int | None] = field(default_factory=list)
+    # torch's free cache at its peak (reserved - allocated): NVML counts it, the job did not need it
+    allocator_cache_bytes: int = 0
     util_mean_pct: float | None = None
     idle_share: float | None = None
     window_s: float | None = None
@@ -68,7 +73,7 @@ class TrialSignals:
     @property
     def headroom_bytes(self) -> list[int | None]:
         return [
-            (c - p) if c is not None and p is not None else None
+            (c - max(0, p - self.allocator_cache_bytes)) if c is not None and p is not None else None
             for c, p in zip(self.capacity_bytes, self.peak_bytes, strict=False)
         ]
 
@@ -131,7 +136,7 @@ def signals(data: StudyData, trial: TrialData) -> TrialSignals:
     sum_gpus = summary.get("gpus") or []
     gpu = trial.gpu_rows()
     n_gpus = data.gpu_count or len(sum_gpus) or (int(gpu["device"].nunique()) if gpu is not None else 0)
-    sig = TrialSignals(number=trial.number)
+    sig = TrialSignals(number=trial.number, allocator_cache_bytes=allocator_cache_bytes(res))
     for pos in range(n_gpus):
         sig.capacity_bytes.append(data.capacity_bytes(pos, trial))
         peak = res.peak_mem_bytes[pos] if pos < len(res.peak_mem_bytes) else None

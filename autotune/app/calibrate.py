@@ -78,13 +78,15 @@ def points_from_results(
         expected_oom: these trials were sized to run out of memory.
     """
     from autotune.estimate import MemoryEstimate
+    from autotune.study.recommend import needed_bytes
 
     points = []
     for r in results:
         if r.status is TrialStatus.PRUNED and not r.steps:  # never launched: nothing was measured
             continue
         raw = MemoryEstimate.from_dict(r.estimate).scaled(1.0).to_dict() if r.estimate else None
-        peak = max((p for p in r.peak_mem_bytes if p is not None), default=None)
+        # the peak the job needed: NVML's less torch's free cache (what the estimator predicts)
+        peak = max((p for p in needed_bytes(r) if p is not None), default=None)
         predicted = predict_step_s(r.params, r.derived) if predict_step_s and not expected_oom else None
         points.append(
             CalibrationPoint(

@@ -6,16 +6,45 @@ from collections.abc import Sequence
 
 from autotune.records import Hardware, Recommendation, TrialResult, TrialStatus
 
-__all__ = ["Recommendation", "baseline_of", "recommend", "headroom_bytes"]
+__all__ = [
+    "Recommendation",
+    "allocator_cache_bytes",
+    "baseline_of",
+    "headroom_bytes",
+    "needed_bytes",
+    "recommend",
+]
+
+
+def allocator_cache_bytes(result: TrialResult) -> int:
+    """Memory torch's caching allocator held free at its peak: reserved minus allocated (0 when unknown).
+
+    NVML counts the allocator's reserve, and the reserve grows to whatever the GPU has when a phase
+    churns through tensors (the first H200 run: Hugging Face ``generate`` of 512 sequences took NVML to
+    143.6 of 150.8 GB, after which the trainer ran at 98 GB). Torch hands that cache back and retries
+    before it raises an OOM, so it is room, not need. Only known where the framework reports both peaks
+    (autotune's step records do from the trial's own process: ``memory_gib``, ``memory_allocated_gib``).
+    """
+    reserved, allocated = result.framework_peak_mem_bytes, result.framework_alloc_peak_bytes
+    if reserved is None or allocated is None:
+        return 0
+    return max(0, reserved - allocated)
+
+
+def needed_bytes(result: TrialResult) -> list[int | None]:
+    """What the trial needed on each GPU: its NVML peak less the allocator's free cache (None: unmeasured)."""
+    cache = allocator_cache_bytes(result)
+    return [None if peak is None else max(0, peak - cache) for peak in result.peak_mem_bytes]
 
 
 def headroom_bytes(result: TrialResult, hardware: Hardware | None) -> list[int | None]:
-    """Memory left at the trial's NVML peak on each GPU (None where unmeasured)."""
+    """Memory left at the trial's peak need on each GPU (None where unmeasured): :func:`needed_bytes`."""
     if hardware is None or not hardware.gpus:
         return []
+    need = needed_bytes(result)
     out: list[int | None] = []
     for i, gpu in enumerate(hardware.gpus):
-        peak = result.peak_mem_bytes[i] if i < len(result.peak_mem_bytes) else None
+        peak = need[i] if i < len(need) else None
         out.append(None if peak is None else gpu.memory_total_bytes - peak)
     return out
 

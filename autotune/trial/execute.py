@@ -256,6 +256,11 @@ class Executor:
                 self.hardware.host.ram_total_bytes,
             )
         fw_mem = [s.values["memory_gib"] for s in steps if s.values.get("memory_gib") is not None]
+        fw_alloc = [
+            s.values["memory_allocated_gib"]
+            for s in steps
+            if s.values.get("memory_allocated_gib") is not None
+        ]
         n_gpus = max(1, len(self.hardware.gpus))
         if spec.is_baseline and status is TrialStatus.COMPLETE:
             self.baseline_steps = steps
@@ -276,6 +281,7 @@ class Executor:
             health=health,
             peak_mem_bytes=peaks,
             framework_peak_mem_bytes=int(max(fw_mem) * 2**30) if fw_mem else None,
+            framework_alloc_peak_bytes=int(max(fw_alloc) * 2**30) if fw_alloc else None,
             host_peak_rss_bytes=int(host_peak) if host_peak else None,
             timeline_summary=summary,
             started_wall_s=record.started_wall_s or t0,
