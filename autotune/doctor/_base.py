@@ -8,9 +8,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.probes.gpu_health import GpuHealth
+
+if TYPE_CHECKING:
+    from autotune.doctor._interpreter import InterpreterFacts
 
 __all__ = ["Status", "Finding", "Check", "Facts", "HostFacts", "DoctorReport"]
 
@@ -81,9 +84,13 @@ class Facts:
         visible_error: ``CUDA_VISIBLE_DEVICES`` names a GPU NVML does not list.
         nvml_warnings: queries the driver refused.
         own_pids: this process and its parents (their GPU memory is not "another process").
-        packages: installed distribution → version (only those installed).
-        requirements: installed distribution → its ``Requires-Dist`` lines.
-        importable: distribution → whether its import package is found (without importing it).
+        packages: installed distribution → version (only those installed), in the trials' interpreter.
+        requirements: installed distribution → its ``Requires-Dist`` lines, in the same interpreter.
+        importable: distribution → whether its import package is found there (without importing it).
+        interpreter: the trials' interpreter as read (None: not read, see ``interpreter_error``).
+        interpreter_for: whose interpreter it is (``"the swift backend's trials"``).
+        interpreter_error: why it could not be read; None when it was, or when there is none to read
+            (the command backend's trials run the user's own command).
         env: the environment variables that matter (NCCL and friends), as set.
         host: the host's facts.
     """
@@ -101,6 +108,9 @@ class Facts:
     importable: Mapping[str, bool] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     host: HostFacts | None = None
+    interpreter: InterpreterFacts | None = None
+    interpreter_for: str = "autotune itself"
+    interpreter_error: str | None = None
 
 
 class Check(ABC):

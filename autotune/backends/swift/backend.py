@@ -236,7 +236,7 @@ class SwiftBackend(Backend):
             BackendError: ``swift`` is not found, its version cannot be read, or it is too old.
         """
         exe = self._find_executable()
-        python = self._python or _shebang_python(exe) or sys.executable
+        python = self.trial_python()
         versions = installed_versions(
             python,
             ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch"),
@@ -259,6 +259,14 @@ class SwiftBackend(Backend):
         self._version = version
         self._info = BackendInfo(name=self.name, version=version, executable=exe, extra=extra)
         return self._info
+
+    def trial_python(self) -> str:
+        """The interpreter of the ``swift`` command (its first line), else autotune's own.
+
+        Raises:
+            BackendError: ``swift`` is not found.
+        """
+        return self._python or _shebang_python(self._find_executable()) or sys.executable
 
     def _find_executable(self) -> str:
         if self._executable:
