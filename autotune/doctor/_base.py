@@ -8,14 +8,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from autotune.probes.gpu_health import GpuHealth
 
-if TYPE_CHECKING:
-    from autotune.doctor._interpreter import InterpreterFacts
-
-__all__ = ["Status", "Finding", "Check", "Facts", "HostFacts", "DoctorReport"]
+__all__ = ["Status", "Finding", "Check", "Facts", "HostFacts", "InterpreterFacts", "DoctorReport"]
 
 
 class Status(str, enum.Enum):
@@ -69,6 +68,36 @@ class HostFacts:
     ram_available_bytes: int
     offload_need_bytes: int | None = None
     model: str | None = None
+
+
+class InterpreterFacts(BaseModel):
+    """What one interpreter has installed, as its own ``importlib.metadata`` reads it.
+
+    Attributes:
+        python: the interpreter read (its ``sys.executable``).
+        python_version: ``"3.11.7"``.
+        packages: installed distribution → version (only those installed).
+        requirements: installed watched distribution → its ``Requires-Dist`` lines.
+        importable: installed framework → whether its import package is found.
+        torch_version_read: torch's ``torch/version.py`` was found and read.
+        torch_cuda: the CUDA torch was built for, from that file (None: a CPU build, or not read).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    python: str
+    python_version: str
+    packages: dict[str, str] = {}
+    requirements: dict[str, tuple[str, ...]] = {}
+    importable: dict[str, bool] = {}
+    torch_version_read: bool = False
+    torch_cuda: str | None = None
+
+    def torch_cuda_build(self) -> tuple[str | None, bool] | None:
+        """``(cuda, cpu_only)`` as torch's own version file says, or None when it was not read."""
+        if not self.torch_version_read:
+            return None
+        return self.torch_cuda, self.torch_cuda is None
 
 
 @dataclass(frozen=True)

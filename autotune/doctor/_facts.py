@@ -12,9 +12,9 @@ from types import ModuleType
 
 import psutil
 
-from autotune.doctor._base import Facts, HostFacts
+from autotune.doctor._base import Facts, HostFacts, InterpreterFacts
 from autotune.doctor._host import NCCL_ENV_PREFIXES
-from autotune.doctor._interpreter import InterpreterFacts, read_interpreter
+from autotune.doctor._interpreter import read_interpreter
 from autotune.errors import HardwareError, MachineError
 from autotune.probes.gpu_health import GpuHealth, HealthReading, read_gpu_health
 from autotune.probes.nvml import NvmlUnavailable

@@ -14,48 +14,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from autotune.doctor import _interpreter_probe as probe
-from autotune.doctor._base import Check, Facts, Finding
+from autotune.doctor._base import Check, Facts, Finding, InterpreterFacts
 from autotune.doctor._frameworks import FRAMEWORKS, WATCHED
 from autotune.doctor._gpu import CUDA_RUNTIME_DISTS
 from autotune.errors import MachineError
 
-__all__ = ["InterpreterFacts", "InterpreterCheck", "read_interpreter", "READ_TIMEOUT_S"]
+__all__ = ["InterpreterCheck", "read_interpreter", "READ_TIMEOUT_S"]
 
 #: how long an interpreter may take to print its record (it imports nothing but the standard library)
 READ_TIMEOUT_S = 60.0
-
-
-class InterpreterFacts(BaseModel):
-    """What one interpreter has installed, as its own ``importlib.metadata`` reads it.
-
-    Attributes:
-        python: the interpreter read (its ``sys.executable``).
-        python_version: ``"3.11.7"``.
-        packages: installed distribution → version (only those installed).
-        requirements: installed watched distribution → its ``Requires-Dist`` lines.
-        importable: installed framework → whether its import package is found.
-        torch_version_read: torch's ``torch/version.py`` was found and read.
-        torch_cuda: the CUDA torch was built for, from that file (None: a CPU build, or not read).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    python: str
-    python_version: str
-    packages: dict[str, str] = {}
-    requirements: dict[str, tuple[str, ...]] = {}
-    importable: dict[str, bool] = {}
-    torch_version_read: bool = False
-    torch_cuda: str | None = None
-
-    def torch_cuda_build(self) -> tuple[str | None, bool] | None:
-        """``(cuda, cpu_only)`` as torch's own version file says, or None when it was not read."""
-        if not self.torch_version_read:
-            return None
-        return self.torch_cuda, self.torch_cuda is None
 
 
 def _args() -> tuple[list[str], list[str], dict[str, str]]:

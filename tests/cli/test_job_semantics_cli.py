@@ -81,10 +81,10 @@ def test_a_7b_swift_study_launches_with_ms_swifts_defaults(cli, tmp_path: Path, 
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     launch = _first_launch(out)
     argv = launch["argv"]
-    # the model's local snapshot in the user's cache, resolved once; hub ids are Hugging Face's
+    # the model's local snapshot in the user's cache, resolved once
     snapshot = str(Path(env["HF_HUB_CACHE"]) / "models--Qwen--Qwen2-7B" / "snapshots")
     assert _argv_value(argv, "--model").startswith(snapshot)
-    assert _argv_value(argv, "--use_hf") == "true"
+    assert "--use_hf" not in argv  # a local model: the user's dataset ids keep ms-swift's meaning
     assert "MODELSCOPE_CACHE" not in launch.get("env", {}) and not (out / "cache").exists()
     assert _argv_value(argv, "--max_completion_length") == "512"
     assert _argv_value(argv, "--num_generations") == "8"

@@ -617,10 +617,11 @@ class SwiftBackend(Backend):
             args.extend(flag_items(name, value))
 
         add("model", ctx.model.path_or_id)
-        # ms-swift reads a hub id as a ModelScope id unless told otherwise (USE_HF defaults to 0); autotune
-        # passes it the model's local snapshot, and any hub id left (a dataset, a reward model) is the
-        # Hugging Face hub's, as everywhere else in autotune
-        add("use_hf", fixed.get("use_hf", True))
+        if not ctx.model.local:
+            # ms-swift reads a hub id as a ModelScope id unless told otherwise (USE_HF defaults to 0); a
+            # search passes the model's local snapshot, so only a hub id given here directly needs it. The
+            # user's own dataset and reward ids keep the meaning ms-swift gives them in the user's job.
+            add("use_hf", fixed.get("use_hf", True))
         if self._is_tiny(ctx):
             for name, value in _TINY_DEFAULTS.items():
                 add(name, fixed.get(name, value))

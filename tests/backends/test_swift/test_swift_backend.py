@@ -101,7 +101,7 @@ GPU_KNOBS = {
 def golden_cpu(tuner_flag: str) -> list[str]:
     return [
         "/opt/swift/bin/swift", "rlhf", "--rlhf_type", "grpo",
-        "--model", "/models/tiny-qwen2", "--use_hf", "true",
+        "--model", "/models/tiny-qwen2",
         "--model_type", "qwen2", "--template", "qwen", "--check_model", "false", f"--{tuner_flag}", "full",
         "--dataset", "<study>/trials/3/prompts.jsonl",
         "--external_plugins", "<study>/trials/3/swift_reward_plugin.py",
@@ -200,15 +200,18 @@ def test_one_thread_per_process_by_default(tmp_path: Path) -> None:
 
 def test_no_cache_of_the_study_and_hub_ids_are_hugging_faces(tmp_path: Path) -> None:
     """Review finding 2: ms-swift downloads a hub id from ModelScope unless ``--use_hf true``, and a trial
-    pointed ``MODELSCOPE_CACHE`` into the study (~15 GB per study). The user's caches are left alone, and
-    the user's own ``--use_hf`` holds."""
-    ctx = make_ctx(tmp_path)
+    pointed ``MODELSCOPE_CACHE`` into the study (~15 GB per study). The user's caches are left alone; a
+    hub id reaching ms-swift is Hugging Face's; a local model needs nothing, and the user's own
+    ``--use_hf`` holds."""
+    local = make_ctx(tmp_path)
+    hub = make_ctx(tmp_path, model="Qwen2.5-7B-Instruct")
     for environ in ({}, {"MODELSCOPE_CACHE": "/shared/ms"}):
-        plan = render(backend(environ=environ), dict(CPU_KNOBS), ctx)
+        plan = render(backend(environ=environ), dict(CPU_KNOBS), hub)
         assert "MODELSCOPE_CACHE" not in plan.env
-        assert not any(str(ctx.study_dir / "cache") in v for v in plan.env.values())
+        assert not any(str(hub.study_dir / "cache") in v for v in plan.env.values())
         assert plan.argv[plan.argv.index("--use_hf") + 1] == "true"
-    mine = make_ctx(tmp_path, fixed={"use_hf": False})
+    assert "--use_hf" not in render(backend(), dict(CPU_KNOBS), local).argv
+    mine = make_ctx(tmp_path, model="Qwen2.5-7B-Instruct", fixed={"use_hf": False})
     argv = render(backend(), dict(CPU_KNOBS), mine).argv
     assert argv.count("--use_hf") == 1 and argv[argv.index("--use_hf") + 1] == "false"
 
