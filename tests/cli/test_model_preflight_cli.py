@@ -21,7 +21,10 @@ def offline(tmp_path: Path) -> dict[str, str]:
     [
         ("/nonexistent/path", "/nonexistent/path"),
         ("acme/no-such-model", "model acme/no-such-model cannot be loaded"),
-        ("Qwen2-7B", "model Qwen2-7B (Qwen/Qwen2-7B) cannot be loaded"),  # a catalog name: its hub id, not cached
+        (
+            "Qwen2-7B",
+            "model Qwen2-7B (Qwen/Qwen2-7B) cannot be loaded",
+        ),  # a catalog name: its hub id, not cached
     ],
 )
 def test_a_model_that_cannot_load_stops_the_search_before_its_directory(
