@@ -54,7 +54,9 @@ def run_doctor(req: DoctorRequest, console: Console | None = None) -> DoctorOutc
 
     if req.seconds <= 0:
         raise UsageError(f"--seconds must be positive, got {req.seconds:g}", hint="For example --seconds 3")
-    python = backend_class(req.backend).from_cli(executable=req.executable).trial_python()
+    cls = backend_class(req.backend)
+    # a backend that runs the user's command has no interpreter of its own to read (nor a command here)
+    python = None if cls.takes_command else cls.from_cli(executable=req.executable).trial_python()
     facts = gather_facts(
         Path(req.out), model=req.model, python=python, python_for=f"the {req.backend} backend's trials"
     )

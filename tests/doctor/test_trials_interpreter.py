@@ -118,6 +118,9 @@ def test_doctor_names_the_interpreter_it_read(tmp_path: Path, capsys: pytest.Cap
     assert "the verl backend's trials" in found["theirs"]["interpreter"]["detail"]
     assert "torch 2.6.0+cu124" in found["theirs"]["torch-cuda"]["detail"]
     assert "torch 2.6.0+cu124" not in found["mine"]["torch-cuda"]["detail"]
+    command = {f["check"]: f for f in json.loads(run(capsys, *common, "--backend", "command")[1])["findings"]}
+    assert "no Python interpreter to read" in command["interpreter"]["detail"]
+    assert "torch-cuda" not in command  # the user's command decides its torch
 
 
 def test_search_judges_the_interpreter_its_trials_run_with(
