@@ -20,6 +20,10 @@ class DoctorRequest:
 
     out: str = "runs"
     model: str | None = None
+    # whose trials' interpreter to read (torch, its CUDA build, the frameworks and their pins), and the
+    # --executable that backend takes (the swift command, verl's python)
+    backend: str = "trl"
+    executable: str | None = None
     quick: bool = False
     bench: bool = False
     seconds: float = 3.0
@@ -42,13 +46,20 @@ def run_doctor(req: DoctorRequest, console: Console | None = None) -> DoctorOutc
     """Check this machine; measure its peaks and calibrate on its GPU when asked.
 
     Raises:
-        UsageError: ``--seconds`` not positive; an unknown ``--model``.
+        UsageError: ``--seconds`` not positive; an unknown ``--model``, ``--backend``; an
+            ``--executable`` (or the framework's command) that is not there.
     """
+    from autotune.backends import backend_class
     from autotune.doctor import gather_facts, run_checks
 
     if req.seconds <= 0:
         raise UsageError(f"--seconds must be positive, got {req.seconds:g}", hint="For example --seconds 3")
-    facts = gather_facts(Path(req.out), model=req.model)
+    cls = backend_class(req.backend)
+    # a backend that runs the user's command has no interpreter of its own to read (nor a command here)
+    python = None if cls.takes_command else cls.from_cli(executable=req.executable).trial_python()
+    facts = gather_facts(
+        Path(req.out), model=req.model, python=python, python_for=f"the {req.backend} backend's trials"
+    )
     report = run_checks(facts, quick=req.quick)
     extra: dict[str, Any] = {}
     if req.bench:

@@ -292,6 +292,20 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         user_baseline = coerce_knob_values(user_baseline, space)
         _check_pins_hold(pins, user_baseline, "--baseline" if req.baseline else "your flags after --")
         space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
+    # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
+    out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
+    from autotune.doctor import preflight
+
+    # the doctor's quick checks on the GPUs the search uses and on the interpreter the trials run with:
+    # a failure stops here with its line and fix, before a model is downloaded
+    preflight(
+        out,
+        gpu_indices=[g.index for g in hardware.gpus if not g.declared],
+        python=backend.trial_python(),
+        python_for=f"the {req.backend} backend's trials",
+    )
+    # the model every trial and the export load, once: a local folder, or a hub id's snapshot downloaded
+    # to the user's Hugging Face cache; one that cannot load is one line here, not a failed trial after another
     model = backend.resolve_model(req.model)
     semantics = job_semantics(
         req, backend, file_args, job_args, n_gpus=len(gpu_slices(hardware.gpus, req.gpus_per_trial)[0])
@@ -306,17 +320,12 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         hang_floor_s=hang_floor_s,
         trial_timeout_s=trial_timeout_s,
     )
-    # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
-    out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
     for notice in backend.check_flags(
         space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
     ):
         console.print(f"note: {notice}", markup=False, style="yellow")
-    from autotune.doctor import preflight
     from autotune.studydir import ensure_study_out
 
-    # the doctor's quick checks on the GPUs the search uses: a failure stops here with its line and fix
-    preflight(out, gpu_indices=[g.index for g in hardware.gpus if not g.declared])
     ensure_study_out(out)
     # 3. the study.
     return _run(

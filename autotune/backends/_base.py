@@ -28,6 +28,7 @@ YAML (its values, default and label) and their tests; nothing else names it.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -272,10 +273,26 @@ class Backend(ABC):
 
     @classmethod
     def resolve_model(cls, name: str) -> ModelRef:
-        """The model a study of this backend trains: a catalog entry, a local folder or a tiny model."""
-        from autotune.workload.models import resolve_model
+        """The model a study of this backend trains, as every trial and the export load it: a local folder
+        that holds a model, a tiny model, or a catalog entry's or hub id's local snapshot (downloaded once,
+        to the user's Hugging Face cache).
 
-        return resolve_model(name)
+        Raises:
+            UsageError: an unknown name, a path without a model, a hub id neither reachable nor cached.
+        """
+        from autotune.workload.models import fetch_model, resolve_model
+
+        return fetch_model(resolve_model(name))
+
+    def trial_python(self) -> str | None:
+        """The interpreter this backend's trials run with, whose torch, CUDA build, frameworks and pins
+        the doctor and the search's pre-flight read (autotune's own unless a backend says otherwise);
+        None when the trials run the user's own command.
+
+        Raises:
+            BackendError: the interpreter or the framework's command named is not found.
+        """
+        return sys.executable
 
     def study_identity(self) -> dict[str, Any]:
         """What this backend instance adds to a study's definition (a resumed study must keep it).

@@ -374,6 +374,10 @@ class CommandBackend(Backend):
         """Only a name: the command decides what it trains (no facts, so no memory estimate)."""
         return ModelRef(name=name, path_or_id=name, local=False, facts={})
 
+    def trial_python(self) -> str | None:
+        """None: a trial runs the user's command, in whatever interpreter it names."""
+        return None
+
     def __init__(
         self, template: Sequence[str], metrics_file: str | None = None, cwd: str | None = None
     ) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 HELP = """Check this machine before tuning on it: the NVIDIA driver and NVML, torch's CUDA against the
-driver, the GPUs this process may use (CUDA_VISIBLE_DEVICES) and who else is on them, MIG, persistence,
+driver (torch as the trials' interpreter has it: --backend, --executable), the GPUs this process may use (CUDA_VISIBLE_DEVICES) and who else is on them, MIG, persistence,
 ECC, clock slowdowns, the frameworks installed and their pins on each other, /dev/shm, the open-file
 limit, free disk under --out, host RAM against what offload needs, and the NCCL environment.
 
@@ -20,6 +20,7 @@ on 2+ GPUs; the CPU's on a machine without GPU) and caches them for plan, search
 Examples:
   autotune doctor
   autotune doctor --out /scratch/runs --model Qwen2.5-7B --json
+  autotune doctor --backend swift --executable /envs/swift/bin/swift
   autotune doctor --bench --seconds 3"""
 
 
@@ -34,6 +35,20 @@ def register(app: typer.Typer) -> None:
         model: Annotated[
             str | None,
             typer.Option("--model", help="A model to check host RAM against (ZeRO-3 offload of it)."),
+        ] = None,
+        backend: Annotated[
+            str,
+            typer.Option(
+                "--backend",
+                help="Whose trials' interpreter to read for torch, its CUDA build and the frameworks.",
+            ),
+        ] = "trl",
+        executable: Annotated[
+            str | None,
+            typer.Option(
+                "--executable",
+                help="As for search: the swift command (swift backend) or verl's python (verl backend).",
+            ),
         ] = None,
         quick: Annotated[
             bool, typer.Option("--quick", help="Only the checks search runs before its first trial.")
@@ -59,7 +74,14 @@ def register(app: typer.Typer) -> None:
 
         outcome = run_doctor(
             DoctorRequest(
-                out=out, model=model, quick=quick, bench=bench, seconds=seconds, calibrate=calibrate
+                out=out,
+                model=model,
+                backend=backend,
+                executable=executable,
+                quick=quick,
+                bench=bench,
+                seconds=seconds,
+                calibrate=calibrate,
             ),
             err_console,
         )

@@ -8,11 +8,12 @@ trial. :func:`run_bench` is ``--bench`` (torch is imported only when a GPU is me
 
 from __future__ import annotations
 
-from autotune.doctor._base import Check, DoctorReport, Facts, Finding, HostFacts, Status
+from autotune.doctor._base import Check, DoctorReport, Facts, Finding, HostFacts, InterpreterFacts, Status
 from autotune.doctor._bench import BenchOutcome, GpuPeakNumbers, measure_gpu_peaks, run_bench
-from autotune.doctor._facts import gather_facts, host_facts, installed_packages, offload_need_bytes
+from autotune.doctor._facts import gather_facts, host_facts, offload_need_bytes
 from autotune.doctor._frameworks import Conflict, conflicts
 from autotune.doctor._gpu import torch_cuda_version
+from autotune.doctor._interpreter import read_interpreter
 from autotune.doctor._run import CHECKS, preflight, run_checks
 
 __all__ = [
@@ -29,7 +30,8 @@ __all__ = [
     "conflicts",
     "gather_facts",
     "host_facts",
-    "installed_packages",
+    "InterpreterFacts",
+    "read_interpreter",
     "measure_gpu_peaks",
     "offload_need_bytes",
     "preflight",

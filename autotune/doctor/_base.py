@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from autotune.probes.gpu_health import GpuHealth
 
-__all__ = ["Status", "Finding", "Check", "Facts", "HostFacts", "DoctorReport"]
+__all__ = ["Status", "Finding", "Check", "Facts", "HostFacts", "InterpreterFacts", "DoctorReport"]
 
 
 class Status(str, enum.Enum):
@@ -68,6 +70,36 @@ class HostFacts:
     model: str | None = None
 
 
+class InterpreterFacts(BaseModel):
+    """What one interpreter has installed, as its own ``importlib.metadata`` reads it.
+
+    Attributes:
+        python: the interpreter read (its ``sys.executable``).
+        python_version: ``"3.11.7"``.
+        packages: installed distribution → version (only those installed).
+        requirements: installed watched distribution → its ``Requires-Dist`` lines.
+        importable: installed framework → whether its import package is found.
+        torch_version_read: torch's ``torch/version.py`` was found and read.
+        torch_cuda: the CUDA torch was built for, from that file (None: a CPU build, or not read).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    python: str
+    python_version: str
+    packages: dict[str, str] = {}
+    requirements: dict[str, tuple[str, ...]] = {}
+    importable: dict[str, bool] = {}
+    torch_version_read: bool = False
+    torch_cuda: str | None = None
+
+    def torch_cuda_build(self) -> tuple[str | None, bool] | None:
+        """``(cuda, cpu_only)`` as torch's own version file says, or None when it was not read."""
+        if not self.torch_version_read:
+            return None
+        return self.torch_cuda, self.torch_cuda is None
+
+
 @dataclass(frozen=True)
 class Facts:
     """Everything the checks read, gathered once (``gather_facts``; tests build it from fakes).
@@ -81,9 +113,13 @@ class Facts:
         visible_error: ``CUDA_VISIBLE_DEVICES`` names a GPU NVML does not list.
         nvml_warnings: queries the driver refused.
         own_pids: this process and its parents (their GPU memory is not "another process").
-        packages: installed distribution → version (only those installed).
-        requirements: installed distribution → its ``Requires-Dist`` lines.
-        importable: distribution → whether its import package is found (without importing it).
+        packages: installed distribution → version (only those installed), in the trials' interpreter.
+        requirements: installed distribution → its ``Requires-Dist`` lines, in the same interpreter.
+        importable: distribution → whether its import package is found there (without importing it).
+        interpreter: the trials' interpreter as read (None: not read, see ``interpreter_error``).
+        interpreter_for: whose interpreter it is (``"the swift backend's trials"``).
+        interpreter_error: why it could not be read; None when it was, or when there is none to read
+            (the command backend's trials run the user's own command).
         env: the environment variables that matter (NCCL and friends), as set.
         host: the host's facts.
     """
@@ -101,6 +137,9 @@ class Facts:
     importable: Mapping[str, bool] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     host: HostFacts | None = None
+    interpreter: InterpreterFacts | None = None
+    interpreter_for: str = "autotune itself"
+    interpreter_error: str | None = None
 
 
 class Check(ABC):

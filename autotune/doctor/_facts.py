@@ -1,58 +1,27 @@
-"""Reading the machine once, for every check: NVML through the probes' gate, package metadata (nothing
-imported), the host's limits and free space. Each source is a parameter, so tests pass fakes."""
+"""Reading the machine once, for every check: NVML through the probes' gate, the trials' interpreter
+(package metadata, nothing imported), the host's limits and free space. Each source is a parameter, so tests pass fakes."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable, Mapping
-from importlib import metadata
-from importlib.util import find_spec
 from pathlib import Path
 from types import ModuleType
 
 import psutil
 
-from autotune.doctor._base import Facts, HostFacts
-from autotune.doctor._frameworks import FRAMEWORKS, WATCHED
-from autotune.doctor._gpu import CUDA_RUNTIME_DISTS
+from autotune.doctor._base import Facts, HostFacts, InterpreterFacts
 from autotune.doctor._host import NCCL_ENV_PREFIXES
-from autotune.errors import HardwareError
+from autotune.doctor._interpreter import read_interpreter
+from autotune.errors import HardwareError, MachineError
 from autotune.probes.gpu_health import GpuHealth, HealthReading, read_gpu_health
 from autotune.probes.nvml import NvmlUnavailable
 from autotune.secrets import MASK, SecretRule
 from autotune.study.hardware import visible_devices
 
-__all__ = ["gather_facts", "installed_packages", "host_facts", "offload_need_bytes"]
-
-
-def installed_packages(
-    dists: tuple[str, ...] = (*WATCHED, *CUDA_RUNTIME_DISTS),
-) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
-    """Versions and ``Requires-Dist`` lines of the installed distributions among ``dists``."""
-    versions: dict[str, str] = {}
-    requires: dict[str, tuple[str, ...]] = {}
-    for dist in dists:
-        try:
-            found = metadata.distribution(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        versions[dist] = found.version
-        if dist in WATCHED:
-            requires[dist] = tuple(found.requires or ())
-    return versions, requires
-
-
-def _importable(packages: Mapping[str, str]) -> dict[str, bool]:
-    """Whether each installed framework's import package is found (``find_spec``: nothing is run)."""
-    out: dict[str, bool] = {}
-    for dist, module in FRAMEWORKS.items():
-        if dist in packages:
-            try:
-                out[dist] = find_spec(module) is not None
-            except (ImportError, ValueError):
-                out[dist] = False
-    return out
+__all__ = ["gather_facts", "host_facts", "offload_need_bytes"]
 
 
 def _existing(path: Path) -> Path:
@@ -145,6 +114,9 @@ def gather_facts(
     environ: Mapping[str, str] | None = None,
     reader: Callable[[ModuleType | None], HealthReading] = read_gpu_health,
     host: Callable[..., HostFacts] = host_facts,
+    python: str | None = sys.executable,
+    python_for: str = "autotune itself",
+    interpreter: Callable[[str], InterpreterFacts] = read_interpreter,
 ) -> Facts:
     """Read everything the checks need, once.
 
@@ -155,6 +127,10 @@ def gather_facts(
         environ: the environment (default: this process's).
         reader: the GPU reader (the probes' gated NVML reads).
         host: the host reader.
+        python: the interpreter the trials run with, whose torch and frameworks are judged (default
+            autotune's own; None: the trials run the user's own command, there is none to read).
+        python_for: whose interpreter it is, for the doctor's line (``"the swift backend's trials"``).
+        interpreter: the interpreter reader (one subprocess per interpreter).
     """
     environ = os.environ if environ is None else environ
     nvml_error: str | None = None
@@ -171,7 +147,13 @@ def gather_facts(
             visible = visible_devices(gpus, environ.get("CUDA_VISIBLE_DEVICES"))
         except HardwareError as exc:
             visible_error = exc.message
-    packages, requirements = installed_packages()
+    read: InterpreterFacts | None = None
+    read_error: str | None = None
+    if python is not None:
+        try:
+            read = interpreter(python)
+        except MachineError as exc:
+            read_error = exc.message
     return Facts(
         driver_version=reading.driver_version if reading else None,
         cuda_driver_version=reading.cuda_driver_version if reading else None,
@@ -181,9 +163,12 @@ def gather_facts(
         visible_error=visible_error,
         nvml_warnings=reading.warnings if reading else (),
         own_pids=_own_pids(),
-        packages=packages,
-        requirements=requirements,
-        importable=_importable(packages),
+        packages=dict(read.packages) if read else {},
+        requirements=dict(read.requirements) if read else {},
+        importable=dict(read.importable) if read else {},
         env=_relevant_env(environ),
         host=host(out_dir, model=model, n_gpus=max(1, len(visible))),
+        interpreter=read,
+        interpreter_for=python_for,
+        interpreter_error=read_error,
     )

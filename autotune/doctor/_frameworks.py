@@ -44,6 +44,8 @@ class FrameworksCheck(Check):
     name = "frameworks"
 
     def run(self, facts: Facts) -> list[Finding]:
+        if facts.interpreter is None:  # none to read, or unreadable: the interpreter check says which
+            return []
         installed = {d: v for d, v in facts.packages.items() if d in FRAMEWORKS}
         broken = [d for d in installed if not facts.importable.get(d, True)]
         absent = [d for d in FRAMEWORKS if d not in installed]
@@ -118,6 +120,8 @@ class PinsCheck(Check):
     name = "pins"
 
     def run(self, facts: Facts) -> list[Finding]:
+        if facts.interpreter is None:
+            return []
         found = conflicts(facts.packages, facts.requirements)
         if found:
             first = found[0]

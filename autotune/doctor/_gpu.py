@@ -117,6 +117,8 @@ class TorchCudaCheck(Check):
     quick = True
 
     def run(self, facts: Facts) -> list[Finding]:
+        if facts.interpreter is None:  # none to read, or unreadable: the interpreter check says which
+            return []
         torch = facts.packages.get("torch")
         has_gpus = bool(facts.gpus)
         if torch is None:
@@ -128,6 +130,16 @@ class TorchCudaCheck(Check):
                 )
             ]
         cuda, cpu_only = torch_cuda_version(facts.packages)
+        built = facts.interpreter.torch_cuda_build()
+        if (
+            cuda is None
+            and not cpu_only
+            and built is not None
+            and facts.interpreter.packages.get("torch") == torch
+        ):
+            cuda, cpu_only = (
+                built  # no tag nor runtime wheel (a conda or source build): torch/version.py says
+            )
         driver = facts.cuda_driver_version
         if cpu_only:
             if has_gpus:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +23,7 @@ from autotune.doctor._gpu import (
     VisibleGpusCheck,
 )
 from autotune.doctor._host import DiskCheck, HostRamCheck, NcclEnvCheck, OpenFilesCheck, ShmCheck
+from autotune.doctor._interpreter import InterpreterCheck
 from autotune.errors import MachineError
 
 __all__ = ["CHECKS", "run_checks", "preflight"]
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 #: every check, in the order ``autotune doctor`` prints them
 CHECKS: tuple[type[Check], ...] = (
     NvmlCheck,
+    InterpreterCheck,
     TorchCudaCheck,
     VisibleGpusCheck,
     BusyGpusCheck,
@@ -74,7 +77,12 @@ def run_checks(
 
 
 def preflight(
-    out_dir: Path, *, gpu_indices: Sequence[int] | None = None, nvml: ModuleType | None = None
+    out_dir: Path,
+    *,
+    gpu_indices: Sequence[int] | None = None,
+    nvml: ModuleType | None = None,
+    python: str | None = sys.executable,
+    python_for: str = "autotune itself",
 ) -> DoctorReport:
     """The quick subset, before a search's first trial.
 
@@ -83,6 +91,9 @@ def preflight(
         gpu_indices: the NVML indices of the GPUs the search uses (None: every visible GPU); another
             user's process on a GPU the search leaves alone is none of its business.
         nvml: the ``pynvml`` module (tests pass the autospec fake).
+        python: the interpreter the trials run with (its torch, CUDA build and frameworks are judged;
+            None: the trials run the user's own command).
+        python_for: whose interpreter it is, for the doctor's line (``"the swift backend's trials"``).
 
     Raises:
         MachineError: a check failed; the message is the doctor's line for the first failure.
@@ -90,7 +101,7 @@ def preflight(
     from autotune.doctor._facts import gather_facts
 
     try:
-        facts = gather_facts(out_dir, nvml=nvml)
+        facts = gather_facts(out_dir, nvml=nvml, python=python, python_for=python_for)
     except Exception as exc:  # noqa: BLE001 - the doctor's own bug must not stop a search
         log.debug("doctor: gathering facts failed", exc_info=True)
         return DoctorReport(

@@ -10,7 +10,7 @@ from typing import Any
 from autotune.errors import UsageError
 from autotune.records import ModelRef
 
-__all__ = ["resolve_model"]
+__all__ = ["resolve_model", "fetch_model"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -60,3 +60,101 @@ def resolve_model(name: str, *, build_tiny: bool = True) -> ModelRef:
         f"unknown model {name!r}",
         hint=f"Use a hub id (org/name), a local model folder, or a known name such as {shown}",
     )
+
+
+#: weight files a framework loads a model from (transformers, vLLM)
+_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.pt", "*.pth")
+#: files of other runtimes a hub repository may carry, never read by a PyTorch trainer (vLLM leaves
+#: ``original/`` out the same way): not downloaded
+_NOT_LOADED = ("*.h5", "*.msgpack", "*.ot", "*.onnx", "*.onnx_data", "*.tflite", "*.gguf", "original/*")
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(next(folder.glob(pattern), None) is not None for pattern in _WEIGHT_GLOBS)
+
+
+def _loadable_folder(folder: Path, name: str, fix: str) -> None:
+    """Refuse a folder a framework cannot load a model from: no ``config.json``, or no weights."""
+    if not folder.is_dir():
+        raise UsageError(f"model {name}: {folder} is not a model folder", hint=fix)
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"model {name}: {folder} has no config.json", hint=fix)
+    if not _has_weights(folder):
+        raise UsageError(f"model {name}: {folder} has no weights ({', '.join(_WEIGHT_GLOBS[:2])})", hint=fix)
+
+
+def _named(name: str, hub_id: str) -> str:
+    return name if name == hub_id else f"{name} ({hub_id})"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _snapshot(name: str, hub_id: str) -> Path:
+    """The local snapshot of ``hub_id`` in the user's own Hugging Face cache, downloaded there the first
+    time (huggingface_hub's ``snapshot_download``: ``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_TOKEN`` and
+    ``HF_HUB_OFFLINE`` apply as they do for the frameworks).
+
+    Raises:
+        UsageError: the hub cannot be reached and the model is not cached, or the hub refuses it.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    fix = (
+        f"Download it once where the hub can be reached (hf download {hub_id}), "
+        "or point --model at a local model folder"
+    )
+    try:
+        return Path(snapshot_download(hub_id, ignore_patterns=list(_NOT_LOADED)))
+    except GatedRepoError as exc:
+        raise UsageError(
+            f"model {_named(name, hub_id)} is gated on the Hugging Face hub ({_first_line(exc)})",
+            hint="Accept its licence on the hub and log in (hf auth login), or set HF_TOKEN",
+        ) from None
+    except RepositoryNotFoundError:
+        raise UsageError(
+            f"model {_named(name, hub_id)} is not on the Hugging Face hub",
+            hint="Check the id (org/name) or log in for a private one (hf auth login)",
+        ) from None
+    except (OSError, HFValidationError) as exc:  # not cached and no hub (offline, no network), disk
+        raise UsageError(
+            f"model {_named(name, hub_id)} cannot be loaded: {_first_line(exc)}", hint=fix
+        ) from None
+
+
+def fetch_model(ref: ModelRef) -> ModelRef:
+    """The model every trial and the export load: a local folder checked to hold one, or a hub id's
+    local snapshot (downloaded once, to the user's Hugging Face cache; never into a study).
+
+    Called once, before a study's directory is touched, so a model that cannot load is one line, not a
+    failed trial after another.
+
+    Raises:
+        UsageError: no model at the path, or a hub id that cannot be reached and is not cached.
+    """
+    if ref.local:
+        _loadable_folder(Path(ref.path_or_id), ref.name, "Point --model at a Hugging Face model folder")
+        return ref
+    folder = _snapshot(ref.name, ref.path_or_id)
+    _loadable_folder(
+        folder,
+        ref.name,
+        f"Complete the download where the hub can be reached (hf download {ref.path_or_id})",
+    )
+    return ModelRef(
+        name=ref.name, path_or_id=str(folder), local=True, facts=ref.facts or _folder_facts(folder)
+    )
+
+
+def _folder_facts(folder: Path) -> dict[str, Any]:
+    """A snapshot's architecture facts from its ``config.json`` (empty for a model the catalog's reader
+    does not understand: the study then runs without the memory gate, as for any unknown model)."""
+    from autotune.estimate import model_from_config
+
+    try:
+        return _facts(model_from_config(folder))
+    except UsageError:
+        return {}

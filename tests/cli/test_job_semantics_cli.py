@@ -18,6 +18,7 @@ import pytest
 
 from autotune.backends.swift.backend import CONTROLLED_FLAGS, SwiftBackend
 from autotune.space import load_space
+from tests.hubcache import cached_snapshot
 
 DECLARED = ("--gpus", "4", "--gpu-type", "A10")
 SHORT = ("--trials", "1", "--max-steps", "2", "--confirm-runs", "0", "--startup-timeout", "1s")
@@ -28,7 +29,12 @@ def _fake_swift(tmp_path: Path, cache: Path) -> Path:
     python = tmp_path / "fakepy" / "python"
     python.parent.mkdir(parents=True)
     versions = {"ms-swift": "4.6.0", "deepspeed": "0.19.8", "vllm": None}
-    python.write_text(f"#!/bin/sh\necho 'AUTOTUNE_VERSIONS {json.dumps(versions)}'\n")
+    # the doctor's record of the same interpreter (the search's pre-flight reads torch there)
+    record = {"python": str(python), "python_version": "3.11.7", "packages": {"ms-swift": "4.6.0"}}
+    python.write_text(
+        f"#!/bin/sh\necho 'AUTOTUNE_VERSIONS {json.dumps(versions)}'\n"
+        f"echo 'AUTOTUNE_INTERPRETER {json.dumps(record)}'\n"
+    )
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     swift = tmp_path / "bin" / "swift"
     swift.parent.mkdir(parents=True)
@@ -59,7 +65,10 @@ def _first_launch(out: Path) -> dict:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    return {"AUTOTUNE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    """No hub; Qwen/Qwen2-7B in the user's Hugging Face cache (the search resolves it before trial 0)."""
+    hub = tmp_path / "hf-cache"
+    cached_snapshot(hub, "Qwen/Qwen2-7B")
+    return {"AUTOTUNE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
 
 
 def test_a_7b_swift_study_launches_with_ms_swifts_defaults(cli, tmp_path: Path, env: dict[str, str]) -> None:
@@ -70,7 +79,13 @@ def test_a_7b_swift_study_launches_with_ms_swifts_defaults(cli, tmp_path: Path, 
         "--out", str(out), env=env,
     )  # fmt: skip
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
-    argv = _first_launch(out)["argv"]
+    launch = _first_launch(out)
+    argv = launch["argv"]
+    # the model's local snapshot in the user's cache, resolved once
+    snapshot = str(Path(env["HF_HUB_CACHE"]) / "models--Qwen--Qwen2-7B" / "snapshots")
+    assert _argv_value(argv, "--model").startswith(snapshot)
+    assert "--use_hf" not in argv  # a local model: the user's dataset ids keep ms-swift's meaning
+    assert "MODELSCOPE_CACHE" not in launch.get("env", {}) and not (out / "cache").exists()
     assert _argv_value(argv, "--max_completion_length") == "512"
     assert _argv_value(argv, "--num_generations") == "8"
     settings = json.loads((out / "study.json").read_text())
@@ -87,7 +102,10 @@ def test_a_7b_trl_study_launches_with_grpoconfigs_defaults(cli, tmp_path: Path, 
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     launched = sorted(out.glob("trials/*/trial_config.json"))
     assert launched, proc.stdout + proc.stderr
-    config = json.loads(launched[0].read_text())["grpo_config"]
+    trial_config = json.loads(launched[0].read_text())
+    snapshot = str(Path(env["HF_HUB_CACHE"]) / "models--Qwen--Qwen2-7B" / "snapshots")
+    assert trial_config["model"].startswith(snapshot)  # the local snapshot, resolved once
+    config = trial_config["grpo_config"]
     assert config["max_completion_length"] == 512 and config["num_generations"] == 8
     # TRL's default batch: 8 completions per device on 4 GPUs
     assert config["per_device_train_batch_size"] * 4 * config["gradient_accumulation_steps"] == 32

@@ -47,6 +47,28 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
         "nvidia-smi must work",
     ),
     ("nvml-lists-none", "nvml", lambda: gpu_facts(0), Status.WARN, "lists none", "docker run --gpus all"),
+    # the interpreter the torch, framework and pin checks read
+    ("interpreter-ok", "interpreter", lambda: gpu_facts(1), Status.OK, "(Python 3.", ""),
+    (
+        "interpreter-none-for-a-command",
+        "interpreter",
+        lambda: dataclasses.replace(
+            gpu_facts(1), interpreter=None, interpreter_for="the command backend's trials"
+        ),
+        Status.OK,
+        "no Python interpreter to read: the command backend's trials run your own command",
+        "",
+    ),
+    (
+        "interpreter-unreadable",
+        "interpreter",
+        lambda: dataclasses.replace(
+            gpu_facts(1), interpreter=None, interpreter_error="cannot run the trials' interpreter /x/python"
+        ),
+        Status.FAIL,
+        "cannot run the trials' interpreter /x/python",
+        "Point --executable at the trials' interpreter",
+    ),
     # torch against the driver
     ("torch-ok", "torch-cuda", lambda: _with(gpu_facts(1), torch="2.6.0+cu124"), Status.OK, "CUDA 12.4", ""),
     (
@@ -385,7 +407,18 @@ def test_every_check_has_a_case_for_each_of_its_branches() -> None:
         assert (cls.name, Status.OK) in covered, cls.name
         assert (cls.name, Status.WARN) in covered or (cls.name, Status.FAIL) in covered, cls.name
     # the fail branches there are
-    fails = {"torch-cuda", "gpus", "gpu-busy", "mig", "ecc", "clocks", "frameworks", "pins", "shm"}
+    fails = {
+        "interpreter",
+        "torch-cuda",
+        "gpus",
+        "gpu-busy",
+        "mig",
+        "ecc",
+        "clocks",
+        "frameworks",
+        "pins",
+        "shm",
+    }
     assert fails | {"open-files", "disk"} == {c[1] for c in CASES if c[3] is Status.FAIL}
 
 
@@ -420,7 +453,18 @@ def test_own_processes_are_not_another_user() -> None:
 def test_the_quick_subset_is_what_search_runs() -> None:
     quick = {f.check for f in run_checks(gpu_facts(2), quick=True).findings}
     assert quick == {c.name for c in CHECKS if c.quick}
-    assert {"nvml", "torch-cuda", "gpus", "gpu-busy", "mig", "ecc", "shm", "open-files", "disk"} == quick
+    assert {
+        "nvml",
+        "interpreter",
+        "torch-cuda",
+        "gpus",
+        "gpu-busy",
+        "mig",
+        "ecc",
+        "shm",
+        "open-files",
+        "disk",
+    } == quick
 
 
 def test_secret_looking_nccl_values_are_masked() -> None:

@@ -140,7 +140,7 @@ class SwiftBackend(Backend):
             once (10–20 s) and cached under ``flag_cache_dir``.
         flag_cache_dir: where the accepted-flags list is cached; default ``<autotune cache>/swift``.
         cpu_threads: ``OMP_NUM_THREADS`` per process on CPU runs; default 1.
-        environ: the environment trials inherit (read only, for ``MODELSCOPE_CACHE``); default ``os.environ``.
+        environ: the environment trials inherit (read only); default ``os.environ``.
         introspect: a function listing the flags of an installation (tests pass a fake).
     """
 
@@ -236,7 +236,7 @@ class SwiftBackend(Backend):
             BackendError: ``swift`` is not found, its version cannot be read, or it is too old.
         """
         exe = self._find_executable()
-        python = self._python or _shebang_python(exe) or sys.executable
+        python = self.trial_python()
         versions = installed_versions(
             python,
             ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch"),
@@ -259,6 +259,14 @@ class SwiftBackend(Backend):
         self._version = version
         self._info = BackendInfo(name=self.name, version=version, executable=exe, extra=extra)
         return self._info
+
+    def trial_python(self) -> str:
+        """The interpreter of the ``swift`` command (its first line), else autotune's own.
+
+        Raises:
+            BackendError: ``swift`` is not found.
+        """
+        return self._python or _shebang_python(self._find_executable()) or sys.executable
 
     def _find_executable(self) -> str:
         if self._executable:
@@ -609,6 +617,11 @@ class SwiftBackend(Backend):
             args.extend(flag_items(name, value))
 
         add("model", ctx.model.path_or_id)
+        if not ctx.model.local:
+            # ms-swift reads a hub id as a ModelScope id unless told otherwise (USE_HF defaults to 0); a
+            # search passes the model's local snapshot, so only a hub id given here directly needs it. The
+            # user's own dataset and reward ids keep the meaning ms-swift gives them in the user's job.
+            add("use_hf", fixed.get("use_hf", True))
         if self._is_tiny(ctx):
             for name, value in _TINY_DEFAULTS.items():
                 add(name, fixed.get(name, value))
@@ -675,11 +688,7 @@ class SwiftBackend(Backend):
 
     def _env(self, ctx: TrialContext, world: int) -> dict[str, str]:
         """A trial's environment: the job's (:meth:`_job_env`) plus what only a trial needs."""
-        environ = self._environ if self._environ is not None else os.environ
-        env = {"MASTER_PORT": str(ctx.master_port), "PYTHONUNBUFFERED": "1", **self._job_env(ctx, world)}
-        if not environ.get("MODELSCOPE_CACHE"):
-            env["MODELSCOPE_CACHE"] = str(ctx.study_dir / "cache" / "modelscope")
-        return env
+        return {"MASTER_PORT": str(ctx.master_port), "PYTHONUNBUFFERED": "1", **self._job_env(ctx, world)}
 
     def _job_env(self, ctx: TrialContext, world: int) -> dict[str, str]:
         """Processes, devices and threads: what the user's job needs as much as a trial."""

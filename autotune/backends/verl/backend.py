@@ -225,6 +225,14 @@ class VerlBackend(Backend):
         return not any(k.startswith("reward.custom_reward_function") for k in _flatten(fixed))
 
     # ------------------------------------------------------------------ discovery
+    def trial_python(self) -> str:
+        """``--executable`` (the interpreter verl is installed in), else autotune's own.
+
+        Raises:
+            BackendError: the interpreter named does not exist.
+        """
+        return self._interpreter()
+
     def _interpreter(self) -> str:
         if self._python:
             found = shutil.which(self._python) or (self._python if Path(self._python).is_file() else None)

@@ -25,7 +25,7 @@ GIB = 1 << 30
 DATA = Path(__file__).parents[1] / "data"
 ACCEPTED_46 = frozenset(
     {
-        "rlhf_type", "model", "model_type", "template", "check_model", "tuner_type", "dataset", "external_plugins",
+        "rlhf_type", "model", "use_hf", "model_type", "template", "check_model", "tuner_type", "dataset", "external_plugins",
         "reward_funcs", "num_generations", "max_completion_length", "per_device_train_batch_size",
         "gradient_checkpointing", "dataloader_num_workers", "deepspeed", "use_vllm", "vllm_mode",
         "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "sleep_level", "offload_optimizer",
@@ -117,7 +117,7 @@ def golden_cpu(tuner_flag: str) -> list[str]:
 def golden_gpu(tuner_flag: str) -> list[str]:
     return [
         "/opt/swift/bin/swift", "rlhf", "--rlhf_type", "grpo",
-        "--model", "Qwen/Qwen2.5-7B-Instruct",
+        "--model", "Qwen/Qwen2.5-7B-Instruct", "--use_hf", "true",
         "--dataset", "/data/gsm8k.jsonl", "--reward_funcs", "accuracy", "format",
         "--num_generations", "4", "--max_completion_length", "16",
         "--per_device_train_batch_size", "1", "--gradient_checkpointing", "true", "--dataloader_num_workers", "4",
@@ -142,7 +142,6 @@ def test_golden_argv_cpu(tmp_path: Path, version: str, tuner_flag: str) -> None:
         "NPROC_PER_NODE": "2",
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
-        "MODELSCOPE_CACHE": str(ctx.study_dir / "cache" / "modelscope"),
     }
     assert plan.world_size == 2
     assert plan.cwd == str(ctx.trial_dir)
@@ -199,10 +198,22 @@ def test_one_thread_per_process_by_default(tmp_path: Path) -> None:
     assert render(backend(cpu_threads=2), dict(CPU_KNOBS), ctx).env["OMP_NUM_THREADS"] == "2"
 
 
-def test_user_modelscope_cache_is_kept(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path)
-    plan = render(backend(environ={"MODELSCOPE_CACHE": "/shared/ms"}), dict(CPU_KNOBS), ctx)
-    assert "MODELSCOPE_CACHE" not in plan.env
+def test_no_cache_of_the_study_and_hub_ids_are_hugging_faces(tmp_path: Path) -> None:
+    """Review finding 2: ms-swift downloads a hub id from ModelScope unless ``--use_hf true``, and a trial
+    pointed ``MODELSCOPE_CACHE`` into the study (~15 GB per study). The user's caches are left alone; a
+    hub id reaching ms-swift is Hugging Face's; a local model needs nothing, and the user's own
+    ``--use_hf`` holds."""
+    local = make_ctx(tmp_path)
+    hub = make_ctx(tmp_path, model="Qwen2.5-7B-Instruct")
+    for environ in ({}, {"MODELSCOPE_CACHE": "/shared/ms"}):
+        plan = render(backend(environ=environ), dict(CPU_KNOBS), hub)
+        assert "MODELSCOPE_CACHE" not in plan.env
+        assert not any(str(hub.study_dir / "cache") in v for v in plan.env.values())
+        assert plan.argv[plan.argv.index("--use_hf") + 1] == "true"
+    assert "--use_hf" not in render(backend(), dict(CPU_KNOBS), local).argv
+    mine = make_ctx(tmp_path, model="Qwen2.5-7B-Instruct", fixed={"use_hf": False})
+    argv = render(backend(), dict(CPU_KNOBS), mine).argv
+    assert argv.count("--use_hf") == 1 and argv[argv.index("--use_hf") + 1] == "false"
 
 
 def test_vllm_mode_never_without_use_vllm(tmp_path: Path) -> None:
