@@ -37,6 +37,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from autotune.backends._env import TrialEnv, gpu_trial_env
 from autotune.backends._values import none_like, whole_number
 from autotune.errors import UsageError
 from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
@@ -457,6 +458,24 @@ class Backend(ABC):
         the common ones (PyTorch's backward and optimizers, Hugging Face and vLLM generation, vLLM's
         start-up)."""
         return ()
+
+    def trial_job(self, spec: TrialSpec, ctx: TrialContext) -> JobConfig:
+        """What the trial ``spec`` means (:meth:`describe` over its knobs and the study's job facts)."""
+        fixed = {
+            "global_batch": ctx.global_batch,
+            "num_generations": ctx.num_generations,
+            "max_completion_length": ctx.max_completion_length,
+            **ctx.fixed,
+        }
+        derived = {**self.derive(dict(spec.params), ctx), **spec.derived}
+        return self.describe(spec.params, derived, fixed, len(ctx.gpus))
+
+    def trial_env(self, spec: TrialSpec, ctx: TrialContext) -> TrialEnv:
+        """The environment every GPU trial gets from its meaning (:mod:`autotune.backends._env`): GPU
+        numbering, CPU Adam's threads, vLLM sleep mode's allocator; nothing on a CPU-only trial."""
+        if ctx.cpu_only:
+            return TrialEnv()
+        return gpu_trial_env(ctx.cuda_visible_devices, self.trial_job(spec, ctx))
 
     def baseline(self, defaults: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
         """Trial 0: the framework's defaults (from the space), adjusted so the global batch holds."""
