@@ -46,13 +46,13 @@ class Prescreen(StudyPart):
     def valid(self, params: Mapping[str, Any]) -> bool:
         """The framework's start-up rules hold (static: the same answer for the whole study)."""
         ctx = self.context(self.dir.trials_dir)
-        return not self.backend.check_rules(dict(params), self.backend.derive(dict(params), ctx), ctx)
+        return not self.backend.rules(dict(params), self.backend.derive(dict(params), ctx), ctx)
 
     def cheap_feasible(self, params: Mapping[str, Any]) -> bool:
         """Whether ``params`` passes the pre-screen (without building its result)."""
         ctx = self.context(self.dir.trials_dir)
         derived = self.backend.derive(dict(params), ctx)
-        if self.backend.check_rules(dict(params), derived, ctx):
+        if self.backend.rules(dict(params), derived, ctx):
             return False
         if infer_infeasible(self.space, params, self._results.values()):
             return False
@@ -107,7 +107,7 @@ class Prescreen(StudyPart):
             "derived": derived,
             "is_baseline": is_baseline,
         }
-        violations = self.backend.check_rules(params, derived, ctx)
+        violations = self.backend.rules(params, derived, ctx)
         if violations:
             text = "; ".join(f"{v.rule}: {v.message}" for v in violations)
             return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched, breaks {text}")

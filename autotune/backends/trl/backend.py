@@ -503,7 +503,7 @@ class TrlBackend(Backend):
         """Write ``trial_config.json`` (and ``ds_config.json``, ``prompts.jsonl``) into the trial directory."""
         params = dict(spec.params)
         derived = {**self.derive(params, ctx), **spec.derived}
-        violations = self.check_rules(params, derived, ctx)
+        violations = self.rules(params, derived, ctx)
         if violations:
             raise BackendError(
                 f"trial {spec.number} breaks TRL's rules: {violations[0].message}",

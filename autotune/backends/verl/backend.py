@@ -382,14 +382,7 @@ class VerlBackend(Backend):
                     f"{ROLLOUT_TP} {tp} does not divide the {world} GPUs",
                 )
             )
-        heads = ctx.model.facts.get("heads") if ctx.model.facts else None
-        if isinstance(heads, int) and tp >= 1 and heads % tp:
-            out.append(
-                RuleViolation(
-                    "rollout_tp_divides_heads",
-                    f"{ROLLOUT_TP} {tp} does not divide the model's {heads} attention heads (vLLM)",
-                )
-            )
+        # vLLM's TP dividing the attention heads is a rule every backend shares (Backend.rules)
         if G < 2:
             out.append(RuleViolation("num_generations_min", f"rollout.n is {G}; GRPO needs at least 2"))
         return out

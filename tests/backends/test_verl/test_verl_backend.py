@@ -143,7 +143,7 @@ def rules(tmp_path: Path, params: Mapping[str, Any], **kw: Any) -> set[str]:
     backend = VerlBackend()
     ctx = make_ctx(tmp_path, **kw)
     full = {**baseline(backend), **params}
-    return {v.rule for v in backend.check_rules(full, backend.derive(full, ctx), ctx)}
+    return {v.rule for v in backend.rules(full, backend.derive(full, ctx), ctx)}
 
 
 def test_baseline_breaks_no_rule(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_baseline_breaks_no_rule(tmp_path: Path) -> None:
         ({PPO_MICRO: None}, {}, "micro_batch_required"),
         ({DYNAMIC_BSZ: True, MAX_TOKENS: 1024}, {}, "token_budget_holds_a_sequence"),
         ({ROLLOUT_TP: 8}, {"gpus": 4}, "rollout_tp_divides_gpus"),
-        ({ROLLOUT_TP: 8}, {}, "rollout_tp_divides_heads"),  # Qwen2.5-7B has 28 heads
+        ({ROLLOUT_TP: 8}, {}, "vllm_tp_divides_heads"),  # Qwen2.5-7B has 28 heads
         ({}, {"gpus": 0}, "verl_needs_gpu"),
     ],
 )
