@@ -74,6 +74,14 @@ COMMON_PATTERNS: tuple[FailurePattern, ...] = (
         r"Watchdog caught collective operation timeout",
         "a collective operation timed out (distributed hang)",
     ),
+    # torch's TCPStore could not bind the rendezvous port another process took meanwhile (review #17):
+    # the port's fault, not the configuration's; the trial may run again (INTERRUPTED)
+    FailurePattern(
+        "INTERRUPTED",
+        r"server socket has failed to listen on any local network address.*EADDRINUSE",
+        "the rendezvous port was taken by another process before torch bound it (EADDRINUSE); "
+        "it says nothing about the configuration, which may run again",
+    ),
     FailurePattern(
         "INVALID",
         r": error: (?:unrecognized arguments|argument |the following arguments are required|invalid choice)",

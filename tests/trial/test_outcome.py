@@ -485,6 +485,9 @@ PATTERN_SAMPLES = {
     r"(?i:Cuda failure \d* ?'out of memory')": (
         "node-3:48213:48301 [1] NCCL INFO include/alloc.h:125 NCCL WARN Cuda failure 2 'out of memory'"
     ),
+    r"server socket has failed to listen on any local network address.*EADDRINUSE": (
+        fault.PORT_IN_USE_TEXT.splitlines()[-1]
+    ),
     r"Error in memory profiling": f"(EngineCore pid=253) {fault.VLLM_TEXT['profiling']}",
     r"HIP out of memory": "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
     r"CUBLAS_STATUS_ALLOC_FAILED": (

@@ -101,6 +101,7 @@ def read_pid(path: Path, timeout_s: float = 5.0) -> int:
         (("--mode", "sigkill"), TrialStatus.HOST_OOM, "SIGKILL"),
         (("--mode", "torchrun_sigkill"), TrialStatus.HOST_OOM, "SIGKILL"),
         (("--mode", "nccl"), TrialStatus.HANG, "watchdog"),
+        (("--mode", "port_in_use"), TrialStatus.INTERRUPTED, "EADDRINUSE"),
         (("--mode", "startup_invalid"), TrialStatus.INVALID, "unrecognized arguments: --bogus_flag"),
         (("--mode", "config_error"), TrialStatus.INVALID, "must be divisible by num_generations"),
         (("--mode", "crash"), TrialStatus.CRASH, "RuntimeError: Expected all tensors"),
