@@ -11,7 +11,7 @@ from autotune.backends import TrialContext
 from autotune.records import TrialResult, TrialStatus
 from autotune.strategy import infer_infeasible
 from autotune.study.memory_gate import PROBE_MARGIN
-from autotune.study.recommend import headroom_bytes
+from autotune.study.recommend import headroom_bytes, required_headroom_bytes
 from autotune.study.state import StudyPart
 
 __all__ = ["Prescreen"]
@@ -87,7 +87,8 @@ class Prescreen(StudyPart):
             return False
         gpus = self.cfg.hardware.gpus
         for i, room in enumerate(headroom_bytes(result, self.cfg.hardware)):
-            if room is not None and room < self.cfg.min_headroom_frac * gpus[i].memory_total_bytes:
+            need = required_headroom_bytes(result, gpus[i].memory_total_bytes, self.cfg.min_headroom_frac)
+            if room is not None and room < need:
                 return False
         return True
 
