@@ -488,7 +488,11 @@ class Backend(ABC):
         numbering, CPU Adam's threads, vLLM sleep mode's allocator; nothing on a CPU-only trial."""
         if ctx.cpu_only:
             return TrialEnv()
-        return gpu_trial_env(ctx.cuda_visible_devices, self.trial_job(spec, ctx))
+        try:
+            job: JobConfig | None = self.trial_job(spec, ctx)
+        except UsageError:
+            job = None  # knobs that mean nothing to autotune (a user's own command): devices only
+        return gpu_trial_env(ctx.cuda_visible_devices, job)
 
     def baseline(self, defaults: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
         """Trial 0: the framework's defaults (from the space), adjusted so the global batch holds."""

@@ -61,17 +61,22 @@ def _vllm_sleeps(job: JobConfig) -> bool:
     return job.use_vllm and job.sleep_level > 0
 
 
-def gpu_trial_env(gpu_indices: str, job: JobConfig, environ: Mapping[str, str] | None = None) -> TrialEnv:
+def gpu_trial_env(
+    gpu_indices: str, job: JobConfig | None, environ: Mapping[str, str] | None = None
+) -> TrialEnv:
     """The environment of a GPU trial of ``job`` on the GPUs ``gpu_indices`` (NVML indices, comma separated).
 
     Args:
         gpu_indices: ``TrialContext.cuda_visible_devices``.
-        job: what the trial means (:meth:`Backend.describe`).
+        job: what the trial means (:meth:`Backend.describe`); None where it cannot be told (a user's own
+            command whose knobs mean nothing to autotune): the GPUs and their numbering only.
         environ: the environment the trial inherits; default ``os.environ``.
     """
     environ = os.environ if environ is None else environ
     env = {"CUDA_VISIBLE_DEVICES": gpu_indices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     unset: tuple[str, ...] = ()
+    if job is None:
+        return TrialEnv(env, unset)
     if _cpu_adam(job):
         env["OMP_NUM_THREADS"] = environ.get("OMP_NUM_THREADS") or str(
             max(1, usable_cores() // max(1, job.world_size))

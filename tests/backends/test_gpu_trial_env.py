@@ -17,10 +17,12 @@ import pytest
 
 from autotune.backends import Backend
 from autotune.backends._env import usable_cores, without_expandable_segments
+from autotune.backends.command import CommandBackend
 from autotune.backends.trl.backend import TrlBackend
 from autotune.backends.verl.backend import VerlBackend
-from autotune.records import LaunchPlan, TrialSpec
+from autotune.records import GpuInfo, LaunchPlan, TrialSpec
 from autotune.trial.runner import _child_env
+from tests.backends import test_command as command_t
 from tests.backends.test_swift import test_swift_backend as swift_t
 from tests.backends.test_trl import test_trl_backend as trl_t
 from tests.backends.test_verl import test_verl_backend as verl_t
@@ -47,13 +49,20 @@ def _verl(tmp_path: Path, **params: Any) -> LaunchPlan:
     return _plan(backend, verl_t.make_ctx(tmp_path, gpus=4), {**verl_t.baseline(backend), **params})
 
 
+def _command(tmp_path: Path, **params: Any) -> LaunchPlan:
+    gpus = tuple(GpuInfo(index=i, name="H100", memory_total_bytes=80 * 2**30) for i in (2, 5))
+    return CommandBackend(["python", "t.py"]).render(
+        TrialSpec(number=0, params=params), command_t.ctx_for(tmp_path, gpus=gpus)
+    )
+
+
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OMP_NUM_THREADS", ALLOC, "CUDA_DEVICE_ORDER", "RAY_ADDRESS"):
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.mark.parametrize("render", [_trl, _swift, _verl], ids=["trl", "swift", "verl"])
+@pytest.mark.parametrize("render", [_trl, _swift, _verl, _command], ids=["trl", "swift", "verl", "command"])
 def test_every_gpu_trial_numbers_gpus_as_nvml_does(tmp_path: Path, render: Any) -> None:
     plan = render(tmp_path)
     assert plan.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
