@@ -80,6 +80,8 @@ class JobConfig:
         vllm_max_model_len: the longest sequence vLLM must hold (None: the model's maximum).
         vllm_max_num_seqs: sequences one vLLM engine decodes at once at most.
         vllm_max_num_batched_tokens: tokens per vLLM forward (None: vLLM's own default).
+        vllm_chunked_prefill: vLLM splits long prefills; False: one forward holds a whole
+            ``vllm_max_model_len`` prompt, so its token budget is at least that.
 
     How the framework's code behaves (facts of its source, not knobs):
         weight_sync: how weights reach a colocated vLLM (see :data:`WeightSync`).
@@ -122,6 +124,7 @@ class JobConfig:
     vllm_max_model_len: int | None = None
     vllm_max_num_seqs: int = 1
     vllm_max_num_batched_tokens: int | None = None
+    vllm_chunked_prefill: bool = True
     weight_sync: WeightSync = "model"
     loads_before_vllm: bool = False
     ds_bucket_elements: int = 500_000_000

@@ -912,12 +912,18 @@ class NvmlSampler:
         if procs is None:
             return
         total = 0.0
+        matched = False
         for proc in procs:
             if proc.pid in pids:
                 used = proc.usedGpuMemory
                 if used is None:  # MIG or WDDM: the driver cannot attribute memory
                     return
                 total += used
+                matched = True
+        if procs and not matched:
+            # the GPU is in use, but by none of the trial's pids as NVML numbers them: in a container
+            # with its own PID namespace NVML lists host pids. Unknown, not 0.
+            return
         self._put(row, dev.index, "proc_mem_bytes", total)
 
     def _read_gpm(self, dev: _Device, row: array[float]) -> None:

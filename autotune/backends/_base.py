@@ -38,6 +38,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from autotune.backends._env import TrialEnv, gpu_trial_env
+from autotune.backends._rules import SHARED_RULES
 from autotune.backends._values import none_like, whole_number
 from autotune.errors import UsageError
 from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
@@ -440,6 +442,24 @@ class Backend(ABC):
     ) -> list[RuleViolation]:
         """The framework's start-up validity rules that ``params`` break (empty when valid)."""
 
+    def rules(
+        self, params: dict[str, Any], derived: dict[str, Any], ctx: TrialContext
+    ) -> list[RuleViolation]:
+        """Every start-up rule ``params`` break: the framework's own (:meth:`check_rules`), then the ones
+        all frameworks share (:data:`autotune.backends._rules.SHARED_RULES`, read from :meth:`describe`).
+        The study and :meth:`render` ask this, never :meth:`check_rules` alone."""
+        out = list(self.check_rules(params, derived, ctx))
+        try:
+            job = self.describe(params, derived, _job_facts(ctx), len(ctx.gpus))
+        except UsageError:
+            return out  # a value that means nothing: the framework's own rules speak for it
+        facts = ctx.model.facts or {}
+        for rule in SHARED_RULES:
+            broken = rule(job, facts)
+            if broken is not None and all(v.rule != broken[0] for v in out):
+                out.append(RuleViolation(*broken))
+        return out
+
     @abstractmethod
     def render(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
         """Build the launch plan for one trial. Pure: starts nothing."""
@@ -475,9 +495,35 @@ class Backend(ABC):
         start-up)."""
         return ()
 
+    def trial_job(self, spec: TrialSpec, ctx: TrialContext) -> JobConfig:
+        """What the trial ``spec`` means (:meth:`describe` over its knobs and the study's job facts)."""
+        derived = {**self.derive(dict(spec.params), ctx), **spec.derived}
+        return self.describe(spec.params, derived, _job_facts(ctx), len(ctx.gpus))
+
+    def trial_env(self, spec: TrialSpec, ctx: TrialContext) -> TrialEnv:
+        """The environment every GPU trial gets from its meaning (:mod:`autotune.backends._env`): GPU
+        numbering, CPU Adam's threads, vLLM sleep mode's allocator; nothing on a CPU-only trial."""
+        if ctx.cpu_only:
+            return TrialEnv()
+        try:
+            job: JobConfig | None = self.trial_job(spec, ctx)
+        except UsageError:
+            job = None  # knobs that mean nothing to autotune (a user's own command): devices only
+        return gpu_trial_env(ctx.cuda_visible_devices, job)
+
     def baseline(self, defaults: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
         """Trial 0: the framework's defaults (from the space), adjusted so the global batch holds."""
         return dict(defaults)
+
+
+def _job_facts(ctx: TrialContext) -> dict[str, Any]:
+    """The study's fixed arguments with its job facts, as :meth:`Backend.describe` reads them."""
+    return {
+        "global_batch": ctx.global_batch,
+        "num_generations": ctx.num_generations,
+        "max_completion_length": ctx.max_completion_length,
+        **ctx.fixed,
+    }
 
 
 def trial_path(ctx: TrialContext, *parts: str) -> Path:

@@ -525,9 +525,16 @@ class CommandBackend(Backend):
             env["AUTOTUNE_GRADIENT_ACCUMULATION_STEPS"] = str(spec.derived["gradient_accumulation_steps"])
         for name, value in spec.params.items():
             env[knob_env_name(name)] = _text(value)
-        if ctx.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
-        return LaunchPlan(argv=argv, env=env, cwd=self.cwd, metrics_paths=(str(metrics),), world_size=world)
+        gpu = self.trial_env(spec, ctx)  # the environment every GPU trial gets (none on a CPU-only run)
+        env.update(gpu.env)
+        return LaunchPlan(
+            argv=argv,
+            env=env,
+            cwd=self.cwd,
+            metrics_paths=(str(metrics),),
+            world_size=world,
+            unset_env=gpu.unset,
+        )
 
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
         return CommandParser(

@@ -50,6 +50,7 @@ CONFIG_COLUMNS: dict[str, Any] = {
     "vllm_max_model_len": np.int64,
     "vllm_max_num_seqs": np.int64,
     "vllm_max_num_batched_tokens": np.int64,
+    "vllm_chunked_prefill": np.bool_,
     "weight_sync": np.str_,
     "loads_before_vllm": np.bool_,
     "ds_bucket_elements": np.int64,

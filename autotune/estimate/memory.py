@@ -405,16 +405,21 @@ def _kv_bytes_per_token_gpu(m: ModelSpec, tp: Any) -> Any:
     return 2 * m.layers * kv_heads_gpu * m.head_dim * 2
 
 
-def _vllm_batched_tokens(s: Any, capacity_bytes: int) -> Any:
-    # vLLM's default for the offline LLM class: 16384 on large-memory GPUs, else 8192.
+def _vllm_batched_tokens(s: Any, capacity_bytes: int, gpu_name: str = "") -> Any:
+    # vLLM's default for the offline LLM class (engine/arg_utils.py get_batch_defaults): 16384 on GPUs
+    # of 70 GiB or more except the A100 (vLLM PR #17885), else 8192.
+    large = capacity_bytes >= 70 * GIB and "a100" not in gpu_name.lower()
     given = v.num(s.vllm_max_num_batched_tokens)
-    return v.where(given > 0, given, 16384 if capacity_bytes >= 70 * GIB else 8192)
+    tokens = v.where(given > 0, given, 16384 if large else 8192)
+    # without chunked prefill one forward holds a whole max_model_len prompt: vLLM requires the budget
+    # to cover it, and verl raises it there itself (vllm_async_server.py _validate_configs)
+    return v.where(s.vllm_chunked_prefill, tokens, v.lmax(tokens, s.vllm_max_model_len))
 
 
-def _vllm_activation_peak(s: Any, capacity_bytes: int) -> Any:
+def _vllm_activation_peak(s: Any, capacity_bytes: int, gpu_name: str = "") -> Any:
     """vLLM's profiled forward peak: MLP intermediates of a full batch of tokens + sampler logits."""
     m, tp = s.model, s.vllm_tp
-    tokens = _vllm_batched_tokens(s, capacity_bytes)
+    tokens = _vllm_batched_tokens(s, capacity_bytes, gpu_name)
     per_token = (6 * m.intermediate + 8 * m.hidden) // tp
     sampler = v.lmin(s.vllm_max_num_seqs, 1024) * m.vocab * 4 * 2
     return tokens * per_token + sampler
@@ -468,7 +473,7 @@ class _Colocated:
     kv_deficit: Any = 0
 
 
-def _colocated(s: Any, capacity: int, reference: Any, zero3: Any, n: Any) -> _Colocated:
+def _colocated(s: Any, capacity: int, reference: Any, zero3: Any, n: Any, gpu_name: str = "") -> _Colocated:
     """vLLM's budget, KV cache and start-up check when it shares the training GPUs (zeros elsewhere)."""
     m = s.model
     here = s.colocate & (capacity > 0)
@@ -478,7 +483,7 @@ def _colocated(s: Any, capacity: int, reference: Any, zero3: Any, n: Any) -> _Co
     budget = v.to_int(s.vllm_util * capacity)
     weights_tp = v.to_int(2 * m.params / tp)
     overhead = VLLM_OVERHEAD_BYTES + v.where(tp > 1, VLLM_TP_EXTRA_BYTES, 0)
-    kv_bytes = budget - weights_tp - _vllm_activation_peak(s, capacity) - overhead
+    kv_bytes = budget - weights_tp - _vllm_activation_peak(s, capacity, gpu_name) - overhead
     per_token = _kv_bytes_per_token_gpu(m, tp)
     kv_tokens = v.lmax(0, kv_bytes // per_token)
     need_kv = s.vllm_max_model_len * per_token
@@ -624,13 +629,14 @@ class MemoryTerms:
         return {name: v.where(present[name], sum(comps.values()), -1) for name, comps in self.phases.items()}
 
 
-def memory_terms(s: Any, capacity: int) -> MemoryTerms:
-    """The estimate's numbers for ``s`` (a JobShape, or ShapeColumns) on GPUs of ``capacity`` bytes."""
+def memory_terms(s: Any, capacity: int, gpu_name: str = "") -> MemoryTerms:
+    """The estimate's numbers for ``s`` (a JobShape, or ShapeColumns) on GPUs of ``capacity`` bytes
+    (``gpu_name``: the GPU's name, for vLLM's per-GPU defaults)."""
     n = v.lmax(1, s.world_size)
     zero3 = v.num(s.states_sharding) == 3  # DeepSpeed ZeRO-3 or FSDP full shard
     states = _model_states_of(s)
     reference = _reference_bytes(s, zero3, n)
-    vllm = _colocated(s, capacity, reference, zero3, n)
+    vllm = _colocated(s, capacity, reference, zero3, n, gpu_name)
     phases, has_rollout, has_sync = _phases(s, states, reference, vllm, capacity, zero3)
     return MemoryTerms(
         phases=phases,
@@ -736,4 +742,5 @@ def estimate_memory(shape: JobShape, gpu: GpuSpec | None) -> MemoryEstimate:
         gpu: the GPU; None (or ``shape.n_gpus == 0``) for a CPU-only trial, which is never judged.
     """
     capacity = gpu.memory_bytes if gpu is not None and shape.on_gpu else 0
-    return terms_estimate(memory_terms(shape, capacity), capacity, bool(shape.on_gpu and gpu is not None))
+    terms = memory_terms(shape, capacity, gpu.name if gpu is not None else "")
+    return terms_estimate(terms, capacity, bool(shape.on_gpu and gpu is not None))

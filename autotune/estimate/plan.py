@@ -476,7 +476,7 @@ def plan_space(
 
     on_gpu = n_gpus > 0  # a CPU-only plan judges nothing: every candidate fits, as estimate_memory says
     capacity = gpu.memory_bytes if on_gpu else 0
-    terms = memory_terms(rows, capacity)
+    terms = memory_terms(rows, capacity, gpu.name if on_gpu else "")
     totals = terms.totals()
     stacked = np.stack([np.broadcast_to(totals[p], (len(rows),)) for p in ("train", "rollout", "sync")])
     peak = stacked.max(axis=0)

@@ -66,7 +66,7 @@ def _major(capability: str) -> int | None:
 
 #: variables of a trial's environment that change its speed or its devices: an export that runs the
 #: winner keeps the values the trial ran with (thread counts differ from one host to the next)
-KEPT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+KEPT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 def trial_environment(w: Winner) -> dict[str, str]:

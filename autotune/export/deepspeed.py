@@ -65,7 +65,10 @@ def ds_config(
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
     if stage == 3 and k.ds_offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-    zero["overlap_comm"] = False
+    if cpu_only:
+        # DeepSpeed's CPU accelerator has no side streams; on GPUs overlap_comm keeps DeepSpeed's default
+        # (on for ZeRO-3), as the trials ran it
+        zero["overlap_comm"] = False
     zero["contiguous_gradients"] = True
     if stage == 2:
         zero.update(

@@ -3,7 +3,6 @@ contracts of the collaborators passed in (view, memory gate, trial executor)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from autotune.backends import ModelRef, TrialContext
 from autotune.errors import UsageError
 from autotune.records import Hardware, TrialResult, TrialSpec
 from autotune.secrets import SecretRule
+from autotune.study.ports import free_port
 from autotune.study.recommend import Recommendation
 from autotune.study.verdict import headline
 from autotune.studydir import StudyDir
@@ -211,13 +211,6 @@ class TrialExecutor(Protocol):
         on_step: Callable[[int, float | None, float], str | None],
         time_left_s: float | None,
     ) -> TrialResult: ...
-
-
-def free_port() -> int:
-    """A TCP port free right now on this host (for torch.distributed's MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def check_budget(n_trials: int) -> None:

@@ -11,7 +11,7 @@ from autotune.backends import TrialContext
 from autotune.records import TrialResult, TrialStatus
 from autotune.strategy import infer_infeasible
 from autotune.study.memory_gate import PROBE_MARGIN
-from autotune.study.recommend import headroom_bytes
+from autotune.study.recommend import headroom_bytes, required_headroom_bytes
 from autotune.study.state import StudyPart
 
 __all__ = ["Prescreen"]
@@ -46,13 +46,13 @@ class Prescreen(StudyPart):
     def valid(self, params: Mapping[str, Any]) -> bool:
         """The framework's start-up rules hold (static: the same answer for the whole study)."""
         ctx = self.context(self.dir.trials_dir)
-        return not self.backend.check_rules(dict(params), self.backend.derive(dict(params), ctx), ctx)
+        return not self.backend.rules(dict(params), self.backend.derive(dict(params), ctx), ctx)
 
     def cheap_feasible(self, params: Mapping[str, Any]) -> bool:
         """Whether ``params`` passes the pre-screen (without building its result)."""
         ctx = self.context(self.dir.trials_dir)
         derived = self.backend.derive(dict(params), ctx)
-        if self.backend.check_rules(dict(params), derived, ctx):
+        if self.backend.rules(dict(params), derived, ctx):
             return False
         if infer_infeasible(self.space, params, self._results.values()):
             return False
@@ -87,7 +87,8 @@ class Prescreen(StudyPart):
             return False
         gpus = self.cfg.hardware.gpus
         for i, room in enumerate(headroom_bytes(result, self.cfg.hardware)):
-            if room is not None and room < self.cfg.min_headroom_frac * gpus[i].memory_total_bytes:
+            need = required_headroom_bytes(result, gpus[i].memory_total_bytes, self.cfg.min_headroom_frac)
+            if room is not None and room < need:
                 return False
         return True
 
@@ -107,7 +108,7 @@ class Prescreen(StudyPart):
             "derived": derived,
             "is_baseline": is_baseline,
         }
-        violations = self.backend.check_rules(params, derived, ctx)
+        violations = self.backend.rules(params, derived, ctx)
         if violations:
             text = "; ".join(f"{v.rule}: {v.message}" for v in violations)
             return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched, breaks {text}")

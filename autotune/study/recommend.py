@@ -13,6 +13,8 @@ __all__ = [
     "headroom_bytes",
     "needed_bytes",
     "recommend",
+    "required_headroom_bytes",
+    "vllm_pool_bytes",
 ]
 
 
@@ -49,6 +51,25 @@ def headroom_bytes(result: TrialResult, hardware: Hardware | None) -> list[int |
     return out
 
 
+def vllm_pool_bytes(result: TrialResult) -> int:
+    """Memory a colocated vLLM holds on each GPU in every phase of the step (0 without one).
+
+    vLLM reserves ``gpu_memory_utilization`` × total up front, KV cache included, and the pool does not
+    grow with a longer prompt. Awake throughout (sleep level 0) it is the whole budget; asleep between
+    rollouts, what it keeps asleep. Read from the trial's estimate, whose ``vllm_reserved`` is exact.
+    """
+    phases = (result.estimate or {}).get("phases") or {}
+    held = [comps.get("vllm_reserved") for comps in phases.values() if isinstance(comps, dict)]
+    held = [int(x) for x in held if isinstance(x, int | float)]
+    return max(0, min(held)) if held else 0
+
+
+def required_headroom_bytes(result: TrialResult, total_bytes: int, frac: float) -> float:
+    """The headroom a trial must leave on a GPU of ``total_bytes``: ``frac`` of the memory whose use can
+    grow with a longer prompt, i.e. all of it but a colocated vLLM's fixed pool (:func:`vllm_pool_bytes`)."""
+    return frac * max(0, total_bytes - vllm_pool_bytes(result))
+
+
 def recommend(
     results: Sequence[TrialResult],
     hardware: Hardware | None,
@@ -58,7 +79,9 @@ def recommend(
     """The fastest COMPLETE trial with at least ``min_headroom_frac`` of memory left on every GPU.
 
     Unhealthy, failed, pruned and interrupted trials are never recommended. A trial whose measured
-    peak leaves less headroom than asked is passed over (it would OOM on a longer prompt). The speedup
+    peak leaves less headroom than asked is passed over (it would OOM on a longer prompt); the fraction
+    applies to the memory that can grow, not to a colocated vLLM's fixed pool
+    (:func:`required_headroom_bytes`). The speedup
     is the ratio of the two trials' single runs; the study re-measures it before it is reported
     (:func:`autotune.study.verdict.judge`).
     """
@@ -77,7 +100,7 @@ def recommend(
             for i, h in enumerate(room)
             if h is not None
             and hardware is not None
-            and h < min_headroom_frac * hardware.gpus[i].memory_total_bytes
+            and h < required_headroom_bytes(r, hardware.gpus[i].memory_total_bytes, min_headroom_frac)
         ]
         if tight:
             i, h = tight[0]

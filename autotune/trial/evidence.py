@@ -23,8 +23,13 @@ __all__ = [
 COMMON_PATTERNS: tuple[FailurePattern, ...] = (
     # PyTorch's CUDA allocator: torch.OutOfMemoryError (2.x), torch.cuda.OutOfMemoryError (1.13-2.0),
     # RuntimeError: CUDA out of memory (older) all carry this phrase.
-    FailurePattern("OOM", r"CUDA out of memory", "CUDA out of memory"),
-    FailurePattern("OOM", r"CUDA error: out of memory", "CUDA out of memory (CUDA runtime error)"),
+    # Matched case-blind ("(?i:...)"): vLLM's sleep-mode allocator prints "CUDA Error: out of memory at
+    # .../cumem_allocator.cpp:62" on a wake-up OOM, the CUDA runtime "CUDA error: out of memory".
+    FailurePattern("OOM", r"(?i:CUDA out of memory)", "CUDA out of memory"),
+    FailurePattern("OOM", r"(?i:CUDA error: out of memory)", "CUDA out of memory (CUDA runtime error)"),
+    # NCCL could not allocate its buffers: "NCCL WARN Cuda failure 2 'out of memory'", and torch's
+    # DistBackendError "... Last error: Cuda failure 2 'out of memory'".
+    FailurePattern("OOM", r"(?i:Cuda failure \d* ?'out of memory')", "GPU out of memory (NCCL's buffers)"),
     FailurePattern("OOM", r"HIP out of memory", "GPU out of memory (HIP)"),
     FailurePattern("OOM", r"CUBLAS_STATUS_ALLOC_FAILED", "GPU out of memory (cuBLAS could not allocate)"),
     FailurePattern(
@@ -47,6 +52,11 @@ COMMON_PATTERNS: tuple[FailurePattern, ...] = (
         r"is larger than the maximum number of tokens that can be stored in KV cache",
         "vLLM could not start: the KV cache cannot hold one sequence of max_model_len",
     ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"Error in memory profiling",
+        "vLLM could not start: another process freed GPU memory while vLLM profiled (colocated start-up)",
+    ),
     FailurePattern("HOST_OOM", r"exitcode\s*:\s*-9\b", "a rank was killed by SIGKILL (host out of memory?)"),
     FailurePattern(
         "HOST_OOM",
@@ -63,6 +73,14 @@ COMMON_PATTERNS: tuple[FailurePattern, ...] = (
         "HANG",
         r"Watchdog caught collective operation timeout",
         "a collective operation timed out (distributed hang)",
+    ),
+    # torch's TCPStore could not bind the rendezvous port another process took meanwhile (review #17):
+    # the port's fault, not the configuration's; the trial may run again (INTERRUPTED)
+    FailurePattern(
+        "INTERRUPTED",
+        r"server socket has failed to listen on any local network address.*EADDRINUSE",
+        "the rendezvous port was taken by another process before torch bound it (EADDRINUSE); "
+        "it says nothing about the configuration, which may run again",
     ),
     FailurePattern(
         "INVALID",

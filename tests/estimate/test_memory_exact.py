@@ -248,7 +248,7 @@ def test_a_packed_micro_batch_counts_its_token_budget() -> None:
 # Budget: utilization × total. KV cache = budget − 2P/TP − vLLM's profiled activation peak −
 # 0.5 GiB (CUDA graphs, non-torch; + 0.25 GiB at TP > 1). The activation peak is
 # batched tokens × (6I + 8h)/TP + min(max_num_seqs, 1024) × V × 4 B × 2, batched tokens being vLLM's
-# default 8,192 on cards under 70 GiB, 16,384 on larger ones.
+# default 8,192 on cards under 70 GiB and on A100s (vLLM's exception), 16,384 on other larger ones.
 # Every case: utilization 0.5, TP 1, max_num_seqs 64, max_model_len 2,048, no sleep.
 #   budgets: A10 12,073,304,064; A100-80G 42,949,672,960
 #   sampler: 64 · V · 8 = 77,791,232 (V = 151,936) or 77,856,768 (V = 152,064)
@@ -257,19 +257,20 @@ VLLM_CASES = [
     #   = 375,586,816; KV 12,073,304,064 − 988,065,536 − 375,586,816 − 536,870,912 = 10,172,780,800
     #   → 10,172,780,800 // 12,288 = 827,863 tokens
     pytest.param("Qwen2.5-0.5B", "A10", 12_288, 12_073_304_064, 10_172_780_800, 827_863, id="0.5b-a10"),
-    # Qwen2.5-0.5B on A100-80G: peak 16,384 · 36,352 + 77,791,232 = 673,382,400;
-    #   KV 42,949,672,960 − 988,065,536 − 673,382,400 − 536,870,912 = 40,751,354,112 → 3,316,353 tokens
+    # Qwen2.5-0.5B on A100-80G (8,192 tokens: vLLM's A100 exception): peak 8,192 · 36,352 + 77,791,232
+    #   = 375,586,816; KV 42,949,672,960 − 988,065,536 − 375,586,816 − 536,870,912 = 41,049,149,696
+    #   → 3,340,588 tokens
     pytest.param(
-        "Qwen2.5-0.5B", "A100-80G", 12_288, 42_949_672_960, 40_751_354_112, 3_316_353, id="0.5b-a100"
+        "Qwen2.5-0.5B", "A100-80G", 12_288, 42_949_672_960, 41_049_149_696, 3_340_588, id="0.5b-a100"
     ),
     # Qwen2-7B on A10: peak 8,192 · (113,664 + 28,672) + 77,856,768 = 1,166,016,512 + 77,856,768
     #   = 1,243,873,280; KV 12,073,304,064 − 15,231,233,024 − 1,243,873,280 − 536,870,912
     #   = −4,938,673,152: no KV cache at all
     pytest.param("Qwen2-7B", "A10", 57_344, 12_073_304_064, -4_938_673_152, 0, id="7b-a10"),
-    # Qwen2-7B on A100-80G: peak 16,384 · 142,336 + 77,856,768 = 2,409,889,792;
-    #   KV 42,949,672,960 − 15,231,233,024 − 2,409,889,792 − 536,870,912 = 24,771,679,232
-    #   → 24,771,679,232 // 57,344 = 431,983 tokens
-    pytest.param("Qwen2-7B", "A100-80G", 57_344, 42_949_672_960, 24_771_679_232, 431_983, id="7b-a100"),
+    # Qwen2-7B on A100-80G (8,192 tokens): peak 8,192 · 142,336 + 77,856,768 = 1,243,873,280;
+    #   KV 42,949,672,960 − 15,231,233,024 − 1,243,873,280 − 536,870,912 = 25,937,695,744
+    #   → 25,937,695,744 // 57,344 = 452,317 tokens
+    pytest.param("Qwen2-7B", "A100-80G", 57_344, 42_949_672_960, 25_937_695_744, 452_317, id="7b-a100"),
 ]
 
 
@@ -397,12 +398,12 @@ def test_big_case_every_component_of_every_phase() -> None:
     # rollout total: 4,083,893,632 + 3,807,808,256 + 11,423,424,768 + 1,903,904,128 + 42,949,672,960
     #   + 536,870,912 + 268,435,456 = 64,974,010,112
     assert (est.peak_phase, est.peak_bytes) == ("rollout", 64_974_010_112)
-    # KV at TP 2: peak 16,384 · (6·18,944 + 8·3,584)/2 + 256 · 152,064 · 8
-    #   = 16,384 · 71,168 + 311,427,072 = 1,166,016,512 + 311,427,072 = 1,477,443,584;
-    #   KV 42,949,672,960 − 7,615,616,512 − 1,477,443,584 − 805,306,368 = 33,051,306,496
-    #   → // 28,672 = 1,152,738 tokens; concurrency min(256, 1,152,738 // 1,536 = 750,
+    # KV at TP 2: peak 8,192 (an A100) · (6·18,944 + 8·3,584)/2 + 256 · 152,064 · 8
+    #   = 8,192 · 71,168 + 311,427,072 = 583,008,256 + 311,427,072 = 894,435,328;
+    #   KV 42,949,672,960 − 7,615,616,512 − 894,435,328 − 805,306,368 = 33,634,314,752
+    #   → // 28,672 = 1,173,071 tokens; concurrency min(256, 1,173,071 // 1,536 = 763,
     #   ceil(64 / (8/2) instances) = 16) = 16
-    assert (est.kv_bytes, est.kv_tokens, est.rollout_concurrency) == (33_051_306_496, 1_152_738, 16)
+    assert (est.kv_bytes, est.kv_tokens, est.rollout_concurrency) == (33_634_314_752, 1_173_071, 16)
     # start-up under ZeRO-3 (zero.Init): policy 2P/8 and reference 2P/8 already there:
     #   free = 85,899,345,920 − 536,870,912 − 2 · 1,903,904,128 = 81,554,666,752 ≥ 42,949,672,960
     assert (est.vllm_startup_ok, est.vllm_startup_deficit_bytes) == (True, 0)
@@ -613,9 +614,9 @@ def test_vllm_batched_tokens_given_or_by_card_size() -> None:
 def test_kv_heads_fewer_than_tensor_parallel_ranks_are_replicated() -> None:
     # Qwen2-7B has 4 KV heads: at TP 8 every rank still holds one, 2·28·1·128·2 = 14,336 B per token.
     # KV at utilization 0.5 on A100-80G, 64 sequences: weights 2P/8 = 1,903,904,128; peak
-    #   16,384 · (142,336 // 8 = 17,792) + 77,856,768 = 291,504,128 + 77,856,768 = 369,360,896;
-    #   overhead 0.75 GiB = 805,306,368 → KV 42,949,672,960 − 1,903,904,128 − 369,360,896 − 805,306,368
-    #   = 39,871,101,568 → // 14,336 = 2,781,187 tokens
+    #   8,192 · (142,336 // 8 = 17,792) + 77,856,768 = 145,752,064 + 77,856,768 = 223,608,832;
+    #   overhead 0.75 GiB = 805,306,368 → KV 42,949,672,960 − 1,903,904,128 − 223,608,832 − 805,306,368
+    #   = 40,016,853,632 → // 14,336 = 2,791,354 tokens
     est = _estimate(
         "Qwen2-7B",
         "A100-80G",
@@ -627,7 +628,7 @@ def test_kv_heads_fewer_than_tensor_parallel_ranks_are_replicated() -> None:
         vllm_max_num_seqs=64,
         vllm_max_model_len=2048,
     )
-    assert (est.kv_bytes, est.kv_tokens) == (39_871_101_568, 2_781_187)
+    assert (est.kv_bytes, est.kv_tokens) == (40_016_853_632, 2_791_354)
 
 
 HOST_CASES = [

@@ -613,3 +613,17 @@ def test_a_driver_buffer_shorter_than_the_reading_interval_is_read_every_slow_re
     # apart: read on every slow read from then on (4 calls per counters read)
     assert samples_per_counters_read(100) < 2.6
     assert samples_per_counters_read(3) > 3.4
+
+
+def test_process_memory_is_unknown_when_no_trial_pid_is_among_the_gpus_processes() -> None:
+    """In a container NVML lists host pids: a GPU in use by no pid of the trial is unknown, not 0 bytes;
+    an idle GPU holds 0."""
+    gpus = [FakeGpu(processes=[(40001, 20 * GiB)]), FakeGpu(processes=[]), FakeGpu(processes=[(7, GiB)])]
+    fake = fake_nvml(gpus)
+    sampler = NvmlSampler(
+        [0, 1, 2], interval_s=0.01, nvml=fake.module, pids=lambda: {7}, slow_interval_s=0.01
+    )
+    rows = _run(sampler, lambda rs: _has(rs, 2, "proc_mem_bytes") and _has(rs, 1, "proc_mem_bytes"))
+    assert not _has(rows, 0, "proc_mem_bytes")
+    assert _values(rows, 1, "proc_mem_bytes") == {0.0}
+    assert _values(rows, 2, "proc_mem_bytes") == {float(GiB)}

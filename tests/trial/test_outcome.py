@@ -479,8 +479,16 @@ def test_backend_patterns_come_first() -> None:
 # One real line per common pattern (the frameworks' own wording), keyed by the pattern's regex: a new
 # pattern without a sample fails the test below, and so does a pattern that stops matching its text.
 PATTERN_SAMPLES = {
-    r"CUDA out of memory": f"[rank2]: {fault.OOM_TEXT['current']}",
-    r"CUDA error: out of memory": "RuntimeError: CUDA error: out of memory",
+    r"(?i:CUDA out of memory)": f"[rank2]: {fault.OOM_TEXT['current']}",
+    # vLLM's sleep-mode wake-up: "CUDA Error" with a capital E
+    r"(?i:CUDA error: out of memory)": fault.OOM_TEXT["cumem"],
+    r"(?i:Cuda failure \d* ?'out of memory')": (
+        "node-3:48213:48301 [1] NCCL INFO include/alloc.h:125 NCCL WARN Cuda failure 2 'out of memory'"
+    ),
+    r"server socket has failed to listen on any local network address.*EADDRINUSE": (
+        fault.PORT_IN_USE_TEXT.splitlines()[-1]
+    ),
+    r"Error in memory profiling": f"(EngineCore pid=253) {fault.VLLM_TEXT['profiling']}",
     r"HIP out of memory": "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
     r"CUBLAS_STATUS_ALLOC_FAILED": (
         "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"

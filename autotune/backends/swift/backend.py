@@ -564,12 +564,16 @@ class SwiftBackend(Backend):
         args = self._argv(spec, ctx, trial=True)
         return LaunchPlan(
             argv=tuple(args),
-            env=self._env(ctx, world),
+            env=self._env(spec, ctx, world),
             cwd=str(ctx.trial_dir),
             metrics_paths=(str(self._output_dir(ctx) / "logging.jsonl"),),
             world_size=world,
-            unset_env=("NNODES", "NODE_RANK", "MASTER_ADDR") + (("NPROC_PER_NODE",) if world == 1 else ()),
+            unset_env=self._unset(spec, ctx, world),
         )
+
+    def _unset(self, spec: TrialSpec, ctx: TrialContext, world: int) -> tuple[str, ...]:
+        single = ("NPROC_PER_NODE",) if world == 1 else ()
+        return ("NNODES", "NODE_RANK", "MASTER_ADDR", *single, *self.trial_env(spec, ctx).unset)
 
     def job_plan(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
         """The user's real job with the knobs of ``spec``: the trial's command without what only a trial needs.
@@ -587,9 +591,10 @@ class SwiftBackend(Backend):
         world = int(spec.derived.get("world_size") or self._world_size(dict(spec.params), ctx))
         return LaunchPlan(
             argv=tuple(self._argv(spec, ctx, trial=False)),
-            env=self._job_env(ctx, world),
+            env=self._job_env(spec, ctx, world, threads_of_host=False),
             cwd=str(ctx.trial_dir),
             world_size=world,
+            unset_env=self.trial_env(spec, ctx).unset,
         )
 
     def _argv(self, spec: TrialSpec, ctx: TrialContext, *, trial: bool) -> list[str]:
@@ -686,12 +691,20 @@ class SwiftBackend(Backend):
     def _output_dir(ctx: TrialContext) -> Path:
         return ctx.trial_dir / "output"
 
-    def _env(self, ctx: TrialContext, world: int) -> dict[str, str]:
+    def _env(self, spec: TrialSpec, ctx: TrialContext, world: int) -> dict[str, str]:
         """A trial's environment: the job's (:meth:`_job_env`) plus what only a trial needs."""
-        return {"MASTER_PORT": str(ctx.master_port), "PYTHONUNBUFFERED": "1", **self._job_env(ctx, world)}
+        return {
+            "MASTER_PORT": str(ctx.master_port),
+            "PYTHONUNBUFFERED": "1",
+            **self._job_env(spec, ctx, world),
+        }
 
-    def _job_env(self, ctx: TrialContext, world: int) -> dict[str, str]:
-        """Processes, devices and threads: what the user's job needs as much as a trial."""
+    def _job_env(
+        self, spec: TrialSpec, ctx: TrialContext, world: int, *, threads_of_host: bool = True
+    ) -> dict[str, str]:
+        """Processes, devices and threads: what the user's job needs as much as a trial (on GPUs, the
+        environment every GPU trial gets: :meth:`Backend.trial_env`). ``threads_of_host=False`` leaves
+        out a GPU trial's thread count read from this host (an export takes the trial's own)."""
         env: dict[str, str] = {}
         if world > 1:
             # ms-swift wraps itself in torchrun only when NPROC_PER_NODE is set; one process runs plain
@@ -703,7 +716,8 @@ class SwiftBackend(Backend):
             # threads per process made steps 10-20x slower (3-8 s against 0.3-0.5 s, measured).
             env["OMP_NUM_THREADS"] = str(self._cpu_threads or 1)
         else:
-            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
+            gpu = self.trial_env(spec, ctx).env
+            env.update(gpu if threads_of_host else {k: v for k, v in gpu.items() if k != "OMP_NUM_THREADS"})
         return env
 
     def _write_prompts(self, ctx: TrialContext) -> Path:
@@ -732,13 +746,17 @@ class SwiftBackend(Backend):
         """ms-swift's GRPO phase methods (swift/rlhf_trainers/rollout_mixin.py and grpo_trainer.py,
         ms-swift 3.x/4.x): weights reach vLLM in ``_move_model_to_vllm`` (and the helpers it calls to
         load state dicts), completions come from ``_generate_completions`` / ``_fast_infer`` /
-        ``_engine_infer``, the loss from ``compute_loss`` inside ``training_step``."""
+        ``_engine_infer`` and ``_infer_single_or_multi_turn`` (the frame every rollout mode passes
+        through, HF generate included), the loss from ``compute_loss`` inside ``training_step``."""
         return (
             PhaseFrame(
                 "weight_sync",
                 r"swift/[^:]*:(_move_model_to_vllm|_load_state_dict_to_vllm)$",
             ),
-            PhaseFrame("rollout", r"swift/[^:]*:(_generate_completions|_fast_infer|_engine_infer)$"),
+            PhaseFrame(
+                "rollout",
+                r"swift/[^:]*:(_generate_completions|_fast_infer|_engine_infer|_infer_single_or_multi_turn)$",
+            ),
             PhaseFrame("train", r"swift/[^:]*:(compute_loss|training_step)$"),
         )
 

@@ -28,7 +28,7 @@ from autotune.backends._vocab import SHARED_ARGS
 from autotune.backends.swift.config import TRL_NAMES, preset_for
 from autotune.errors import UsageError
 from autotune.export._common import Export, flag_lines, mask_secrets, refuse, shell_script
-from autotune.export._job import demo_prompts, header, user_dataset, uses_demo_reward
+from autotune.export._job import demo_prompts, header, trial_environment, user_dataset, uses_demo_reward
 from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
 from autotune.records import TrialSpec
@@ -202,7 +202,8 @@ def export_swift(w: Winner) -> Export:
     ctx = _context(w, swift_fixed)
     derived = {"world_size": k.world_size, "gradient_accumulation_steps": k.grad_accum}
     plan = backend.job_plan(TrialSpec(number=w.number, params=params, derived=derived), ctx)
-    script = shell_script(comments, flag_lines(plan.argv, lead=2), env=plan.env, secrets=w.secrets)
+    env = {**plan.env, **trial_environment(w)}  # the devices and thread counts the trial ran with
+    script = shell_script(comments, flag_lines(plan.argv, lead=2), env=env, secrets=w.secrets)
     return Export(
         format="swift",
         files={SCRIPT: script},

@@ -30,6 +30,7 @@ from autotune.backends._base import (
     TrialContext,
     trial_path,
 )
+from autotune.backends._env import usable_cores
 from autotune.backends._phases import MarkerPhases
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.backends.trl.job import SCRIPT_KEEPS, installed_fields, job_notes
@@ -117,13 +118,6 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def ds_config(
     zero_stage: int, *, offload_optimizer: bool, offload_param: bool, cpu_only: bool
 ) -> dict[str, Any]:
@@ -135,7 +129,11 @@ def ds_config(
         offload_param: parameters on the CPU (ZeRO-3 only).
         cpu_only: no GPU: pinned memory off, fp16/bf16 off.
     """
-    zero: dict[str, Any] = {"stage": zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    zero: dict[str, Any] = {"stage": zero_stage, "contiguous_gradients": True}
+    if cpu_only:
+        # DeepSpeed's CPU accelerator has no side streams to overlap on; on GPUs overlap_comm keeps
+        # DeepSpeed's own default (on for ZeRO-3, off below), as TRL's accelerate presets leave it
+        zero["overlap_comm"] = False
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": not cpu_only}
     if offload_param and zero_stage == 3:
@@ -505,7 +503,7 @@ class TrlBackend(Backend):
         """Write ``trial_config.json`` (and ``ds_config.json``, ``prompts.jsonl``) into the trial directory."""
         params = dict(spec.params)
         derived = {**self.derive(params, ctx), **spec.derived}
-        violations = self.check_rules(params, derived, ctx)
+        violations = self.rules(params, derived, ctx)
         if violations:
             raise BackendError(
                 f"trial {spec.number} breaks TRL's rules: {violations[0].message}",
@@ -567,9 +565,11 @@ class TrlBackend(Backend):
             argv += [*rendezvous, *worker]
         else:
             argv = [sys.executable, *worker]
+        gpu = self.trial_env(spec, ctx)
         return LaunchPlan(
             argv=tuple(argv),
-            env={**self._env(ctx, world, zero), **dict(secret_env.values())},
+            env={**self._env(ctx, world, zero), **gpu.env, **dict(secret_env.values())},
+            unset_env=gpu.unset,
             cwd=str(ctx.trial_dir),
             metrics_paths=(str(trial_path(ctx, METRICS_FILE)),),
             world_size=world,
@@ -592,12 +592,10 @@ class TrlBackend(Backend):
         if ctx.cpu_only:
             # a user's own setting holds; either way the launch plan records the value (exports keep it)
             env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
-                max(1, _cpu_cores() // max(1, world))
+                max(1, usable_cores() // max(1, world))
             )
             if zero > 0:
                 env["DS_ACCELERATOR"] = "cpu"
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
         if ctx.model.local and _everything_local(ctx):
             env["HF_HUB_OFFLINE"] = "1"  # everything is on disk: never wait on a hub
         return env

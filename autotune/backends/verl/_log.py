@@ -43,7 +43,14 @@ CANONICAL: dict[str, str] = {
     "response_length/clip_ratio": "completions/clipped_ratio",
     "timing_s/step": "step_time",
 }
-_MEMORY_KEYS = ("perf/max_memory_reserved_gb", "perf/max_memory_allocated_gb")
+# verl 0.9.1's v1 trainer prefixes the actor worker's metrics with "actor/"
+# (trainer/ppo/v1/trainer_base.py rename_dict(output["metrics"], "actor/")); earlier releases did not
+_MEMORY_KEYS = (
+    "actor/perf/max_memory_reserved_gb",
+    "actor/perf/max_memory_allocated_gb",
+    "perf/max_memory_reserved_gb",
+    "perf/max_memory_allocated_gb",
+)
 
 _RAY_OOM_DOC = (
     "ray-project/ray doc/source/ray-core/scheduling/ray-oom-prevention.rst: the memory monitor's kill, "

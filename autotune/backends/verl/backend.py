@@ -34,6 +34,7 @@ from autotune.backends._base import (
     StepParser,
     TrialContext,
 )
+from autotune.backends._env import usable_cores
 from autotune.backends._values import as_bool, as_int, none_like, whole_number
 from autotune.backends._versions import installed_versions
 from autotune.backends.verl._log import FAILURE_PATTERNS, VerlLogParser
@@ -62,8 +63,27 @@ INSTALL_HINT = (
     "Install verl 0.9.1 with its GPU stack (pip install verl[vllm]) or pass its python with --executable"
 )
 MIN_VERSION = (0, 9)
+#: distributions verl 0.9's trainer imports at start-up but ships only in its ``verl-core`` extra
+#: (``trainer/main_ppo.py``: ``import transfer_queue``; METADATA: ``TransferQueue``, ``tensordict``)
+CORE_DISTRIBUTIONS = ("TransferQueue", "tensordict")
 REWARD_FILE = "autotune_verl_reward.py"
 PROMPTS_FILE = "prompts.jsonl"
+#: verl's ``ray.init`` keywords (``ray_kwargs.ray_init``; the yaml has only ``num_cpus``, so the
+#: dashboard switch is added with hydra's ``+``)
+RAY_DASHBOARD = "+ray_kwargs.ray_init.include_dashboard"
+RAY_CPUS = "ray_kwargs.ray_init.num_cpus"
+#: CPUs verl 0.9.1's own actors reserve in Ray besides the per-GPU bundles: the TaskRunner, 8
+#: agent-loop workers (``rollout.agent.num_workers``) and reward workers
+_RAY_CPUS_BESIDE_GPUS = 16
+
+
+def ray_cpus(n_gpus: int) -> int:
+    """The CPUs a verl trial's Ray cluster is told it has: the cores this process may use, and at least
+    what verl's placement asks for (3 per GPU bundle, ``max_colocate_count``, plus its other actors),
+    so a small host does not leave a placement group waiting. Ray's CPUs are a scheduling count, not a
+    limit on threads."""
+    return max(usable_cores(), 3 * n_gpus + _RAY_CPUS_BESIDE_GPUS)
+
 
 #: knob order of search_spaces/verl.yaml.
 _KNOBS: tuple[str, ...] = (
@@ -249,7 +269,10 @@ class VerlBackend(Backend):
         """
         python = self._interpreter()
         versions = installed_versions(
-            python, ("verl", "vllm", "sglang", "ray", "torch"), framework="verl", hint=INSTALL_HINT
+            python,
+            ("verl", "vllm", "sglang", "ray", "torch", *CORE_DISTRIBUTIONS),
+            framework="verl",
+            hint=INSTALL_HINT,
         )
         version = versions.get("verl")
         if not version:
@@ -259,6 +282,13 @@ class VerlBackend(Backend):
             raise BackendError(
                 f"verl {version} is too old for autotune (needs 0.9 or newer: the knobs are 0.9's)",
                 hint="Upgrade it with: pip install -U verl",
+            )
+        missing = [name for name in CORE_DISTRIBUTIONS if not versions.get(name)]
+        if missing:
+            raise BackendError(
+                f"verl {version} cannot start a trial: {' and '.join(missing)} missing for {python} "
+                "(verl's trainer imports transfer_queue at start-up; both ship in verl's verl-core extra)",
+                hint='Install them with: pip install "verl[verl-core]"',
             )
         extra = {"python": python, **{k: v for k, v in versions.items() if v and k != "verl"}}
         self._info = BackendInfo(name=self.name, version=version, executable=python, extra=extra)
@@ -360,14 +390,7 @@ class VerlBackend(Backend):
                     f"{ROLLOUT_TP} {tp} does not divide the {world} GPUs",
                 )
             )
-        heads = ctx.model.facts.get("heads") if ctx.model.facts else None
-        if isinstance(heads, int) and tp >= 1 and heads % tp:
-            out.append(
-                RuleViolation(
-                    "rollout_tp_divides_heads",
-                    f"{ROLLOUT_TP} {tp} does not divide the model's {heads} attention heads (vLLM)",
-                )
-            )
+        # vLLM's TP dividing the attention heads is a rule every backend shares (Backend.rules)
         if G < 2:
             out.append(RuleViolation("num_generations_min", f"rollout.n is {G}; GRPO needs at least 2"))
         return out
@@ -450,17 +473,23 @@ class VerlBackend(Backend):
         overrides = self.overrides(spec, ctx, write=True)
         python = self._info.executable if self._info and self._info.executable else self._python or "python3"
         world = int(spec.derived.get("world_size") or max(1, len(ctx.gpus)))
+        gpu = self.trial_env(spec, ctx)
         env = {
             "PYTHONUNBUFFERED": "1",
             # every rank's lines, not Ray's "[repeated Nx across cluster]" summaries
             "RAY_DEDUP_LOGS": "0",
+            # a cluster of the trial's own: never one the host's RAY_ADDRESS or `ray start` left running,
+            # whose GPUs are not the trial's (Ray's canonicalize_bootstrap_address: "local" starts one)
+            "RAY_ADDRESS": "local",
             "CUDA_VISIBLE_DEVICES": ctx.cuda_visible_devices,
+            **gpu.env,
         }
         return LaunchPlan(
             argv=(python, "-m", "verl.trainer.main_ppo", *(f"{k}={override_value(v)}" for k, v in overrides)),
             env=env,
             cwd=str(ctx.trial_dir),
             world_size=world,
+            unset_env=gpu.unset,
         )
 
     def overrides(self, spec: TrialSpec, ctx: TrialContext, *, write: bool = False) -> list[tuple[str, Any]]:
@@ -509,6 +538,14 @@ class VerlBackend(Backend):
             "trainer.nnodes": 1,
             "trainer.n_gpus_per_node": max(1, len(ctx.gpus)),
             "trainer.default_local_dir": str(ctx.trial_dir / "checkpoints"),
+            # every completion runs to max_response_length, as TRL trials do (min_new_tokens): step
+            # times of two trials then compare the same work, not the lengths each happened to sample
+            f"{AR}.rollout.ignore_eos": True,
+            # the trial's own Ray cluster (RAY_ADDRESS=local) without a dashboard, whose agent's fixed
+            # port clashes between two trials at once (ray-project/ray#34886), and with an explicit CPU
+            # count instead of Ray's guess of the host's
+            RAY_DASHBOARD: False,
+            RAY_CPUS: ray_cpus(max(1, len(ctx.gpus))),
         }
         for key, value in controlled.items():
             add(key, value)

@@ -50,7 +50,7 @@ from autotune.backends._values import as_float, typed
 from autotune.backends.swift.config import TRL_NAMES
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, ShellWord, mask_secrets, refuse, shell_script
-from autotune.export._job import header, user_dataset, uses_demo_reward
+from autotune.export._job import header, trial_environment, user_dataset, uses_demo_reward
 from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
 from autotune.secrets import MASK
@@ -327,6 +327,9 @@ _TRIAL_ONLY = (
     "trainer.test_freq",
     "trainer.val_before_train",
     "trainer.default_local_dir",
+    "actor_rollout_ref.rollout.ignore_eos",
+    "+ray_kwargs.ray_init.include_dashboard",
+    "ray_kwargs.ray_init.num_cpus",
 )
 
 
@@ -358,6 +361,7 @@ def _from_verl_study(w: Winner) -> Export:
         )
     comments += notes
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in w.gpu_indices)} if not w.cpu_only else {}
+    env.update(trial_environment(w))  # the devices and thread counts the trial ran with
     return Export(
         format="verl",
         files={SCRIPT: shell_script(comments, command, env=env, secrets=w.secrets)},

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -674,3 +675,28 @@ class TestSwiftConformance(BackendConformance):
                 failed_phase="rollout",
             ),
         ]
+
+
+def test_every_phase_frame_is_a_method_of_the_installed_ms_swift() -> None:
+    """Each function a phase frame names is defined in ms-swift's trainers (4.6.0: rollout_mixin.py,
+    grpo_trainer.py), and the frame every rollout mode passes through, HF generate included, is there."""
+    import re
+
+    python = os.environ.get("AUTOTUNE_SWIFT_PYTHON") or str(
+        Path(__file__).parents[3] / ".venv-swift/bin/python"
+    )
+    if not Path(python).exists():
+        pytest.skip("no ms-swift interpreter ($AUTOTUNE_SWIFT_PYTHON or .venv-swift)")
+    code = "import importlib.util; print(importlib.util.find_spec('swift').submodule_search_locations[0])"
+    root = Path(
+        subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    )
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (root / "rlhf_trainers").glob("*.py"))
+    defined = set(re.findall(r"^\s+def (\w+)\(", source, flags=re.M))
+    names = {
+        name
+        for frame in backend().phase_frames()
+        for name in re.search(r":\((.*)\)\$$", frame.regex).group(1).split("|")  # type: ignore[union-attr]
+    }
+    assert "_infer_single_or_multi_turn" in names
+    assert names - {"compute_loss", "training_step"} <= defined, names - defined

@@ -778,3 +778,16 @@ def test_the_job_defaults_are_the_installed_grpoconfigs_own() -> None:
         fields["per_device_train_batch_size"],
         fields["gradient_accumulation_steps"],
     )
+
+
+def test_zero3_on_gpus_overlaps_communication_as_deepspeed_does_by_default() -> None:
+    """DeepSpeed's own default (runtime/zero/config.py: ``overlap_comm`` is ``stage == 3`` when unset) holds
+    in the trials' config on GPUs; TRL's accelerate presets do not set it either."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    for stage, want in ((3, True), (2, False)):
+        zero = ds_config(stage, offload_optimizer=False, offload_param=False, cpu_only=False)[
+            "zero_optimization"
+        ]
+        assert DeepSpeedZeroConfig(**zero).overlap_comm is want, stage

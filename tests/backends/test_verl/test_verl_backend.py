@@ -143,7 +143,7 @@ def rules(tmp_path: Path, params: Mapping[str, Any], **kw: Any) -> set[str]:
     backend = VerlBackend()
     ctx = make_ctx(tmp_path, **kw)
     full = {**baseline(backend), **params}
-    return {v.rule for v in backend.check_rules(full, backend.derive(full, ctx), ctx)}
+    return {v.rule for v in backend.rules(full, backend.derive(full, ctx), ctx)}
 
 
 def test_baseline_breaks_no_rule(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_baseline_breaks_no_rule(tmp_path: Path) -> None:
         ({PPO_MICRO: None}, {}, "micro_batch_required"),
         ({DYNAMIC_BSZ: True, MAX_TOKENS: 1024}, {}, "token_budget_holds_a_sequence"),
         ({ROLLOUT_TP: 8}, {"gpus": 4}, "rollout_tp_divides_gpus"),
-        ({ROLLOUT_TP: 8}, {}, "rollout_tp_divides_heads"),  # Qwen2.5-7B has 28 heads
+        ({ROLLOUT_TP: 8}, {}, "vllm_tp_divides_heads"),  # Qwen2.5-7B has 28 heads
         ({}, {"gpus": 0}, "verl_needs_gpu"),
     ],
 )
@@ -406,3 +406,31 @@ def test_recorded_steps_split_into_phases_by_verls_own_timers() -> None:
         v["timing_s/old_log_prob"] + v["timing_s/ref"] + v["timing_s/update_actor"]
     )
     assert by_phase["weight_sync"] == pytest.approx(v["timing_s/update_weights"])
+
+
+def test_verl_091s_actor_prefixed_memory_keys_give_the_memory() -> None:
+    """verl 0.9.1's v1 trainer renames the actor's metrics with ``actor/`` (trainer_base.py rename_dict)."""
+    parser = VerlLogParser()
+    line = (
+        "step:1 - actor/pg_loss:-0.1 - actor/perf/max_memory_allocated_gb:np.float64(48.2) - "
+        "actor/perf/max_memory_reserved_gb:np.float64(61.5) - timing_s/step:21.7"
+    )
+    (step,) = parser.feed("stdout", PREFIX + line, 2.0, 2.0)
+    assert step.values["memory_gib"] == 61.5
+
+
+def test_the_probe_refuses_verl_without_its_core_extra(tmp_path: Path) -> None:
+    """verl 0.9.1's trainer imports transfer_queue (the verl-core extra): refused once, before the study."""
+    fake = tmp_path / "python"
+    versions = {"verl": "0.9.1", "vllm": "0.24.0", "sglang": None, "ray": "2.60.0", "torch": "2.13.0"}
+
+    def write(extra: dict[str, str | None]) -> None:
+        payload = json.dumps({**versions, **extra})
+        fake.write_text(f"#!/bin/sh\necho 'AUTOTUNE_VERSIONS {payload}'\n")
+        fake.chmod(0o755)
+
+    write({"TransferQueue": None, "tensordict": "0.10.0"})
+    with pytest.raises(BackendError, match=r"TransferQueue missing .*verl-core"):
+        VerlBackend(python=str(fake)).probe()
+    write({"TransferQueue": "0.1.10", "tensordict": "0.10.0"})
+    assert VerlBackend(python=str(fake)).probe().version == "0.9.1"

@@ -121,3 +121,17 @@ def test_a_misspelt_knob_would_be_refused(verl_python: str) -> None:  # noqa: F8
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_trials_own_ray_cluster_and_force_full_length_completions_in_verls_config(
+    tmp_path: Path,
+    verl_python: str,  # noqa: F811
+) -> None:
+    """What only a trial sets lands where verl 0.9.1 reads it (``main_ppo.py``: ``ray.init(**ray_kwargs.
+    ray_init)``; the rollout's ``ignore_eos``): no dashboard, an explicit CPU count, full-length completions."""
+    (result,) = compose_many(verl_python, [trial_argv(tmp_path, baseline(VerlBackend()))])
+    cfg = result["config"]
+    ray_init = cfg["ray_kwargs"]["ray_init"]
+    assert ray_init["include_dashboard"] is False
+    assert isinstance(ray_init["num_cpus"], int) and ray_init["num_cpus"] >= 1
+    assert cfg["actor_rollout_ref"]["rollout"]["ignore_eos"] is True

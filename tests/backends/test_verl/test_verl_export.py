@@ -222,7 +222,7 @@ def test_a_verl_study_exports_the_overrides_its_trial_ran_with(tmp_path: Path, v
     assert ar["rollout"]["gpu_memory_utilization"] == 0.65 and ar["actor"]["use_kl_loss"] is True
     assert cfg["data"]["train_batch_size"] * ar["rollout"]["n"] == 64
     assert trainer["n_gpus_per_node"] == 4 and cfg["data"]["train_files"] == "/data/gsm8k/train.parquet"
-    assert script_env(text) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert script_env(text) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_a_never_launched_verl_trial_is_refused(tmp_path: Path) -> None:

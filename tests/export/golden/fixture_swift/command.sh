@@ -9,6 +9,7 @@
 set -euo pipefail
 export NPROC_PER_NODE=4
 export CUDA_VISIBLE_DEVICES=0,1,2,3
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 swift rlhf \
   --rlhf_type grpo \
   --model Qwen/Qwen2-7B \

@@ -7,6 +7,7 @@
 set -euo pipefail
 export NPROC_PER_NODE=2
 export CUDA_VISIBLE_DEVICES=0,1
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 swift rlhf \
   --rlhf_type grpo \
   --model Qwen/Qwen2.5-1.5B-Instruct \
