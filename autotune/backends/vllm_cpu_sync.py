@@ -60,8 +60,8 @@ def apply() -> bool:
 def _name_shared_memory_per_run() -> None:
     """Give the shared-memory segments of a tensor-parallel engine a name of this run's own.
 
-    In colocate mode (``external_launcher``) vLLM names them from its ``env://`` init method, which is the
-    same for every run (``/dev/shm/-tp:0-[0-1]-cpushm_0``); a segment a finished run left behind, or a
+    In colocate mode (``external_launcher``) vLLM names them from its ``env://`` init method (``//`` then),
+    which is the same for every run (``/dev/shm/-tp:0-[0-1]-cpushm_0``); a segment a finished run left behind, or a
     concurrent run's, then fails the next engine's start-up (``create shm in SHMManager failed. errno: 17``).
     The ranks of one run share their launcher (the parent process) and ``MASTER_PORT``.
     """
@@ -77,8 +77,8 @@ def _name_shared_memory_per_run() -> None:
         return
     run = f"autotune{os.environ.get('MASTER_PORT', '')}.{os.getppid()}"
 
-    def make_group_name(communicator: Any) -> str:
-        return f"{run}{original(communicator)}"
+    def make_group_name(communicator: Any) -> str:  # a POSIX shm name: one leading "/", no other
+        return f"/{run}{original(communicator).lstrip('/')}"
 
     setattr(make_group_name, _MARK, True)
     shm.make_group_name = staticmethod(make_group_name)
