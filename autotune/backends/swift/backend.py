@@ -641,10 +641,8 @@ class SwiftBackend(Backend):
         else:
             add("external_plugins", plugins or None)
             add("reward_funcs", fixed.get("reward_funcs"))
-        if ctx.cpu_only:
-            add(
-                "use_cpu", True
-            )  # under torchrun on CPU, ms-swift's accelerator counts one process without it
+        if ctx.cpu_only:  # under torchrun on CPU, ms-swift's accelerator counts one process without it
+            add("use_cpu", True)
         add("num_generations", ctx.num_generations)
         add("max_completion_length", ctx.max_completion_length)
         for name in _KNOBS:

@@ -213,7 +213,9 @@ def test_vllm_mode_never_without_use_vllm(tmp_path: Path) -> None:
     no vLLM-only flag is passed without vLLM (ms-swift ≥ 3.11.1 refuses ``--vllm_mode`` then)."""
     b = backend()
     ctx = make_ctx(tmp_path, gpus=4, fixed={"vllm_mode": "colocate", "sleep_level": 1})
-    space = load_space(b.default_space(), backend="swift", known_knobs=b.knob_names).restrict(Platform.machine(gpu_present=True))
+    space = load_space(b.default_space(), backend="swift", known_knobs=b.knob_names).restrict(
+        Platform.machine(gpu_present=True)
+    )
     space = space.narrow(
         {
             "per_device_train_batch_size": [4],
