@@ -54,7 +54,9 @@ def test_trl_study_runs_real_vllm_and_times_its_generation_and_weight_sync(cli, 
 @pytest.mark.trl
 def test_a_memory_share_the_host_cannot_give_is_vllms_own_start_up_failure(cli, tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text(SPACE.replace("cpu: {low: 0.1, high: 0.15, default: 0.1}", "cpu: {choices: [0.99]}"))
+    space.write_text(
+        SPACE.replace("cpu: {low: 0.1, high: 0.15, default: 0.1}", "cpu: {choices: [0.99], default: 0.99}")
+    )
     out = tmp_path / "study"
     args = ("search", "--model", "tiny-qwen2", "--backend", "trl", "--space", str(space), "--out", str(out))
     done = cli(*args, "--trials", "1", *JOB, "--pin", "use_vllm=true", "--confirm-runs", "0", timeout=900)
