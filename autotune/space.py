@@ -20,7 +20,8 @@ A space file looks like this::
         high: 0.9
         step: 0.05
         default: 0.3
-        applies: gpu              # dropped, with a notice, where no GPU is present
+        applies: gpu              # dropped, with the platform's reason, where no GPU is present
+        cpu: {high: 0.2}          # its values on a CPU-only run (here: a share of host memory)
 
 A knob whose ``when`` does not hold is *inactive*: it is absent from a trial's params, so conditional
 knobs do not multiply the space. Knobs are ordered; a condition may only name earlier knobs.
@@ -40,7 +41,7 @@ from typing import Any, Literal, Protocol
 from autotune.errors import SpaceError
 from autotune.yamlfile import read_yaml
 
-__all__ = ["Knob", "SearchSpace", "load_space", "canonical_key", "Suggester"]
+__all__ = ["NEEDS", "Knob", "Platform", "SearchSpace", "load_space", "canonical_key", "Suggester"]
 
 KnobType = Literal["int", "float", "bool", "str"]
 _TYPES: tuple[str, ...] = ("int", "float", "bool", "str")
@@ -54,6 +55,7 @@ _KNOB_FIELDS = {
     "default",
     "when",
     "applies",
+    "cpu",
     "memory",
     "help",
     "label",
@@ -62,6 +64,50 @@ _KNOB_FIELDS = {
 MAX_CHOICES = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _GRID_LIMIT = 64  # values a continuous knob may expand to for grid search / dedupe
+#: the value fields a knob's ``cpu:`` block may replace on a CPU-only run
+_CPU_FIELDS = frozenset({"choices", "low", "high", "step", "log", "default"})
+
+#: what a knob may need of the machine its trials run on (its ``applies:``); a :class:`Platform` says
+#: which of them it cannot give, and why.
+NEEDS: Mapping[str, str] = {
+    "any": "nothing: it applies everywhere",
+    "gpu": "a GPU",
+    "cpu": "a CPU-only run",
+    "vllm": "the vLLM engine, in the trials' interpreter, built for this machine's platform",
+    "vllm_sleep": "vLLM's sleep mode (memory released between rollouts)",
+    "vllm_server": "training against a vLLM server (the trainer sends it the weights)",
+}
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the machine the trials run on cannot give a knob, in the platform's own words.
+
+    Built once per study by the backend (:meth:`autotune.backends.Backend.platform`, from the machine and
+    the packages its probe found); :meth:`SearchSpace.restrict` drops every knob whose ``applies:`` names a
+    need found in :attr:`lacks`, with that reason, and gives the knobs with a ``cpu:`` block their CPU
+    values on a CPU-only run.
+
+    Attributes:
+        gpu_present: the trials run on GPUs (False: a CPU-only run).
+        lacks: a need of :data:`NEEDS` → why this machine cannot meet it.
+    """
+
+    gpu_present: bool
+    lacks: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def machine(cls, *, gpu_present: bool, **lacks: str) -> Platform:
+        """The machine's own part (GPU or CPU-only run) and the extra needs it lacks, by name."""
+        own = (
+            {"cpu": "only tuned on CPU runs; on GPUs the world size is the GPU count"}
+            if gpu_present
+            else {"gpu": "needs a GPU and none is present"}
+        )
+        unknown = sorted(set(lacks) - set(NEEDS))
+        if unknown:
+            raise ValueError(f"unknown need {unknown[0]!r}; needs: {', '.join(NEEDS)}")
+        return cls(gpu_present=gpu_present, lacks={**own, **lacks})
 
 
 class Suggester(Protocol):
@@ -85,7 +131,10 @@ class Knob:
         low, high, step, log: a numeric range.
         default: the framework's default (used by the baseline and where the knob is dropped).
         when: the knob exists only when each named earlier knob has one of the listed values.
-        applies: "any", "gpu" (dropped without GPUs) or "cpu" (dropped with GPUs).
+        applies: what the knob needs of the machine (a name of :data:`NEEDS`): dropped where the
+            :class:`Platform` lacks it ("gpu": without GPUs, "cpu": with GPUs, "vllm_sleep": where vLLM
+            has no sleep mode ...).
+        cpu: the knob on a CPU-only run when its values differ there (a ``cpu:`` block in the file).
         memory: "increasing" if a larger value needs more GPU memory, "decreasing" if less.
         help: one line for the report.
         label: a short name for tables and the live view (the knob's name when empty).
@@ -100,7 +149,8 @@ class Knob:
     step: float | None = None
     log: bool = False
     when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    applies: Literal["any", "gpu", "cpu"] = "any"
+    applies: str = "any"
+    cpu: Knob | None = None
     memory: Literal["increasing", "decreasing"] | None = None
     help: str = ""
     label: str = ""
@@ -299,19 +349,20 @@ class SearchSpace:
     def size(self) -> int:
         return sum(1 for _ in self.grid())
 
-    def restrict(self, *, gpu_present: bool) -> SearchSpace:
-        """Drop knobs that cannot apply on this machine; their defaults then hold."""
+    def restrict(self, platform: Platform) -> SearchSpace:
+        """Drop the knobs that need what ``platform`` lacks (their defaults then hold, the reason is kept
+        in :attr:`dropped`); on a CPU-only run, a knob with a ``cpu:`` block takes its CPU values."""
         keep: list[Knob] = []
         dropped = dict(self.dropped)
         dropped_defaults = dict(self.dropped_defaults)
         for knob in self.knobs:
-            if knob.applies == "gpu" and not gpu_present:
-                dropped[knob.name] = "needs a GPU and none is present"
-            elif knob.applies == "cpu" and gpu_present:
-                dropped[knob.name] = "only tuned on CPU runs; on GPUs the world size is the GPU count"
-            else:
+            if not platform.gpu_present and knob.cpu is not None:
+                knob = knob.cpu
+            reason = platform.lacks.get(knob.applies)
+            if reason is None:
                 keep.append(knob)
                 continue
+            dropped[knob.name] = reason
             dropped_defaults[knob.name] = knob.default
         return replace(self, knobs=tuple(keep), dropped=dropped, dropped_defaults=dropped_defaults)
 
@@ -367,6 +418,8 @@ class SearchSpace:
                             f" {other} is one of {list(allowed)}",
                             hint=f"Pin {other} to one of {list(allowed)}, or do not pin {name}",
                         )
+                    continue
+                if other not in self:  # dropped on this machine: its default holds (and lets the knob exist)
                     continue
                 current = filters.get(other, list(self[other].values()))
                 filters[other] = [v for v in current if any(_same(v, a) for a in allowed)] or list(allowed)
@@ -502,8 +555,9 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         allowed_l = allowed if isinstance(allowed, list) else [allowed]
         when[other] = tuple(_coerce(a, earlier[other].type, f"{here} when {other}") for a in allowed_l)
     applies = spec.get("applies", "any")
-    if applies not in ("any", "gpu", "cpu"):
-        raise SpaceError(f"{here}: applies is {applies!r}", hint="Use any, gpu or cpu")
+    if applies not in NEEDS:
+        raise SpaceError(f"{here}: applies is {applies!r}", hint=f"Use one of: {', '.join(NEEDS)}")
+    cpu = _parse_cpu_values(name, spec, earlier, where)
     memory = spec.get("memory")
     if memory not in (None, "increasing", "decreasing"):
         raise SpaceError(f"{here}: memory is {memory!r}", hint="Use increasing or decreasing")
@@ -518,6 +572,7 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         log=log,
         when=when,
         applies=applies,
+        cpu=cpu,
         memory=memory,
         help=str(spec.get("help", "")),
         label=str(spec.get("label", "")),
@@ -527,6 +582,25 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
             f"{here}: default {default!r} is not one of its values", hint=f"Allowed: {_describe_values(knob)}"
         )
     return knob
+
+
+def _parse_cpu_values(name: str, spec: dict[str, Any], earlier: dict[str, Knob], where: str) -> Knob | None:
+    """The knob of a ``cpu:`` block: the file's knob with the block's values (checked the same way)."""
+    block = spec.get("cpu")
+    if block is None:
+        return None
+    here = f"{where}: knob {name!r} cpu"
+    if not isinstance(block, dict) or not block or set(block) - _CPU_FIELDS:
+        raise SpaceError(
+            f"{here} must map some of {', '.join(sorted(_CPU_FIELDS))} to its values on a CPU-only run",
+            hint="Write cpu: {high: 0.2, default: 0.1}",
+        )
+    merged = {k: v for k, v in spec.items() if k != "cpu"}
+    if "choices" in block:
+        merged = {k: v for k, v in merged.items() if k not in ("low", "high", "step", "log")}
+    elif "low" in block or "high" in block:
+        merged.pop("choices", None)
+    return _parse_knob(name, {**merged, **block}, earlier, f"{where} (its cpu: values)")
 
 
 def load_space(

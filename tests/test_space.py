@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpaceError
-from autotune.space import canonical_key, load_space
+from autotune.space import Platform, canonical_key, load_space
 
 SPACE = """
 backend: trl
@@ -27,11 +27,11 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_conditional_knobs_do_not_multiply_the_space(tmp_path: Path) -> None:
     space = load_space(write(tmp_path, SPACE), backend="trl")
-    cpu = space.restrict(gpu_present=False)
+    cpu = space.restrict(Platform.machine(gpu_present=False))
     # batch 3 × (zero0: 1, zero2: 2 offload, zero3: 2×2) = 3 × 7
     assert cpu.size() == 21
     assert set(cpu.dropped) == {"use_vllm", "vllm_gpu_memory_utilization"}
-    gpu = space.restrict(gpu_present=True)
+    gpu = space.restrict(Platform.machine(gpu_present=True))
     # × (vllm off: 1, on: 3 utilizations) = 21 × 4
     assert gpu.size() == 84
     grid = list(gpu.grid())
@@ -40,7 +40,7 @@ def test_conditional_knobs_do_not_multiply_the_space(tmp_path: Path) -> None:
 
 
 def test_active_drops_inactive_knobs_and_fills_defaults(tmp_path: Path) -> None:
-    space = load_space(write(tmp_path, SPACE)).restrict(gpu_present=False)
+    space = load_space(write(tmp_path, SPACE)).restrict(Platform.machine(gpu_present=False))
     assert space.active({"zero_stage": 0, "offload_optimizer": True}) == {
         "per_device_train_batch_size": 8,
         "zero_stage": 0,
@@ -49,7 +49,7 @@ def test_active_drops_inactive_knobs_and_fills_defaults(tmp_path: Path) -> None:
 
 
 def test_suggest_asks_only_active_knobs(tmp_path: Path) -> None:
-    space = load_space(write(tmp_path, SPACE)).restrict(gpu_present=True)
+    space = load_space(write(tmp_path, SPACE)).restrict(Platform.machine(gpu_present=True))
     asked: list[str] = []
 
     class Fake:
@@ -123,7 +123,7 @@ def test_float_range_values_and_contains(tmp_path: Path) -> None:
 
 
 def test_narrow_keeps_listed_values_and_rejects_outside(tmp_path: Path) -> None:
-    space = load_space(write(tmp_path, SPACE)).restrict(gpu_present=False)
+    space = load_space(write(tmp_path, SPACE)).restrict(Platform.machine(gpu_present=False))
     narrowed = space.narrow({"zero_stage": [3]})
     assert {p["zero_stage"] for p in narrowed.grid()} == {3}
     with pytest.raises(SpaceError, match="outside knob"):
@@ -136,7 +136,7 @@ def test_canonical_key_is_order_and_float_stable() -> None:
 
 
 def test_a_pinned_knob_has_one_value_in_every_configuration(tmp_path: Path) -> None:
-    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(gpu_present=True)
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(Platform.machine(gpu_present=True))
     pinned = space.pin({"per_device_train_batch_size": 4})
     grid = list(pinned.grid())
     assert grid and {p["per_device_train_batch_size"] for p in grid} == {4}
@@ -149,7 +149,7 @@ def test_a_pinned_knob_has_one_value_in_every_configuration(tmp_path: Path) -> N
 
 
 def test_pinning_a_conditional_knob_keeps_its_condition(tmp_path: Path) -> None:
-    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(gpu_present=True)
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(Platform.machine(gpu_present=True))
     grid = list(space.pin({"offload_param": True}).grid())
     # offload_param exists only under ZeRO-3: pinning it keeps ZeRO-3 in every configuration
     assert grid and all(p["zero_stage"] == 3 and p["offload_param"] is True for p in grid)
@@ -169,8 +169,66 @@ def test_pinning_a_conditional_knob_keeps_its_condition(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_pin_names_the_valid_choices(tmp_path: Path, pins: dict, needle: str, hint: str) -> None:
-    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(gpu_present=False)
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(Platform.machine(gpu_present=False))
     with pytest.raises(SpaceError) as info:
         space.pin(pins)
     assert needle in info.value.message and hint in (info.value.hint or "")
     assert info.value.exit_code == 2
+
+
+PLATFORM_SPACE = """
+backend: swift
+knobs:
+  use_vllm: {type: bool, default: false, applies: vllm}
+  vllm_mode: {type: str, choices: [colocate, server], default: colocate, when: {use_vllm: [true]}, applies: vllm_server}
+  vllm_gpu_memory_utilization:
+    type: float
+    low: 0.3
+    high: 0.9
+    step: 0.1
+    default: 0.9
+    when: {use_vllm: [true], vllm_mode: [colocate]}
+    applies: vllm
+    cpu: {low: 0.1, high: 0.2, default: 0.1}
+  sleep_level: {type: int, choices: [0, 1, 2], default: 0, when: {use_vllm: [true]}, applies: vllm_sleep}
+"""
+
+
+def test_a_knob_is_dropped_with_the_platforms_own_reason_for_what_it_needs(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, PLATFORM_SPACE))
+    cpu = space.restrict(
+        Platform.machine(
+            gpu_present=False, vllm_sleep="Sleep mode is not supported", vllm_server="needs CUDA"
+        )
+    )
+    assert cpu.dropped == {"vllm_mode": "needs CUDA", "sleep_level": "Sleep mode is not supported"}
+    util = cpu["vllm_gpu_memory_utilization"]  # its cpu: values
+    assert (util.values()[0], util.values()[-1], util.default) == pytest.approx((0.1, 0.2, 0.1))
+    # the dropped mode's default lets the utilization exist, under use_vllm only
+    assert sorted(map(canonical_key, cpu.grid())) == sorted(
+        map(canonical_key, [{"use_vllm": False}, {"use_vllm": True, "vllm_gpu_memory_utilization": 0.1},
+                            {"use_vllm": True, "vllm_gpu_memory_utilization": 0.2}])
+    )  # fmt: skip
+    assert cpu.pin({"vllm_gpu_memory_utilization": 0.2})["use_vllm"].values() == (True,)
+    gpu = space.restrict(Platform.machine(gpu_present=True))
+    assert gpu.dropped == {} and gpu["vllm_gpu_memory_utilization"].high == pytest.approx(0.9)
+    none = space.restrict(Platform.machine(gpu_present=False, vllm="no vLLM here"))
+    assert none.dropped["use_vllm"] == "no vLLM here"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("applies: tpu", "applies is 'tpu'"),
+        ("cpu: {low: 1.0}", "low 1.0 is above high 0.9"),
+        ("cpu: {colour: red}", "must map some of"),
+    ],
+)
+def test_a_bad_applies_or_cpu_block_is_refused(tmp_path: Path, extra: str, message: str) -> None:
+    text = f"""
+backend: trl
+knobs:
+  vllm_gpu_memory_utilization: {{type: float, low: 0.3, high: 0.9, default: 0.3, {extra}}}
+"""
+    with pytest.raises(SpaceError, match=message):
+        load_space(write(tmp_path, text))

@@ -88,6 +88,7 @@ def run_plan(
     from autotune.estimate import ModelSpec, find_model, model_from_config, resolve_gpu
     from autotune.estimate.plan import plan_space
     from autotune.jobsemantics import FIELDS, Place, Source, resolve_semantics
+    from autotune.space import Platform
     from autotune.study.hardware import resolve_hardware
 
     planned = planned_backends()
@@ -147,7 +148,11 @@ def run_plan(
         )
 
     # space
-    space = _load_space(backend, space_path).restrict(gpu_present=True).with_roles(facts.knob_roles())
+    space = (
+        _load_space(backend, space_path)
+        .restrict(Platform.machine(gpu_present=True))
+        .with_roles(facts.knob_roles())
+    )
     filters = _parse_filters(knobs, space)
     filters.update(_pin_filters(pins, space, filters))
     _check_tp(filters, space.knob_for("vllm_tp"), n_gpus, spec)

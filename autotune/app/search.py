@@ -257,7 +257,7 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         backend.knob_roles()
     )
     gpu_present = bool(hardware.gpus)
-    space = space.restrict(gpu_present=gpu_present)
+    space = space.restrict(backend.platform(info, gpu_present=gpu_present))
     space, adapt_notices = backend.adapt_space(space)
     for notice in adapt_notices:
         console.print(f"note: {notice}", markup=False, style="yellow")

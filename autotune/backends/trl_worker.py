@@ -206,6 +206,10 @@ def run(config: WorkerConfig, extra: list[str] | None = None) -> None:
     kwargs = current_names(kwargs, deprecated_aliases(GRPOConfig))  # no FutureWarning on every run
     kwargs, model_kwargs = _split_model_args(kwargs, GRPOConfig)
     args = GRPOConfig(**kwargs)  # TRL's ValueError on an invalid combination propagates
+    if args.use_vllm and args.use_cpu:  # before GRPOTrainer builds the LLM: weights must reach it
+        from autotune.backends import vllm_cpu_sync
+
+        vllm_cpu_sync.apply()
     peft_config = _model_config(args, config.model, model_kwargs)
     if args.deepspeed:
         _attach_deepspeed_comm()

@@ -35,6 +35,13 @@ _STYLE = {
 }
 
 
+def _rollout_share(result: TrialResult) -> float | None:
+    """The share of the step the trial spent generating (its timeline's rollout phase), when measured."""
+    phases = (result.timeline_summary or {}).get("phases") or {}
+    share = (phases.get("share") or {}).get("rollout")
+    return float(share) if isinstance(share, (int, float)) and not isinstance(share, bool) else None
+
+
 def short_params(params: Mapping[str, Any], limit: int = 6, labels: Mapping[str, str] | None = None) -> str:
     """Key knobs as ``label=value`` pairs (the space's short labels), shortened for a table cell."""
     abbrev = labels or {}
@@ -156,13 +163,16 @@ class RichView:
             "baseline": result.is_baseline,
             "reason": result.reason,
             "counted": result.steps > 0 or result.status is not TrialStatus.PRUNED,
+            "rollout": _rollout_share(result),
         }
         if self.rows[result.number]["counted"]:
             self.progress.advance(self.task)
         if self.live is None:
             tp = f"{result.throughput:.3g} completions/s" if result.throughput else "—"
+            share = self.rows[result.number]["rollout"]
+            gen = f", generation {share:.0%} of the step" if share is not None else ""
             self.console.print(
-                f"trial {result.number}: {result.status.value} {tp} ({result.steps} steps, {result.duration_s:.1f}s): {plain(result.reason)}",
+                f"trial {result.number}: {result.status.value} {tp} ({result.steps} steps, {result.duration_s:.1f}s{gen}): {plain(result.reason)}",
                 markup=False,
                 highlight=False,
             )
@@ -184,7 +194,9 @@ class RichView:
             self.live.refresh()
 
     def _render(self) -> Group:
-        table = Table("#", "knobs", "status", "steps", "completions/s", "peak mem", expand=False)
+        table = Table(
+            "#", "knobs", "status", "steps", "completions/s", "generation", "peak mem", expand=False
+        )
         rows = dict(self.rows)  # worker threads add rows while this draws
         for n in sorted(rows)[-20:]:
             row = rows[n]
@@ -198,6 +210,7 @@ class RichView:
                 Text(status.value, style=_STYLE.get(status, "red")),
                 str(row["step"]),
                 tp,
+                f"{row['rollout']:.0%}" if row.get("rollout") is not None else "—",
                 mem,
             )
         gpus = self.gpus.table()

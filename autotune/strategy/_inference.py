@@ -37,7 +37,10 @@ __all__ = [
 ]
 
 # The reasons autotune.trial.outcome gives (and vLLM's own text, for results classified elsewhere).
-_STARTUP_FREE = re.compile(r"free GPU memory is below|Free memory on device", re.IGNORECASE)
+_STARTUP_FREE = re.compile(
+    r"free (GPU|host) memory is below|Free memory on device|less than desired CPU memory utilization",
+    re.IGNORECASE,
+)
 _KV_SHORT = re.compile(
     r"cache blocks|KV cache (cannot|is needed)|KV cache memory|stored in KV cache", re.IGNORECASE
 )

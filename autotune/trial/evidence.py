@@ -37,6 +37,17 @@ COMMON_PATTERNS: tuple[FailurePattern, ...] = (
         r"Free memory on device .*on startup is less than desired GPU memory utilization",
         "vLLM could not start: free GPU memory is below the requested gpu_memory_utilization",
     ),
+    # vLLM's CPU platform (vllm/v1/worker/cpu_worker.py): gpu_memory_utilization is a share of host memory
+    FailurePattern(
+        "VLLM_INIT",
+        r"on startup is less than desired CPU memory utilization",
+        "vLLM could not start: free host memory is below the requested gpu_memory_utilization (CPU platform)",
+    ),
+    FailurePattern(
+        "VLLM_INIT",
+        r"on kv cache allocation is less than requested memory for kv",
+        "vLLM could not start: its share of host memory, less what the process holds, does not fit (CPU platform)",
+    ),
     FailurePattern(
         "VLLM_INIT",
         r"No available memory for the cache blocks",

@@ -64,7 +64,8 @@ class TinyModelSpec:
 
 
 TINY_MODELS: dict[str, TinyModelSpec] = {
-    "tiny-qwen2": TinyModelSpec(64, 2, 4, 2, 128, approx_params=107_000),
+    # head_dim = hidden / heads ≥ 32 in each: vLLM's CPU attention kernel takes 32, 64, 80 ... (not 16)
+    "tiny-qwen2": TinyModelSpec(64, 2, 2, 1, 128, approx_params=107_000),
     "small-qwen2": TinyModelSpec(256, 4, 4, 2, 512, approx_params=2_500_000),
     "medium-qwen2": TinyModelSpec(512, 8, 8, 4, 1024, approx_params=19_000_000),
     # Qwen2-1.5B's layer shape (width, heads, MLP) with 14 layers: a GPU trial with real weight

@@ -36,7 +36,7 @@ import pytest
 
 from autotune.backends._base import Backend, TrialContext
 from autotune.records import StepMetrics, TrialSpec, TrialStatus
-from autotune.space import load_space
+from autotune.space import Platform, load_space
 from autotune.trial.failure_phase import failure_phase
 from autotune.trial.outcome import Verdict, classify, health_check
 from autotune.trial.runner import EarlyStopConfig, RunRecord, WatchdogConfig, alive_pids, run_trial
@@ -299,7 +299,7 @@ class BackendConformance:
     def trial_params(self, backend: Backend, ctx: TrialContext) -> dict[str, Any]:
         """A valid knob assignment: the backend's baseline over its shipped space's defaults."""
         space = load_space(backend.default_space(), backend=backend.name, known_knobs=backend.knob_names)
-        space = space.restrict(gpu_present=not ctx.cpu_only)
+        space = space.restrict(Platform.machine(gpu_present=not ctx.cpu_only))
         return space.active(backend.baseline(space.defaults(), ctx))
 
     # ---------------------------------------------------------------- machinery

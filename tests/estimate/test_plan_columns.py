@@ -27,7 +27,7 @@ from autotune.estimate import (
     should_prune,
 )
 from autotune.estimate.plan import PlanResult, speed_key
-from autotune.space import load_space
+from autotune.space import Platform, load_space
 
 DATA = Path(__file__).parent / "data"
 PACKAGED = Path(__file__).parents[2] / "search_spaces"
@@ -35,7 +35,7 @@ JOB = {"global_batch": 64, "num_generations": 8, "max_prompt_length": 512, "max_
 
 
 def _plan(backend: str, path: Path, gpu: str, n: int, fixed: dict[str, Any]) -> tuple[Any, PlanResult]:
-    space = load_space(path).restrict(gpu_present=True).with_roles(backend_class(backend).knob_roles())
+    space = load_space(path).restrict(Platform.machine(gpu_present=True)).with_roles(backend_class(backend).knob_roles())
     model, g = find_model("Qwen2-7B"), find_gpu(gpu)
     assert model is not None and g is not None
     result = plan_space(

@@ -8,14 +8,14 @@ import pytest
 from autotune.backends import backend_class
 from autotune.estimate import candidate_rules, find_gpu, find_model, plan_space
 from autotune.estimate.plan import _table
-from autotune.space import load_space
+from autotune.space import Platform, load_space
 
 DATA = Path(__file__).parent / "data"
 JOB = {"global_batch": 64, "num_generations": 8, "max_prompt_length": 512, "max_completion_length": 1024}
 
 
 def space(name: str):  # noqa: ANN201
-    return load_space(DATA / f"{name}_small.yaml").restrict(gpu_present=True)
+    return load_space(DATA / f"{name}_small.yaml").restrict(Platform.machine(gpu_present=True))
 
 
 @pytest.mark.parametrize("name", ["trl", "swift"])

@@ -135,6 +135,21 @@ def test_vllm_startup_failure_teaches_like_an_oom(tmp_path: Path) -> None:
     assert infer_infeasible(s, {**BASE, "vllm_gpu_memory_utilization": 0.3}, failed) is None
 
 
+def test_vllms_cpu_start_up_failure_teaches_like_its_gpu_one(tmp_path: Path) -> None:
+    """On CPU the share is of host memory; vLLM's own text there: '... on startup is less than desired CPU
+    memory utilization' (the reason autotune gives: 'free host memory is below ...')."""
+    s = space(tmp_path)
+    more = {**BASE, "vllm_gpu_memory_utilization": 0.7}
+    for reason in (
+        "vLLM could not start: free host memory is below the requested gpu_memory_utilization (CPU platform)",
+        "Available memory on node 0 (8.99/13.84 GiB) on startup is less than desired CPU memory utilization",
+    ):
+        failed = [vllm_fail(BASE, reason)]
+        inference = infer_infeasible(s, more, failed)
+        assert inference is not None and inference.trial is failed[0], reason
+        assert infer_infeasible(s, {**BASE, "vllm_gpu_memory_utilization": 0.3}, failed) is None
+
+
 def test_kv_cache_failure_rules_out_only_lower_utilization(tmp_path: Path) -> None:
     s = space(tmp_path)
     failed = [vllm_fail(BASE, KV)]

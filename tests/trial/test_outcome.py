@@ -496,6 +496,8 @@ PATTERN_SAMPLES = {
     r"Free memory on device .*on startup is less than desired GPU memory utilization": (
         f"(EngineCore pid=253) {fault.VLLM_TEXT['free']}"
     ),
+    r"on startup is less than desired CPU memory utilization": fault.VLLM_TEXT["cpu_startup"],
+    r"on kv cache allocation is less than requested memory for kv": f"[rank0]: {fault.VLLM_TEXT['cpu_kv']}",
     r"No available memory for the cache blocks": fault.VLLM_TEXT["blocks"],
     r"KV cache is needed, which is larger than the available KV cache memory": fault.VLLM_TEXT["max_len"],
     r"is larger than the maximum number of tokens that can be stored in KV cache": (

@@ -58,6 +58,15 @@ def test_built_model_loads_with_expected_shape(tiny_dir: Path) -> None:
     assert gen["pad_token_id"] == config["pad_token_id"]
 
 
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_every_built_in_model_has_a_head_size_vllms_cpu_kernel_takes(name: str) -> None:
+    """vLLM's CPU attention takes head_dim 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 or 512
+    ("Unsupported CPU attention configuration: head_dim=16"); its Qwen2 reads hidden / heads."""
+    spec = TINY_MODELS[name]
+    assert spec.hidden_size // spec.num_attention_heads in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+    assert spec.num_attention_heads % spec.num_key_value_heads == 0
+
+
 def test_tokenizer_specials_and_chat_template(tiny_dir: Path) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(tiny_dir)
     assert tok.eos_token == "<|im_end|>"

@@ -43,6 +43,9 @@ from autotune.backends._base import (
 )
 from autotune.backends._values import as_bool, as_int
 from autotune.backends._versions import installed_versions
+from autotune.backends._vllm import DISTRIBUTIONS as VLLM_DISTRIBUTIONS
+from autotune.backends._vllm import cpu_thread_binding
+from autotune.backends._vllm import refusals as vllm_refusals
 from autotune.backends.swift._args import (
     MIN_VERSION,
     SwiftFlags,
@@ -57,12 +60,22 @@ from autotune.fixed import flag_name
 from autotune.jobconfig import JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, TrialSpec
+from autotune.studydir import TrialDir
 
 __all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
 
 INSTALL_HINT = "Install it with: pip install 'autotune-grpo[swift]' (or pass the path of `swift`)"
 DEMO_REWARD = "autotune_demo"
 PLUGIN_ASSET = "swift_reward_plugin.py"
+SYNC_SHIM = "vllm_cpu_sync.py"
+PHASE_PLUGIN = "swift_phase_plugin.py"
+PHASES_FILE = TrialDir.PHASES
+#: the files a trial copies into its directory for ms-swift to load (``--external_plugins``)
+_ASSETS = {
+    PLUGIN_ASSET: files("autotune").joinpath("assets", PLUGIN_ASSET),
+    SYNC_SHIM: files("autotune.backends").joinpath(SYNC_SHIM),
+    PHASE_PLUGIN: files("autotune").joinpath("assets", PHASE_PLUGIN),
+}
 
 #: knob order of search_spaces/swift.yaml; ``num_processes`` is not an ms-swift flag.
 _KNOBS: tuple[str, ...] = (
@@ -76,6 +89,7 @@ _KNOBS: tuple[str, ...] = (
     "vllm_gpu_memory_utilization",
     "vllm_tensor_parallel_size",
     "vllm_max_num_seqs",
+    "vllm_enforce_eager",
     "sleep_level",
     "offload_optimizer",
     "offload_model",
@@ -239,7 +253,7 @@ class SwiftBackend(Backend):
         python = self.trial_python()
         versions = installed_versions(
             python,
-            ("ms-swift", "deepspeed", "vllm", "trl", "transformers", "torch"),
+            ("ms-swift", "deepspeed", *VLLM_DISTRIBUTIONS, "trl", "transformers", "torch"),
             framework="ms-swift",
             hint=INSTALL_HINT,
         )
@@ -425,12 +439,17 @@ class SwiftBackend(Backend):
                 )
             )
         use_vllm = as_bool(eff.get("use_vllm", False))
-        mode = eff.get("vllm_mode")
+        mode = eff.get("vllm_mode", "colocate")  # a trial without one is rendered with colocate
         if use_vllm:
-            if ctx.cpu_only:
-                out.append(
-                    RuleViolation("vllm_needs_gpu", "use_vllm true needs GPUs; vLLM does not run on CPU")
+            out += [
+                RuleViolation(rule, message)
+                for rule, message in vllm_refusals(
+                    cpu_only=ctx.cpu_only,
+                    versions=self._info.extra if self._info is not None else None,
+                    server=mode == "server",
+                    sleep=(as_int(eff.get("sleep_level", 0)) or 0) > 0,
                 )
+            ]
             if mode is None and self.flags().vllm_mode_required:
                 out.append(
                     RuleViolation(
@@ -452,12 +471,6 @@ class SwiftBackend(Backend):
                     RuleViolation(
                         "vllm_tp_divides_world",
                         f"vllm_tensor_parallel_size {tp} does not divide the world size {world}",
-                    )
-                )
-            if self._info is not None and not self._info.extra.get("vllm"):
-                out.append(
-                    RuleViolation(
-                        "vllm_not_installed", "use_vllm true but vLLM is not installed beside ms-swift"
                     )
                 )
         if as_bool(eff.get("async_generate", False)) and not (use_vllm and mode == "server"):
@@ -530,6 +543,7 @@ class SwiftBackend(Backend):
             | knob_flags
             | set(CONTROLLED_FLAGS)
             | {"rlhf_type", "model", "num_generations", "max_completion_length"}
+            | ({"use_cpu"} if ctx is not None and ctx.cpu_only else set())
         )
         emitted = {flags.translate(n) for n in emitted}
         for name in sorted(emitted):
@@ -564,7 +578,7 @@ class SwiftBackend(Backend):
         args = self._argv(spec, ctx, trial=True)
         return LaunchPlan(
             argv=tuple(args),
-            env=self._env(spec, ctx, world),
+            env={**self._env(spec, ctx, world), **self._vllm_env(self._effective(spec.params, ctx), ctx)},
             cwd=str(ctx.trial_dir),
             metrics_paths=(str(self._output_dir(ctx) / "logging.jsonl"),),
             world_size=world,
@@ -591,7 +605,10 @@ class SwiftBackend(Backend):
         world = int(spec.derived.get("world_size") or self._world_size(dict(spec.params), ctx))
         return LaunchPlan(
             argv=tuple(self._argv(spec, ctx, trial=False)),
-            env=self._job_env(spec, ctx, world, threads_of_host=False),
+            env={
+                **self._job_env(spec, ctx, world, threads_of_host=False),
+                **self._vllm_env(self._effective(spec.params, ctx), ctx),
+            },
             cwd=str(ctx.trial_dir),
             world_size=world,
             unset_env=self.trial_env(spec, ctx).unset,
@@ -632,15 +649,21 @@ class SwiftBackend(Backend):
                 add(name, fixed.get(name, value))
         demo_prompts = self._write_prompts if trial else self._prompts_path
         add("dataset", fixed.get("dataset") or ctx.dataset or str(demo_prompts(ctx)))
+        plugins = fixed.get("external_plugins") or []
+        plugins = [plugins] if isinstance(plugins, str) else list(plugins)
+        if ctx.cpu_only and use_vllm:  # vLLM's CPU layers keep an updatable weight (before the LLM is built)
+            plugins.append(str(self._copy_asset(ctx, SYNC_SHIM, trial)))
+        if trial:  # the rollout and the weight sync, timed by ms-swift, marked for the timeline
+            plugins.append(str(self._copy_asset(ctx, PHASE_PLUGIN, trial)))
         if "reward_funcs" not in fixed and "reward_model" not in fixed:
-            plugins = fixed.get("external_plugins") or []
-            plugins = [plugins] if isinstance(plugins, str) else list(plugins)
-            plugin = self._copy_plugin(ctx) if trial else ctx.trial_dir / PLUGIN_ASSET
-            add("external_plugins", [*plugins, str(plugin)])
+            plugins.append(str(self._copy_asset(ctx, PLUGIN_ASSET, trial)))
+            add("external_plugins", plugins)
             add("reward_funcs", [DEMO_REWARD])
         else:
-            add("external_plugins", fixed.get("external_plugins"))
+            add("external_plugins", plugins or None)
             add("reward_funcs", fixed.get("reward_funcs"))
+        if ctx.cpu_only:  # under torchrun on CPU, ms-swift's accelerator counts one process without it
+            add("use_cpu", True)
         add("num_generations", ctx.num_generations)
         add("max_completion_length", ctx.max_completion_length)
         for name in _KNOBS:
@@ -691,12 +714,25 @@ class SwiftBackend(Backend):
     def _output_dir(ctx: TrialContext) -> Path:
         return ctx.trial_dir / "output"
 
+    @staticmethod
+    def _vllm_env(params: Mapping[str, Any], ctx: TrialContext) -> dict[str, str]:
+        """vLLM on CPU: no vLLM plugins (ms-swift's ``swift_uembed`` imports torchvision's CUDA build), and
+        an engine over several processes binds one core list to each (vLLM's default asserts)."""
+        if not (ctx.cpu_only and as_bool(params.get("use_vllm", False))):
+            return {}
+        env = {"VLLM_PLUGINS": "none"}
+        binding = cpu_thread_binding(as_int(params.get("vllm_tensor_parallel_size", 1)) or 1)
+        if binding:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
+        return env
+
     def _env(self, spec: TrialSpec, ctx: TrialContext, world: int) -> dict[str, str]:
         """A trial's environment: the job's (:meth:`_job_env`) plus what only a trial needs."""
         return {
             "MASTER_PORT": str(ctx.master_port),
             "PYTHONUNBUFFERED": "1",
             **self._job_env(spec, ctx, world),
+            "AUTOTUNE_PHASES_FILE": str(ctx.trial_dir / PHASES_FILE),
         }
 
     def _job_env(
@@ -732,10 +768,12 @@ class SwiftBackend(Backend):
         return ctx.trial_dir / "prompts.jsonl"
 
     @staticmethod
-    def _copy_plugin(ctx: TrialContext) -> Path:
-        target = ctx.trial_dir / PLUGIN_ASSET
-        with as_file(files("autotune").joinpath("assets", PLUGIN_ASSET)) as src:
-            shutil.copyfile(src, target)
+    def _copy_asset(ctx: TrialContext, name: str, trial: bool) -> Path:
+        """Where the trial has its copy of the packaged file ``name`` (copied there for a trial)."""
+        target = ctx.trial_dir / name
+        if trial:
+            with as_file(_ASSETS[name]) as src:
+                shutil.copyfile(src, target)
         return target
 
     # ------------------------------------------------------------------ parsing

