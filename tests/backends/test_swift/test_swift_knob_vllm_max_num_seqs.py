@@ -26,7 +26,7 @@ JOB = {"global_batch": 64, "num_generations": 8, "max_completion_length": 1024}
 def test_the_space_offers_it_under_colocated_vllm_with_ms_swifts_default() -> None:
     space = load_space(SwiftBackend().default_space(), backend="swift", known_knobs=SwiftBackend.knob_names)
     knob = space["vllm_max_num_seqs"]
-    assert knob.default is None and knob.memory == "increasing" and knob.applies == "gpu"
+    assert knob.default is None and knob.memory == "increasing" and knob.applies == "vllm"  # CPU too
     assert set(knob.values()) == {None, 64, 256}
     assert knob.active({"use_vllm": True, "vllm_mode": "colocate"})
     assert not knob.active({"use_vllm": True, "vllm_mode": "server"})
