@@ -266,7 +266,7 @@ class Study(StudyPart):
 
     # -- optuna --------------------------------------------------------------------------------
     def _open(self) -> optuna.Study:
-        url = self.cfg.storage_url or f"sqlite:///{self.dir.db_path}"
+        url = self.cfg.storage_url or f"sqlite:///{self.dir.own_file(self.dir.db_path)}"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial results
         # still land in the study directory, but Optuna's own history does not persist
