@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -93,56 +94,105 @@ def test_charts_linked_to_a_users_folder_is_never_written_through(
 
 
 DEEP = "[" * 10_000 + "]" * 10_000
+HOSTILE_JSON = {"deep": DEEP, "deep-in-object": '{"a": ' + DEEP + "}", "nan": "NaN", "inf": "1e999"}
 
 
-@pytest.mark.parametrize(
-    "content",
-    [DEEP, '{"a": ' + DEEP + "}", "NaN", "1e999"],
-    ids=["deep", "deep-in-object", "nan", "inf"],
-)
-@pytest.mark.parametrize("target", ["study.json", "trials/3/result.json", "trials/3/launch.json"])
-@pytest.mark.parametrize("command", ["report", "export"])
-def test_hostile_json_is_one_line(
-    base: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    content: str,
-    target: str,
-    command: str,
-) -> None:
-    study = copy(base, tmp_path)
-    path = study / target
-    if content in ("NaN", "1e999"):
+def _write_hostile_json(path: Path, content: str) -> None:
+    if content in ("NaN", "1e999"):  # a number of the record made not finite
         data = json.loads(path.read_text())
-        data["throughput" if "result" in target else "global_batch"] = "@NUM@"
+        data["throughput" if path.name == "result.json" else "global_batch"] = "@NUM@"
         path.write_text(json.dumps(data).replace('"@NUM@"', content))
     else:
         path.write_text(content)
-    argv = [command, str(study)] + (["--no-png"] if command == "report" else ["--format", "json"])
-    cli(capsys, *argv)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dev-urandom", "outside-link"])
+@pytest.mark.parametrize("content", list(HOSTILE_JSON))
+@pytest.mark.parametrize("target", ["study.json", "trials/3/result.json"])
+def test_hostile_json_is_one_line_in_report(
+    base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, target: str
+) -> None:
+    study = copy(base, tmp_path)
+    _write_hostile_json(study / target, HOSTILE_JSON[content])
+    cli(capsys, "report", str(study), "--no-png")
+
+
+@pytest.mark.parametrize("content", list(HOSTILE_JSON))
+@pytest.mark.parametrize("target", ["study.json", "trials/3/result.json", "trials/3/launch.json"])
+def test_hostile_json_is_one_line_in_export(
+    base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, target: str
+) -> None:
+    study = copy(base, tmp_path)
+    _write_hostile_json(study / target, HOSTILE_JSON[content])
+    for fmt in ("json", "command"):
+        cli(capsys, "export", str(study), "--format", fmt, "--out", str(study / "exported" / fmt))
+
+
+KINDS = ("fifo", "dev-zero", "dev-urandom", "outside-link", "bytes", "deep", "directory")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "outside-link"])
 @pytest.mark.parametrize("target", ["study.json", "trials/3/result.json", "trials/3/metrics.jsonl"])
 def test_special_files_are_refused_unopened(
     base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, target: str
 ) -> None:
     study = copy(base, tmp_path)
-    path = study / target
-    path.unlink()
-    plant(path, kind, tmp_path)
-    cli(capsys, "report", str(study), "--no-png")
-    cli(capsys, "export", str(study), "--format", "json", "--out", str(tmp_path / "knobs.json"))
+    plant(study / target, kind, tmp_path)
+    cli(capsys, "export", str(study), "--format", "json", "--out", str(study / "knobs.json"))
+    if target != "study.json" or kind == "fifo":
+        cli(capsys, "report", str(study), "--no-png")
 
 
 def plant(path: Path, kind: str, tmp_path: Path) -> None:
+    """Replace ``path`` (a file or folder of the study) by a hostile one of ``kind``."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
     if kind == "fifo":
         os.mkfifo(path)
     elif kind.startswith("dev-"):
         path.symlink_to("/dev/" + kind[4:])
     elif kind == "outside-link":
-        victim = tmp_path / "victim.json"
-        victim.write_text('{"user": "data"}')
-        path.symlink_to(victim)
+        victim = tmp_path / "victim"
+        victim.mkdir(exist_ok=True)
+        (victim / "user.json").write_text('{"user": "data"}')
+        path.symlink_to(victim / "user.json")
+    elif kind == "deep":
+        path.write_text(DEEP)
+    elif kind == "directory":
+        path.mkdir()
     else:
-        path.write_bytes(random.Random(kind).randbytes(64))
+        path.write_bytes(random.Random(str(path)).randbytes(4096))
+
+
+def _outside(tmp_path: Path, study: Path) -> dict[str, bytes]:
+    """Every file under ``tmp_path`` but the study's, with its bytes (what must never change)."""
+    return {
+        str(p): p.read_bytes()
+        for p in tmp_path.rglob("*")
+        if p.is_file() and not p.is_symlink() and study not in p.parents
+    }
+
+
+#: seeded cases of the property test: each plants hostile entries in random files of the study
+PROPERTY_CASES = 6
+
+
+@pytest.mark.parametrize("seed", range(PROPERTY_CASES))
+def test_any_damage_to_any_file_is_one_line_and_nothing_outside_changes(
+    base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int
+) -> None:
+    rng = random.Random(seed)
+    study = copy(base, tmp_path)
+    entries = sorted(p for p in study.rglob("*") if p.name != "study.db")
+    for path in rng.sample(entries, 3):
+        if os.path.lexists(path):
+            plant(path, rng.choice(KINDS), tmp_path)
+    before = _outside(tmp_path, study)
+    signal.alarm(120)  # a hang fails the test instead of blocking the suite
+    try:
+        cli(capsys, "report", str(study), "--no-png")
+        cli(capsys, "export", str(study), "--format", "json", "--out", str(study / "knobs.json"))
+    finally:
+        signal.alarm(0)
+    assert _outside(tmp_path, study) == before
