@@ -90,3 +90,36 @@ def test_mlflow_that_never_answers_does_not_hang_the_study(
 ) -> None:
     line = start_against(silent_server, tmp_path, monkeypatch)
     assert f"no answer within {TIMEOUT_S:g} s" in line
+
+
+def test_two_studies_named_alike_never_share_nor_delete_tensorboard_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.trackers.test_trackers import _results
+
+    shared = tmp_path / "tb"
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(shared))
+    roots = []
+    for parent in ("a", "b"):
+        study = tmp_path / parent / "demo"
+        study.mkdir(parents=True)
+        trackers = Trackers(["tensorboard"], TRACKERS)
+        trackers.start(StudyPlace(name="demo", directory=study, knob_names=("per_device_train_batch_size",)))
+        for result in _results():
+            trackers.log(result)
+        trackers.finish()
+        roots.append(sorted(p.relative_to(shared) for p in shared.rglob("events.out.tfevents.*")))
+    first, both = set(roots[0]), set(roots[1])
+    assert first and first <= both  # the second study removed none of the first's files
+    assert len({p.parts[0] for p in both}) == 2  # one folder per study
+
+
+def test_an_unusable_tensorboard_dir_is_one_line_before_any_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "tb"
+    blocker.write_text("a file, not a folder")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(blocker))
+    trackers = Trackers(["tensorboard"], TRACKERS)
+    with pytest.raises(UsageError, match="TENSORBOARD_LOGGING_DIR"):
+        trackers.start(StudyPlace(name="demo", directory=tmp_path / "study"))
