@@ -78,6 +78,21 @@ def test_study_db_linked_to_another_database_is_refused_and_left_alone(
     assert not (out / "trials").exists() or not any((out / "trials").iterdir())
 
 
+def test_a_damaged_study_db_is_named_never_blamed_on_storage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "study.db").write_bytes(b"not a database, " * 64)
+    space = tmp_path / "s.yaml"
+    space.write_text("backend: command\nknobs:\n  mode: {type: str, choices: [a, b], default: a}\n")
+    code, err = cli(
+        capsys, "search", "--backend", "command", "--space", str(space), "--out", str(out),
+        "--trials", "1", "--confirm-runs", "0", "--", sys.executable, "-c", "pass",
+    )  # fmt: skip
+    assert code == EXIT_USAGE and "study.db" in err and "--storage" not in err, err
+
+
 def test_charts_linked_to_a_users_folder_is_never_written_through(
     base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
