@@ -93,6 +93,21 @@ def test_a_damaged_study_db_is_named_never_blamed_on_storage(
     assert code == EXIT_USAGE and "study.db" in err and "--storage" not in err, err
 
 
+@pytest.mark.parametrize(("out", "says"), [("", "--out is empty"), ("/proc/autotune-x", "--out /proc")])
+def test_an_out_that_cannot_hold_a_study_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, out: str, says: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "s.yaml"
+    space.write_text("backend: command\nknobs:\n  mode: {type: str, choices: [a, b], default: a}\n")
+    code, err = cli(
+        capsys, "search", "--backend", "command", "--space", str(space), "--out", out,
+        "--trials", "1", "--confirm-runs", "0", "--", sys.executable, "-c", "pass",
+    )  # fmt: skip
+    assert code == EXIT_USAGE and says in err and "free" not in err, err
+    assert not (tmp_path / "runs").exists()  # no default folder made instead
+
+
 def test_charts_linked_to_a_users_folder_is_never_written_through(
     base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -307,6 +307,11 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         trial_timeout_s=trial_timeout_s,
     )
     # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
+    if req.out is not None and not req.out.strip():
+        raise UsageError(
+            "--out is empty",
+            hint="Name the study directory with --out DIR, or leave --out out for the default",
+        )
     out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
     for notice in backend.check_flags(
         space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
@@ -315,9 +320,10 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
     from autotune.doctor import preflight
     from autotune.studydir import ensure_study_out
 
-    # the doctor's quick checks on the GPUs the search uses: a failure stops here with its line and fix
-    preflight(out, gpu_indices=[g.index for g in hardware.gpus if not g.declared])
+    # --out first (a folder that cannot hold a study, /proc/x, is named as such, not as a full disk);
+    # then the doctor's quick checks on the GPUs the search uses: a failure stops with its line and fix
     ensure_study_out(out)
+    preflight(out, gpu_indices=[g.index for g in hardware.gpus if not g.declared])
     # 3. the study.
     return _run(
         req,
