@@ -543,6 +543,9 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     with StudyLock(out, shared=shared), stop_on_signals(stop_event, console):
         try:
             outcome = run_workers(studies, stop_event)
+        except KeyboardInterrupt:  # a forced stop (second Ctrl-C): the study is still resumable
+            console.print(f"\nresume with: {resume}", markup=False)
+            raise
         finally:
             view.close()
         if shared and req.storage is not None:  # the other workers' trials too, for the report

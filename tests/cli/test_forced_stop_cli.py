@@ -1,0 +1,67 @@
+"""Issue 41, defect 9: a forced stop (a second Ctrl-C) still prints the line that resumes the study."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.cli.conftest import autotune_exe
+
+# a trial that says it started, then waits: the first SIGINT asks it to end, the second forces
+TRIAL = (
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "open(os.environ['AUTOTUNE_TRIAL_DIR'] + '/../../started', 'w').close()\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_second_ctrl_c_still_prints_resume_with(tmp_path: Path) -> None:
+    space = tmp_path / "s.yaml"
+    space.write_text("backend: command\nknobs:\n  mode: {type: str, choices: [a, b], default: a}\n")
+    out = tmp_path / "study"
+    proc = subprocess.Popen(
+        [
+            autotune_exe(),
+            "search",
+            "--backend",
+            "command",
+            "--space",
+            str(space),
+            "--out",
+            str(out),
+            "--trials",
+            "2",
+            "--confirm-runs",
+            "0",
+            "--",
+            sys.executable,
+            "-c",
+            TRIAL,
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "started").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (out / "started").exists(), proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "resume with: autotune search" in stdout + stderr
+    assert "Traceback" not in stdout + stderr
