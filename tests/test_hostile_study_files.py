@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.app import main
-from autotune.errors import EXIT_NOTHING_TO_RECOMMEND, EXIT_OK, EXIT_USAGE
+from autotune.errors import EXIT_NOTHING_TO_RECOMMEND, EXIT_OK, EXIT_USAGE, NothingToRecommend, UsageError
+from autotune.studydir import StudyDir
 
 RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded_trl_study" / "study"
 EX_IOERR = 74
@@ -223,6 +224,20 @@ def test_any_damage_to_any_file_is_one_line_and_nothing_outside_changes(
     try:
         cli(capsys, "report", str(study), "--no-png")
         cli(capsys, "export", str(study), "--format", "json", "--out", str(study / "knobs.json"))
+        resume_reads(study)
     finally:
         signal.alarm(0)
     assert _outside(tmp_path, study) == before
+
+
+def resume_reads(study: Path) -> None:
+    """What a resume reads of the directory before it runs anything (settings, every result, the
+    stored recommendation): a value, or one UsageError line; never another exception."""
+    sd = StudyDir(study)
+    try:
+        settings = sd.read_settings()
+        sd.recommendation(settings, sd.results())
+    except UsageError as exc:
+        assert "\n" not in exc.one_line()
+    except NothingToRecommend:
+        pass
