@@ -279,11 +279,14 @@ def _pump(
     A write to the log that fails (disk full, read-only) is reported once through ``failed`` and the
     log is given up, but the pipe is still drained to its end, so the trial never blocks on a full pipe.
     """
-    buf = b""
+    # the segment being read (no separator yet), kept as pieces: joining once when it ends keeps a long
+    # line linear in its length (a 1 GiB line without newline was copied again on every 64 KiB read)
+    pending: list[bytes] = []
+    pending_bytes = 0
     try:
         while True:
             try:
-                chunk = os.read(fd, 65536)
+                chunk = os.read(fd, 1 << 20)
             except OSError:
                 chunk = b""
             if not chunk:
@@ -295,16 +298,21 @@ def _pump(
                 except OSError as exc:
                     _close_quietly(log)
                     failed(exc)
-            parts = _SPLIT.split(buf + chunk)
-            buf = parts.pop()
-            if len(buf) > _MAX_SEGMENT_BYTES:
-                parts.append(buf)
-                buf = b""
-            for part in parts:
-                if part:
-                    out.put((stream, part.decode("utf-8", "replace"), t_mono, t_wall))
-        if buf:
-            out.put((stream, buf.decode("utf-8", "replace"), time.monotonic(), time.time()))
+            parts = _SPLIT.split(chunk)
+            if len(parts) > 1:
+                parts[0] = b"".join([*pending, parts[0]])
+                pending, pending_bytes = [], 0
+                for part in parts[:-1]:
+                    if part:
+                        out.put((stream, part.decode("utf-8", "replace"), t_mono, t_wall))
+            if parts[-1]:
+                pending.append(parts[-1])
+                pending_bytes += len(parts[-1])
+                if pending_bytes > _MAX_SEGMENT_BYTES:  # a segment without any separator is cut
+                    out.put((stream, b"".join(pending).decode("utf-8", "replace"), t_mono, t_wall))
+                    pending, pending_bytes = [], 0
+        if pending:
+            out.put((stream, b"".join(pending).decode("utf-8", "replace"), time.monotonic(), time.time()))
     finally:
         _close_quietly(log)
         out.put((stream, None, time.monotonic(), time.time()))

@@ -94,3 +94,39 @@ def test_a_regular_metrics_file_is_read_line_by_line(tmp_path: Path) -> None:
     with path.open("ab") as fh:
         fh.write(b"c\n")
     assert tail.lines() == [b"bc"] and tail.rest() == b""
+
+
+def test_the_stdout_pump_cuts_long_segments_and_splits_on_both_separators() -> None:
+    """The pump keeps a segment without separator as pieces (linear in its length) and cuts it at
+    1 MiB; ``\\r`` and ``\\n`` both end a segment (bench/pump_drain.py gives the drain rate)."""
+    import queue
+
+    from autotune.trial.runner import _MAX_SEGMENT_BYTES, _pump
+
+    class Log:
+        closed = False
+
+        def write(self, data: bytes) -> int:
+            return len(data)
+
+        def close(self) -> None:
+            self.closed = True
+
+    read_fd, write_fd = os.pipe()
+    segments: queue.SimpleQueue = queue.SimpleQueue()
+    pump = threading.Thread(target=_pump, args=(read_fd, "stdout", Log(), segments, print), daemon=True)
+    pump.start()
+    payload = b"a\rb\n" + b"x" * (3 * _MAX_SEGMENT_BYTES + 5) + b"\nend"
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(write_fd, view[: 1 << 16]) :]
+    os.close(write_fd)
+    texts = []
+    while (item := segments.get(timeout=BOUND_S))[1] is not None:
+        texts.append(item[1])
+    pump.join(BOUND_S)
+    os.close(read_fd)
+    assert texts[:2] == ["a", "b"] and texts[-1] == "end"
+    long = texts[2:-1]
+    assert "".join(long) == "x" * (3 * _MAX_SEGMENT_BYTES + 5)
+    assert all(len(t) <= _MAX_SEGMENT_BYTES + (1 << 20) for t in long) and len(long) >= 3
