@@ -247,7 +247,8 @@ def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
     """Open ``path`` as a fresh, empty file for writing (unbuffered bytes), never through a symbolic link.
 
     The one way autotune opens a study's streamed files (logs, ``metrics.jsonl``): a link planted at
-    ``path`` is removed (its target is untouched) and the file is opened with ``O_NOFOLLOW``.
+    ``path`` is removed (its target is untouched), as is a FIFO or socket planted there, and the file
+    is opened with ``O_NOFOLLOW``.
 
     Raises:
         WriteError: the file cannot be created (disk full, read-only, no permission).
@@ -255,9 +256,10 @@ def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            path.unlink()
-        fd = os.open(path, flags, mode)
+        if os.path.lexists(path) and not regular_file(path):
+            path.unlink()  # a link, or a FIFO (opening it would wait for a reader forever), or a socket
+        fd = os.open(path, flags | os.O_NONBLOCK, mode)
+        os.set_blocking(fd, True)
         return os.fdopen(fd, "wb", buffering=0)
     except OSError as exc:
         raise WriteError.of(path, exc) from None
