@@ -19,6 +19,7 @@ from typing import Any
 from autotune.errors import UsageError
 from autotune.plaintext import comment_line, shell_name
 from autotune.secrets import MASK, SecretRule, env_name
+from autotune.studydir import regular_file
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -206,6 +207,8 @@ def _is_number(text: str) -> bool:
 
 
 def _written_by_autotune(path: Path) -> bool:
+    if not regular_file(path):  # a FIFO would block the read, a link is never ours
+        return False
     try:
         with path.open("rb") as fh:
             head = fh.read(_MARKER_WINDOW_BYTES)
@@ -234,6 +237,8 @@ def _mtime(path: Path) -> float:
 
 
 def _manifest(main: Path) -> frozenset[str]:
+    if not regular_file(main):
+        return frozenset()
     try:
         with main.open("r", encoding="utf-8", errors="replace") as fh:
             head = fh.read(_MARKER_WINDOW_BYTES)

@@ -99,3 +99,26 @@ def test_the_rule_writes_one_line() -> None:
         assert len(line.splitlines()) == 1 and line.isprintable()
     assert comment_line("plain name") == "plain name"
     assert shell_name("HF_TOKEN") == "HF_TOKEN"
+
+
+def test_an_export_target_that_is_a_fifo_is_refused_never_opened(tmp_path: Path) -> None:
+    """Issue 41: ``export --out`` a FIFO: reading it for autotune's marker waited for a writer forever."""
+    import os
+    import threading
+
+    study = _study_named(tmp_path, "demo")
+    target = tmp_path / "train.sh"
+    os.mkfifo(target)
+    box: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write_export(export_study(study, "swift"), target)
+        except UsageError as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the export blocked on a FIFO"
+    assert box and "was not written by autotune export" in str(box[0])
