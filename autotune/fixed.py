@@ -113,7 +113,11 @@ def read_fixed_file(path: Path | str) -> dict[str, Any]:
         UsageError: missing or unreadable file, invalid YAML, not a mapping, or a key that is no flag name.
     """
     path = Path(path)
-    data = read_yaml(path, what="fixed-arguments", flag="--fixed")
+    return _fixed_mapping(read_yaml(path, what="fixed-arguments", flag="--fixed"), path)
+
+
+def _fixed_mapping(data: Any, path: Path) -> dict[str, Any]:
+    """The flag → value mapping of a parsed ``--fixed`` YAML file (see :func:`read_fixed_file`)."""
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -198,17 +202,25 @@ def job_words(
     Raises:
         UsageError: an unreadable file or one that is no shell text (unbalanced quotes), in one line.
     """
+    from autotune.yamlfile import read_user_file
+
+    text = read_user_file(path, what="job", flag=flag)
+    return shell_line_words(text, path, command, flag=flag)
+
+
+def shell_line_words(
+    text: str, path: Path | str, command: Sequence[str], *, flag: str = "--fixed"
+) -> tuple[list[str], list[str]]:
+    """The words of :func:`job_words` from the file's text (read once by the caller).
+
+    Raises:
+        UsageError: no shell text (unbalanced quotes), or a line that the shell would change before
+            the job sees it (a pipe, a redirection, ``;``/``&&``, ``$VAR``, ``$(...)``): its arguments
+            are not the job's, so it is refused, naming what to write instead.
+    """
     import shlex
 
-    from autotune.yamlfile import MAX_BYTES
-
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            text = fh.read(MAX_BYTES + 1).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UsageError(f"cannot read {flag} file {path}: {reason}", hint=f"Check the {flag} path") from None
+    _refuse_shell_constructs(text, path, flag)
     try:
         words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)  # line continuations
     except ValueError as exc:
@@ -223,6 +235,61 @@ def job_words(
     return words, env
 
 
+#: what the shell does to a line before a command sees it, by the first character that starts it
+_SHELL_DOES = {
+    "|": "a pipe (|)",
+    ";": "a second command (;)",
+    "&": "a background job or && (&)",
+    "<": "a redirection (<)",
+    ">": "a redirection (>)",
+    "$": "a shell expansion ($)",
+    "`": "a command substitution (`)",
+}
+
+
+def _refuse_shell_constructs(text: str, path: Path | str, flag: str) -> None:
+    """Refuse a job line the shell would change before the job sees it (see :func:`shell_line_words`).
+
+    A quote-aware scan: ``'...'`` is literal, ``"..."`` still expands ``$`` and backticks, ``\\x`` is
+    literal, ``#`` at a word's start comments to the end of the line.
+    """
+    quote, escaped, word_start = "", False, True
+    index = 0
+    while index < len(text):
+        char = text[index]
+        index += 1
+        if escaped:
+            escaped, word_start = False, False
+        elif quote == "'":
+            quote = "" if char == "'" else quote
+        elif char == "\\":
+            escaped = True
+        elif quote == '"':
+            if char in "$`":
+                _refuse_at(text, index - 1, char, path, flag)
+            quote = "" if char == '"' else quote
+        elif char in "'\"":
+            quote, word_start = char, False
+        elif char == "#" and word_start:
+            end = text.find("\n", index)
+            index = end if end >= 0 else len(text)
+        elif char in _SHELL_DOES:
+            _refuse_at(text, index - 1, char, path, flag)
+        else:
+            word_start = char.isspace()
+
+
+def _refuse_at(text: str, index: int, char: str, path: Path | str, flag: str) -> None:
+    line = text.count("\n", 0, index) + 1
+    near = text[index : index + 12].split("\n")[0]
+    raise UsageError(
+        f"{flag} file {path} line {line}: {_SHELL_DOES[char]} at {near!r}, which the shell handles "
+        "before the job sees it",
+        hint="Keep only the job's command and its arguments there, with every value written out "
+        "(no pipe, redirection or $VARIABLE)",
+    )
+
+
 def read_job_file(
     path: Path | str, command: Sequence[str], parse_words: Callable[[Sequence[str]], dict[str, Any]]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -232,11 +299,13 @@ def read_job_file(
     Returns:
         (name → value, the environment variables the shell line set, which a study does not keep).
     """
-    from autotune.yamlfile import NOT_YAML, read_yaml
+    from autotune.yamlfile import NOT_YAML, parse_yaml, read_user_file
 
-    data = read_yaml(path, what="fixed-arguments", flag="--fixed", other_syntax=True)
+    # read once: a pipe (--fixed <(cat job.sh)) has no second reading
+    text = read_user_file(path, what="fixed-arguments", flag="--fixed")
+    data = parse_yaml(text, path, what="fixed-arguments", flag="--fixed", other_syntax=True)
     if isinstance(data, dict) or data is None:
-        return read_fixed_file(path), []
+        return _fixed_mapping(data, Path(path)), []
     if isinstance(data, list) and all(isinstance(w, str) for w in data):
         return parse_words(data), []
     if data is not NOT_YAML and not isinstance(data, str):
@@ -244,7 +313,8 @@ def read_job_file(
             f"fixed-arguments file {path} is neither a mapping, a list of arguments nor a command line",
             hint="Write one 'name: value' per line, or the command line of your job",
         )
-    words, env = job_words(path, command)  # a shell line (YAML reads it as one string, or not at all)
+    # a shell line (YAML reads it as one string, or not at all)
+    words, env = shell_line_words(text, path, command)
     return parse_words(words), env
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.plaintext import comment_line, shell_name
 from autotune.secrets import SecretRule
 
 __all__ = [
@@ -212,19 +213,20 @@ class LaunchPlan(_Frozen):
         ]
         exports = []
         for key, value in sorted(self.env.items()):
+            shell_name(key)
             if rule.is_secret_name(key) or rule.looks_secret(value):
                 needed.append(key)
             else:
                 exports.append(f"export {key}={shlex.quote(value)}")
         if needed:
             lines.append(
-                f"# Secrets are not written here: export {' '.join(needed)} before running "
+                f"# Secrets are not written here: export {' '.join(map(comment_line, needed))} before running "
                 "(autotune never stores them)."
             )
         lines.append("set -euo pipefail")
         lines.append(f"cd {shlex.quote(self.cwd)}")
         for key in self.unset_env:
-            lines.append(f"unset {key}")
+            lines.append(f"unset {shell_name(key)}")
         lines += exports
         lines.append(" \\\n  ".join(words))
         return "\n".join(lines) + "\n"

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -35,12 +38,18 @@ from autotune.records import Hardware, Recommendation, TrialResult
 
 __all__ = [
     "StudyDir",
+    "StudyFileError",
     "TrialDir",
     "create_file",
     "denied",
+    "check_creatable",
     "ensure_study_out",
     "ensure_writable",
+    "parse_json_bounded",
+    "read_json_guarded",
+    "read_study_bytes",
     "read_text_guarded",
+    "regular_file",
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",
@@ -107,23 +116,124 @@ def denied(path: Path) -> UsageError:
     )
 
 
-def read_text_guarded(path: Path, *, fix: str) -> str:
-    """The text of a file autotune reads, or one line naming it and what to do (never a traceback).
+class StudyFileError(UsageError):
+    """A file of a study that is not one of its records: a link, a FIFO, a device, too big, too deep,
+    not JSON (exit 2). A report lists it as a problem of its trial; a command that needs it stops."""
+
+
+#: the most a study's record (a JSON file, a log read by a report) may hold: a bigger one is not ours
+MAX_RECORD_BYTES = 256 * 2**20
+#: the deepest nesting a study's JSON may have (autotune writes 6 at most); deeper is refused unparsed
+MAX_JSON_DEPTH = 64
+_JSON_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_OPENERS = re.compile(rb"[\[{]|[\]}]")
+
+
+def regular_file(path: Path) -> bool:
+    """True when ``path`` is a plain file itself: not a link, a FIFO, a device, a socket or a folder."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_study_bytes(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of a file of a study: the one way every study file is opened for reading.
+
+    The file is opened without following a link and without blocking (a FIFO with no writer), then
+    refused unless it is a regular file of at most ``max_bytes``: a link planted in the study, a FIFO,
+    a device (``/dev/zero``) or a socket is one line, never read, never waited on.
 
     Raises:
-        UsageError: the file is missing, unreadable (permissions, a directory) or not UTF-8.
+        UsageError: the file is missing, a link, not a regular file, too big, or unreadable.
     """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist", hint=fix) from None
     except PermissionError:
-        raise UsageError(
-            f"cannot read {path}: permission denied", hint=f"Fix its permissions (chmod u+r), or: {fix}"
+        raise denied(path) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StudyFileError(f"{path} is a symbolic link (a study's files never are)", hint=fix) from None
+        raise StudyFileError(
+            f"cannot read {path}: {exc.strerror or exc.__class__.__name__}", hint=fix
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc.__class__.__name__
-        raise UsageError(f"cannot read {path}: {reason}", hint=fix) from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise StudyFileError(f"{path} is not a regular file ({_file_kind(info.st_mode)})", hint=fix)
+        if info.st_size > max_bytes:
+            raise StudyFileError(f"{path} is too big ({info.st_size} bytes, at most {max_bytes})", hint=fix)
+        try:
+            data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise StudyFileError(
+                f"cannot read {path}: {exc.strerror or exc.__class__.__name__}", hint=fix
+            ) from None
+    if len(data) > max_bytes:  # grew while read
+        raise StudyFileError(f"{path} is too big (more than {max_bytes} bytes)", hint=fix)
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    kinds += ((stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def read_text_guarded(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES) -> str:
+    """The UTF-8 text of a file of a study (:func:`read_study_bytes`), or one line naming it and the fix.
+
+    Raises:
+        UsageError: the file is missing, a link, special, too big, unreadable or not UTF-8.
+    """
+    data = read_study_bytes(path, fix=fix, max_bytes=max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StudyFileError(f"cannot read {path}: not UTF-8 text", hint=fix) from None
+
+
+def read_json_guarded(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """The JSON value of a file of a study, read by :func:`read_study_bytes`, its depth bounded before it
+    is parsed (:data:`MAX_JSON_DEPTH`) and every number finite (``NaN``, ``1e999`` refused).
+
+    Raises:
+        UsageError: the file cannot be read (see :func:`read_text_guarded`), is not JSON, nests too
+            deep, or holds a number that is not finite.
+    """
+    data = read_study_bytes(path, fix=fix, max_bytes=max_bytes)
+    return parse_json_bounded(data, where=str(path), fix=fix)
+
+
+def parse_json_bounded(data: bytes | str, *, where: str, fix: str) -> Any:
+    """``data`` parsed as JSON with the bounds of :func:`read_json_guarded` (one line when refused)."""
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    depth = 0
+    for match in _JSON_OPENERS.finditer(_JSON_STRINGS.sub(b'""', raw)):
+        depth += 1 if match.group() in (b"[", b"{") else -1
+        if depth > MAX_JSON_DEPTH:
+            raise StudyFileError(
+                f"{where} nests deeper than {MAX_JSON_DEPTH} levels (not autotune's)", hint=fix
+            )
+    try:
+        return json.loads(raw, parse_constant=_not_finite, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or exc.__class__.__name__
+        raise StudyFileError(f"{where} is not valid JSON ({reason})", hint=fix) from None
+
+
+def _not_finite(text: str) -> float:
+    raise ValueError(f"the number {text} is not finite")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:20]} is not finite")
+    return value
 
 
 def _json_kind(value: Any) -> str:
@@ -138,7 +248,8 @@ def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
     """Open ``path`` as a fresh, empty file for writing (unbuffered bytes), never through a symbolic link.
 
     The one way autotune opens a study's streamed files (logs, ``metrics.jsonl``): a link planted at
-    ``path`` is removed (its target is untouched) and the file is opened with ``O_NOFOLLOW``.
+    ``path`` is removed (its target is untouched), as is a FIFO or socket planted there, and the file
+    is opened with ``O_NOFOLLOW``.
 
     Raises:
         WriteError: the file cannot be created (disk full, read-only, no permission).
@@ -146,9 +257,10 @@ def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            path.unlink()
-        fd = os.open(path, flags, mode)
+        if os.path.lexists(path) and not regular_file(path):
+            path.unlink()  # a link, or a FIFO (opening it would wait for a reader forever), or a socket
+        fd = os.open(path, flags | os.O_NONBLOCK, mode)
+        os.set_blocking(fd, True)
         return os.fdopen(fd, "wb", buffering=0)
     except OSError as exc:
         raise WriteError.of(path, exc) from None
@@ -165,6 +277,23 @@ def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
         reason = exc.strerror or exc.__class__.__name__
         raise UsageError(
             f"cannot write to {flag} {directory}: {reason}", hint=f"Choose a writable directory with {flag}"
+        ) from None
+
+
+def check_creatable(directory: Path, *, flag: str = "--out") -> None:
+    """Prove ``directory`` could be made and written without leaving anything behind: a folder is made
+    and removed in its nearest existing parent (or in it, when it exists). A one-line UsageError names
+    ``directory`` when it cannot (``/proc/x``), before any check reads its free disk."""
+    parent = directory
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        probe = tempfile.mkdtemp(prefix=".autotune-write-test-", dir=parent)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write to {flag} {directory}: {exc.strerror or exc.__class__.__name__}",
+            hint=f"Choose a writable directory with {flag}",
         ) from None
 
 
@@ -362,6 +491,29 @@ class StudyDir:
             raise WriteError.of(path, exc) from None
         return path
 
+    def own_file(self, path: Path) -> Path:
+        """``path`` (a file of this study that a library opens by its name: ``study.db``), checked to be
+        absent or a regular file, and returned.
+
+        Raises:
+            WriteError: it is a symbolic link (SQLite would write its tables into the link's target,
+                another application's database) or a FIFO, device or socket.
+        """
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return path
+        except OSError as exc:
+            raise WriteError.of(path, exc) from None
+        if stat.S_ISREG(mode):
+            return path
+        what = "a symbolic link" if stat.S_ISLNK(mode) else _file_kind(mode)
+        raise WriteError(
+            f"cannot use {path}: it is {what}, not the study's own file",
+            hint="Move it away (autotune never writes through a link or into a special file planted in "
+            "the study), then run the same command again",
+        )
+
     def trial_dir(self, number: int) -> Path:
         return self.trials_dir / str(number)
 
@@ -380,11 +532,11 @@ class StudyDir:
     def read_confirm_result(self, number: int, round_: int) -> TrialResult | None:
         """A re-measurement run's result, or None when it never ran (or its record cannot be read)."""
         path = TrialDir(self.confirm_dir(number, round_)).result_json
-        if not path.exists():
+        if not regular_file(path):
             return None
         try:
-            return TrialResult.model_validate_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # half a record from an older, killed run: it runs again
+            return TrialResult.model_validate(read_json_guarded(path, fix="it runs again"))
+        except (UsageError, ValueError):  # half a record from an older, killed run: it runs again
             return None
 
     def exists(self) -> bool:
@@ -401,14 +553,7 @@ class StudyDir:
                 f"{self.root} is not a study directory (no study.json)",
                 hint="Point at a directory written by autotune search",
             )
-        text = read_text_guarded(self.study_json, fix="Restore it or start a new study with another --out")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UsageError(
-                f"{self.study_json} is not valid JSON ({exc.msg})",
-                hint="Restore it or start a new study with another --out",
-            ) from None
+        data = read_json_guarded(self.study_json, fix="Restore it or start a new study with another --out")
         if not isinstance(data, dict):
             raise UsageError(
                 f"{self.study_json} does not hold a JSON object (it holds {_json_kind(data)})",
@@ -436,9 +581,11 @@ class StudyDir:
                 return None
         except PermissionError:  # the trial's directory cannot be searched (chmod 000, another owner)
             raise denied(self.trial_dir(number)) from None
-        text = read_text_guarded(path, fix="move the trial's directory away to run that trial again")
+        data = read_json_guarded(
+            path, fix="Restore it, or move the trial's directory away to run that trial again"
+        )
         try:
-            return TrialResult.model_validate_json(text)
+            return TrialResult.model_validate(data)
         except ValueError:
             raise UsageError(
                 f"{path} is not a trial result (unreadable JSON)",

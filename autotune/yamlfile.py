@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.errors import UsageError
 
-__all__ = ["MAX_BYTES", "MAX_VALUES", "NOT_YAML", "read_yaml"]
+__all__ = ["MAX_BYTES", "MAX_VALUES", "NOT_YAML", "parse_yaml", "read_user_file", "read_yaml"]
 
 #: what :func:`read_yaml` returns for a file that is not YAML when the caller accepts other syntaxes
 NOT_YAML = object()
@@ -46,15 +46,40 @@ def read_yaml(
         UsageError: (``error``) the file is missing or unreadable, is not valid YAML (with the line), is
             larger than :data:`MAX_BYTES`, or expands to more than :data:`MAX_VALUES` values.
     """
-    import yaml
+    text = read_user_file(source, what=what, flag=flag, error=error)
+    return parse_yaml(text, source, what=what, flag=flag, error=error, other_syntax=other_syntax)
 
+
+#: how long a pipe (``--fixed <(cat job.sh)``) may take to deliver its text
+PIPE_WAIT_S = 10.0
+
+
+def read_user_file(
+    source: Path | Traversable | str, *, what: str, flag: str, error: type[UsageError] = UsageError
+) -> str:
+    """The UTF-8 text of a file the user named, read once, bounded (:data:`MAX_BYTES`), never blocking.
+
+    A regular file is read as it is; a pipe (``<(cat job.sh)``) is read to its end within
+    :data:`PIPE_WAIT_S`; a FIFO with no writer is empty, never waited on; a device is bounded like a file.
+
+    Raises:
+        UsageError: (``error``) missing, unreadable, not UTF-8, larger than :data:`MAX_BYTES`, or a pipe
+            that delivers nothing within :data:`PIPE_WAIT_S`.
+    """
     try:
-        path = Path(source) if isinstance(source, str) else source
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
+        if isinstance(source, str | Path):
+            raw = _read_path(Path(source), MAX_BYTES + 1)
+        else:
+            with source.open("rb") as fh:
+                raw = fh.read(MAX_BYTES + 1)
         text = raw.decode("utf-8")
     except FileNotFoundError:
         raise error(f"{what} file {source} does not exist", hint=f"Check the {flag} path") from None
+    except TimeoutError:
+        raise error(
+            f"{what} file {source} is a pipe that sent nothing within {PIPE_WAIT_S:g} s",
+            hint=f"Pass a regular file with {flag}",
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise error(f"cannot read {what} file {source}: {reason}", hint=f"Check the {flag} path") from None
@@ -63,6 +88,52 @@ def read_yaml(
             f"{what} file {source} is larger than {MAX_BYTES // (1 << 20)} MiB",
             hint=f"Pass a {what} file of a few KiB with {flag}",
         )
+    return text
+
+
+def _read_path(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``; a pipe read to its end without ever blocking past a deadline."""
+    import os
+    import select
+    import stat
+    import time
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)
+            return os.read(fd, limit) if limit else b""
+        chunks: list[bytes] = []
+        size, deadline = 0, time.monotonic() + PIPE_WAIT_S
+        while size < limit:
+            try:
+                chunk = os.read(fd, limit - size)
+            except BlockingIOError:  # a writer that has not written yet: wait for it, to the deadline
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise TimeoutError from None
+                continue
+            if not chunk:
+                break  # the writer closed it (or a FIFO had none: empty, never waited on)
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def parse_yaml(
+    text: str,
+    source: object,
+    *,
+    what: str,
+    flag: str,
+    error: type[UsageError] = UsageError,
+    other_syntax: bool = False,
+) -> Any:
+    """``text`` (read by :func:`read_user_file` from ``source``) parsed as YAML, bounded; see :func:`read_yaml`."""
+    import yaml
+
     try:
         loader = yaml.SafeLoader(text)
     except yaml.YAMLError:  # a control character: the reader refuses the text before parsing

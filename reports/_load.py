@@ -8,8 +8,8 @@ which is a :class:`~autotune.errors.UsageError`.
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +24,16 @@ from pydantic import ValidationError
 from autotune.errors import UsageError
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
 from autotune.study.recommend import baseline_of
-from autotune.studydir import StudyDir, TrialDir, denied
+from autotune.studydir import (
+    StudyDir,
+    StudyFileError,
+    TrialDir,
+    denied,
+    parse_json_bounded,
+    read_json_guarded,
+    read_study_bytes,
+    regular_file,
+)
 
 __all__ = [
     "PhaseSpan",
@@ -206,15 +215,19 @@ def is_profile_dir(path: Path) -> bool:
 
 
 def _read_json(path: Path, problems: list[str], root: Path) -> Any:
+    """A JSON file of the study read the one way (:func:`~autotune.studydir.read_json_guarded`): a link,
+    a special file, a huge, deep or non-finite one is a problem of the report, never a traceback."""
+    if not os.path.lexists(path):
+        return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        return read_json_guarded(path, fix="")
+    except StudyFileError as exc:
+        problems.append(f"{_rel(path, root)}: unreadable ({_why(exc, path)})")
         return None
-    except PermissionError:
-        raise denied(path) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problems.append(f"{_rel(path, root)}: unreadable ({exc.__class__.__name__})")
-        return None
+
+
+def _why(exc: StudyFileError, path: Path) -> str:
+    return exc.message.replace(str(path), "", 1).strip(" :")
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -225,11 +238,13 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def _read_text(path: Path) -> str | None:
+    """A text file of the study read the one way (:func:`~autotune.studydir.read_study_bytes`), or None
+    when it is missing, a link, special or too big."""
+    if not os.path.lexists(path):
+        return None
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except PermissionError:
-        raise denied(path) from None
-    except OSError:
+        return read_study_bytes(path, fix="").decode("utf-8", errors="replace")
+    except StudyFileError:
         return None
 
 
@@ -270,8 +285,8 @@ def _read_markers(path: Path, problems: list[str], root: Path, *, live: bool = F
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
+            item = parse_json_bounded(line, where=str(path), fix="")
+        except StudyFileError:
             bad += 1
             continue
         if isinstance(item, dict) and item.get("event") in ("begin", "end") and _num(item.get("t_mono_s")):
@@ -284,7 +299,7 @@ def _read_markers(path: Path, problems: list[str], root: Path, *, live: bool = F
 
 
 def _read_timeline(path: Path, problems: list[str], root: Path) -> pd.DataFrame | None:
-    if not path.is_file():
+    if not regular_file(path):  # a link or a FIFO planted there is never opened
         return None
     try:
         df = pd.read_parquet(path)

@@ -792,7 +792,9 @@ class _Figures:
         """Draw the PNG ``charts/<name>`` when PNGs are asked for; its link from the report, else None."""
         if not self.png:
             return None
-        path = draw_png(self.out_dir / StudyDir.CHARTS / name)
+        # never written through a link planted as charts/ (a user's folder): refused, one line
+        charts_dir = StudyDir(self.out_dir).own_dir(self.out_dir / StudyDir.CHARTS)
+        path = draw_png(charts_dir / name)
         self.written.append(path)
         return _rel_link(path, self.out_dir)
 

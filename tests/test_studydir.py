@@ -84,3 +84,22 @@ def test_a_failed_write_names_the_file_and_the_cause_and_leaves_no_partial_file(
             subprocess.run(["umount", str(target.parent)], check=False)
         else:
             target.parent.chmod(0o755)
+
+
+def test_a_fifo_planted_as_a_streamed_file_is_replaced_never_waited_on(tmp_path: Path) -> None:
+    """Issue 41: opening a FIFO for writing waits for a reader forever (a resume hung on stdout.log)."""
+    import threading
+
+    log = tmp_path / "stdout.log"
+    os.mkfifo(log)
+    done: list[bool] = []
+
+    def write() -> None:
+        with create_file(log) as fh:
+            fh.write(b"trial output\n")
+        done.append(True)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert done == [True] and log.read_bytes() == b"trial output\n"

@@ -293,8 +293,18 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         _check_pins_hold(pins, user_baseline, "--baseline" if req.baseline else "your flags after --")
         space.validate_params({k: v for k, v in user_baseline.items() if k not in space.dropped})
     # Absolute: trials run with their own directory as cwd, so every path handed to them must be.
+    if req.out is not None and not req.out.strip():
+        raise UsageError(
+            "--out is empty",
+            hint="Name the study directory with --out DIR, or leave --out out for the default",
+        )
     out = (Path(req.out) if req.out else Path("runs") / f"{Path(req.model).name}-{req.backend}").absolute()
     from autotune.doctor import preflight
+    from autotune.studydir import check_creatable, ensure_study_out
+
+    # --out first, touching nothing (a folder that cannot hold a study, /proc/x, is named as such, not
+    # as a full disk by the doctor's disk check)
+    check_creatable(out)
 
     # the doctor's quick checks on the GPUs the search uses and on the interpreter the trials run with:
     # a failure stops here with its line and fix, before a model is downloaded
@@ -324,8 +334,6 @@ def search_study(req: SearchRequest, console: Console, view: ClosingView | None 
         space.defaults(), fixed_args, _context(req, out, model, hardware, fixed_args)
     ):
         console.print(f"note: {notice}", markup=False, style="yellow")
-    from autotune.studydir import ensure_study_out
-
     ensure_study_out(out)
     # 3. the study.
     return _run(
@@ -546,6 +554,9 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     with StudyLock(out, shared=shared), stop_on_signals(stop_event, console):
         try:
             outcome = run_workers(studies, stop_event)
+        except KeyboardInterrupt:  # a forced stop (second Ctrl-C): the study is still resumable
+            console.print(f"\nresume with: {resume}", markup=False)
+            raise
         finally:
             view.close()
         if shared and req.storage is not None:  # the other workers' trials too, for the report

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from autotune.backends._base import OpenPhase, PhaseMark
 from autotune.probes.phases import EVENTS, PHASES
+from autotune.tail import FileTail
 
 __all__ = ["LinePhases", "MarkerPhases"]
 
@@ -89,23 +90,12 @@ class MarkerPhases:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._offset = 0
-        self._partial = b""
+        self._tail = FileTail(self.path)  # bounded and non-blocking, whatever the trial makes of the file
         self._open: OpenPhase | None = None
 
     def poll(self) -> None:
         """Read the markers written since the last call."""
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-        except OSError:
-            return
-        if not chunk:
-            return
-        self._offset += len(chunk)
-        *lines, self._partial = (self._partial + chunk).split(b"\n")
-        for raw in lines:
+        for raw in self._tail.lines():
             self._read(raw)
 
     def _read(self, raw: bytes) -> None:

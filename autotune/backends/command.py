@@ -61,6 +61,7 @@ from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.space import SearchSpace
 from autotune.studydir import TrialDir
+from autotune.tail import FileTail
 
 __all__ = ["BUILTIN_PLACEHOLDERS", "CommandBackend", "CommandParser", "knob_env_name", "template_fields"]
 
@@ -188,8 +189,8 @@ class CommandParser(StepParser):
         printed: TrainerLogParser | None = None,
     ) -> None:
         self.metrics_path = metrics_path
-        self._offset = 0
-        self._partial = b""
+        # the one bounded, non-blocking reader: a link to /dev/zero or a FIFO never blocks nor fills us
+        self._tail = FileTail(metrics_path) if metrics_path is not None else None
         self._seen: set[int] = set()
         self._json = False  # a JSON step record was read: printed logs are ignored
         self._phases = MarkerPhases(phases_path) if phases_path is not None else None
@@ -197,7 +198,7 @@ class CommandParser(StepParser):
 
     def _writes_json(self) -> bool:
         """The script speaks autotune's format: a JSON record was read, or the metrics file exists."""
-        return self._json or (self.metrics_path is not None and self.metrics_path.exists())
+        return self._json or (self.metrics_path is not None and os.path.lexists(self.metrics_path))
 
     def open_phase(self) -> OpenPhase | None:
         """The phase the script's last marker opened and no marker closed."""
@@ -267,21 +268,10 @@ class CommandParser(StepParser):
     def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         if self._phases is not None:
             self._phases.poll()
-        if self.metrics_path is None:
+        if self._tail is None:
             return []
-        try:
-            with open(self.metrics_path, "rb") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-        except OSError:
-            return []
-        if not chunk:
-            return []
-        self._offset += len(chunk)
-        data = self._partial + chunk
-        *complete, self._partial = data.split(b"\n")
         out = []
-        for raw in complete:
+        for raw in self._tail.lines():
             rec = self._record(raw.decode("utf-8", "replace"), t_mono_s, t_wall_s)
             if rec is not None:
                 out.append(rec)
@@ -289,9 +279,9 @@ class CommandParser(StepParser):
 
     def finish(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         out = self.poll(t_mono_s, t_wall_s)
-        if self._partial.strip():  # a last line without its newline
-            rec = self._record(self._partial.decode("utf-8", "replace"), t_mono_s, t_wall_s)
-            self._partial = b""
+        last = self._tail.rest() if self._tail is not None else b""
+        if last.strip():  # a last line without its newline
+            rec = self._record(last.decode("utf-8", "replace"), t_mono_s, t_wall_s)
             if rec is not None:
                 out.append(rec)
         return out

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.plaintext import comment_line, shell_name
 from autotune.secrets import MASK, SecretRule, env_name
+from autotune.studydir import regular_file
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -44,7 +45,6 @@ MARKER = "Written by autotune export"
 #: their own: a trial's JSON config, its prompts); rewriting the export may replace them
 MANIFEST = "Copied beside this script from the trial: "
 _MARKER_WINDOW_BYTES = 4096
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 FORMAT_LABELS: dict[str, str] = {
     "swift": "ms-swift's command line",
@@ -151,7 +151,9 @@ def shell_script(
     and a comment names what to export.
 
     Args:
-        comments: header lines (without ``#``); the first should carry :data:`MARKER`.
+        comments: header lines (without ``#``); the first should carry :data:`MARKER`. Each is written
+            on one line through :func:`~autotune.plaintext.comment_line` (a newline in a study's name
+            never ends the comment).
         command: the command as lines of items; items are quoted unless they are :class:`ShellWord`.
         env: variables to export first (values quoted).
         setup: shell lines between the exports and the command (written by us, never built from values).
@@ -161,10 +163,7 @@ def shell_script(
     body: list[str] = []
     needed: list[str] = []
     for key, value in (env or {}).items():
-        if not _ENV_NAME.match(key):
-            raise UsageError(
-                f"{key!r} is not an environment variable name", hint="Fix the trial's launch.json"
-            )
+        shell_name(key)
         if rule.is_secret_name(key) or rule.looks_secret(value) or MASK in value:
             needed.append(key)  # the user exports it; its value is never written
             continue
@@ -182,7 +181,7 @@ def shell_script(
     rendered.append('"$@"')
     body.append(" \\\n  ".join(rendered))
     lines = ["#!/usr/bin/env bash"]
-    lines += [f"# {c}".rstrip() for c in comments]
+    lines += [f"# {comment_line(c)}".rstrip() for c in comments]
     lines += secret_comment(needed)
     lines.append("set -euo pipefail")
     return "\n".join(lines + body) + "\n"
@@ -192,7 +191,7 @@ def secret_comment(names: Sequence[str]) -> list[str]:
     """The script comment that names the variables the user must export (none: no comment)."""
     if not names:
         return []
-    listed = " ".join(names)
+    listed = " ".join(comment_line(n) for n in names)
     return [f"# Secrets are not written here: export {listed} before running (autotune never stores them)."]
 
 
@@ -208,6 +207,8 @@ def _is_number(text: str) -> bool:
 
 
 def _written_by_autotune(path: Path) -> bool:
+    if not regular_file(path):  # a FIFO would block the read, a link is never ours
+        return False
     try:
         with path.open("rb") as fh:
             head = fh.read(_MARKER_WINDOW_BYTES)
@@ -236,6 +237,8 @@ def _mtime(path: Path) -> float:
 
 
 def _manifest(main: Path) -> frozenset[str]:
+    if not regular_file(main):
+        return frozenset()
     try:
         with main.open("r", encoding="utf-8", errors="replace") as fh:
             head = fh.read(_MARKER_WINDOW_BYTES)

@@ -15,7 +15,7 @@ from autotune.errors import NothingToRecommend, UsageError
 from autotune.jobconfig import JobConfig
 from autotune.records import Hardware, LaunchPlan, Recommendation, TrialResult, TrialStatus
 from autotune.secrets import SecretRule
-from autotune.studydir import StudyDir
+from autotune.studydir import StudyDir, read_json_guarded, regular_file
 
 if TYPE_CHECKING:
     from autotune.backends import Backend
@@ -136,9 +136,13 @@ class Winner:
 
 
 def _launch(path: Path) -> LaunchPlan | None:
+    """The trial's ``launch.json`` read the one way (:func:`~autotune.studydir.read_json_guarded`), or
+    None when it is missing or not one (a link, a FIFO, too deep)."""
+    if not regular_file(path):
+        return None
     try:
-        return LaunchPlan.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return LaunchPlan.model_validate(read_json_guarded(path, fix=""))
+    except (UsageError, ValueError):
         return None
 
 

@@ -24,7 +24,7 @@ from autotune.errors import UsageError
 from autotune.export._common import MANIFEST, Export, ShellWord, flag_lines, shell_script
 from autotune.export._job import header
 from autotune.export._winner import Winner
-from autotune.studydir import TrialDir
+from autotune.studydir import TrialDir, read_text_guarded, regular_file
 
 __all__ = ["SCRIPT", "export_command"]
 
@@ -159,10 +159,10 @@ class _Relocation:
             return
         path = self.trial_dir / rel
         try:
-            if not path.is_file() or path.is_symlink() or path.stat().st_size > _COPY_LIMIT_BYTES:
+            if not regular_file(path):
                 return
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = read_text_guarded(path, fix="", max_bytes=_COPY_LIMIT_BYTES)
+        except UsageError:
             return  # a binary or unreadable file: the command reads it from the study, as the trial did
         named: list[str] = []
         for root in self.roots:

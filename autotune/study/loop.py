@@ -266,12 +266,13 @@ class Study(StudyPart):
 
     # -- optuna --------------------------------------------------------------------------------
     def _open(self) -> optuna.Study:
-        url = self.cfg.storage_url or f"sqlite:///{self.dir.db_path}"
+        url = self.cfg.storage_url or f"sqlite:///{self.dir.own_file(self.dir.db_path)}"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # ":memory:" keeps the Optuna study in this process only (benches, tests): the trial results
         # still land in the study directory, but Optuna's own history does not persist
+        own = self.cfg.storage_url is None
         self._storage = open_storage(
-            url, self.cfg.secrets, on_stale=lambda _s, t: self.workers.stale.append(t)
+            url, self.cfg.secrets, on_stale=lambda _s, t: self.workers.stale.append(t), own=own
         )
         try:
             study = optuna.create_study(
@@ -283,7 +284,7 @@ class Study(StudyPart):
                 load_if_exists=True,
             )
         except Exception as exc:  # noqa: BLE001 - Optuna and SQLAlchemy raise many kinds; all are one line
-            raise storage_error(url, exc, self.cfg.secrets) from None
+            raise storage_error(url, exc, self.cfg.secrets, own=own) from None
         self._check_same_definition(study, url)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

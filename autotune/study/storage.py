@@ -44,11 +44,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError | WriteError:
+def storage_error(
+    url: str, exc: Exception, secrets: SecretRule, *, own: bool = False
+) -> UsageError | WriteError:
     """The one-line error for a storage that cannot be opened: a URL no driver knows, a missing
     directory, a driver not installed, a server out of reach or refusing the login (the URL's password
     masked); a storage that cannot be written (a read-only ``study.db``) is a :class:`WriteError`
-    (exit 74), as every write failure is."""
+    (exit 74), as every write failure is. ``own``: the URL is the study directory's own ``study.db``
+    (no ``--storage`` was given): the fix names that file, never the flag."""
     cause = getattr(exc, "orig", None) or exc
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     text = lines[0] if lines else type(cause).__name__
@@ -63,6 +66,12 @@ def storage_error(url: str, exc: Exception, secrets: SecretRule) -> UsageError |
         "directory or server exists"
     )
     backend = _backend(url)
+    if own:
+        return UsageError(
+            f"cannot open the study's own storage {url.removeprefix('sqlite:///')}: {secrets.mask(text)[:200]}",
+            hint="Restore study.db from a backup, or move it away so that it is rebuilt from the trial "
+            "directories, then run the same command again",
+        )
     if isinstance(exc, ImportError) or "DB access module" in text:
         module = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None)
         text, hint = _driver_missing(backend, module)
@@ -185,6 +194,8 @@ def open_storage(
     url: str,
     secrets: SecretRule,
     on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+    *,
+    own: bool = False,
 ) -> optuna.storages.BaseStorage | None:
     """The Optuna storage behind ``url``, with heartbeats (None for ``":memory:"``: this process only).
 
@@ -202,7 +213,12 @@ def open_storage(
         if url.split(":", 1)[0].split("+", 1)[0] not in _RDB_SCHEMES:
             return optuna.storages.get_storage(url)
         # SQLite serialises writers: several workers on one file wait for each other, not fail
-        engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        # a server that never answers: its connection gives up (the drivers' connect_timeout, seconds)
+        engine = (
+            {"connect_args": {"timeout": 60}}
+            if url.startswith("sqlite")
+            else {"pool_pre_ping": True, "connect_args": {"connect_timeout": _CONNECT_TIMEOUT_S}}
+        )
         for attempt in range(_CREATE_ATTEMPTS):
             try:
                 with warnings.catch_warnings():
@@ -222,10 +238,11 @@ def open_storage(
                 time.sleep(0.2 + random.random())
         raise AssertionError("unreachable")
     except Exception as exc:  # noqa: BLE001 - Optuna and SQLAlchemy raise many kinds; all are one line
-        raise storage_error(url, exc, secrets) from None
+        raise storage_error(url, exc, secrets, own=own) from None
 
 
 _CREATE_ATTEMPTS = 5
+_CONNECT_TIMEOUT_S = 30
 # what SQLite and PostgreSQL say when another worker created the same table or version row first
 _CREATE_RACE = re.compile(r"already exists|UNIQUE constraint|duplicate key|database is locked", re.IGNORECASE)
 

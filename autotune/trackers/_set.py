@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from autotune.errors import UsageError
+from autotune.plaintext import plain
 from autotune.trackers._base import StudyPlace, Tracker, TrialPlace, row_of
 
 if TYPE_CHECKING:
@@ -29,15 +30,23 @@ class Trackers:
     """The study's trackers: the framework's ``report_to`` names and environment for each run, and the
     study's run (each ended trial logged to every tracker). Thread-safe: workers of one process share it.
 
+    Every call into a tracker (its network calls) goes through one gate, :meth:`_call`: it runs in a
+    daemon thread that this one waits on for at most ``timeout_s`` (signals are still taken while it
+    waits), and a failure or a timeout is one :class:`UsageError` line naming the tracker, never a
+    traceback nor a study that hangs on a server that never answers.
+
     Args:
         names: the ``--report-to`` values, in order (repeats are dropped).
         registry: name → tracker class (:data:`autotune.trackers.TRACKERS`).
+        timeout_s: the longest one call into a tracker may take.
 
     Raises:
         UsageError: a name the registry does not have, or a tracker whose package is not installed.
     """
 
-    def __init__(self, names: Sequence[str], registry: Mapping[str, type[Tracker]]) -> None:
+    def __init__(
+        self, names: Sequence[str], registry: Mapping[str, type[Tracker]], *, timeout_s: float = 60.0
+    ) -> None:
         unknown = [n for n in names if n not in registry]
         if unknown:
             raise UsageError(
@@ -49,6 +58,7 @@ class Trackers:
             tracker.check_installed()
         self._lock = threading.Lock()
         self._started = False
+        self.timeout_s = timeout_s
 
     @property
     def report_to(self) -> tuple[str, ...]:
@@ -68,7 +78,7 @@ class Trackers:
             if self._started:
                 return
             for tracker in self.trackers:
-                tracker.start(study)
+                self._call(tracker, "opening the study's run", lambda t=tracker: t.start(study))
             self._started = True
 
     def log(self, result: TrialResult) -> None:
@@ -78,11 +88,43 @@ class Trackers:
             if not self._started:
                 return
             for tracker in self.trackers:
-                tracker.log_trial(row)
+                self._call(tracker, f"logging trial {row.number}", lambda t=tracker: t.log_trial(row))
 
     def finish(self) -> None:
         """Close every tracker's study run (idempotent)."""
         with self._lock:
+            started, self._started = self._started, False
             for tracker in self.trackers:
-                tracker.finish()
-            self._started = False
+                if started:
+                    self._call(tracker, "closing the study's run", tracker.finish)
+
+    def _call(self, tracker: Tracker, what: str, call: Callable[[], None]) -> None:
+        """``call()`` within :attr:`timeout_s`, or one line naming the tracker and the cause.
+
+        Raises:
+            UsageError: the call failed (a closed port, a refused login) or did not return in time (a
+                server that accepts and never answers); the thread left behind is a daemon.
+        """
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - every tracker client raises its own kinds
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name=f"autotune-{tracker.name}", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():
+            cause = f"no answer within {self.timeout_s:g} s"
+        elif failure:
+            text = " ".join(str(failure[0]).split())[:200] or type(failure[0]).__name__
+            cause = plain(text)
+        else:
+            return
+        raise UsageError(
+            f"--report-to {tracker.name}: {what} failed: {cause}",
+            hint=f"Check the tracker's server and settings ({tracker.help}), or run without "
+            f"--report-to {tracker.name}; the same command resumes the study",
+        )

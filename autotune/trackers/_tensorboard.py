@@ -2,7 +2,8 @@
 
 The trial's framework writes its own event files into ``<trial>/tensorboard`` (``TENSORBOARD_LOGGING_DIR``
 for the Hugging Face Trainer that TRL and ms-swift run, ``TENSORBOARD_DIR`` for verl), or under the
-user's own directory when they set one (``<theirs>/<study>/<run>``). The study's run is
+user's own directory when they set one (``<theirs>/<study>-<id>/<run>``, ``<id>`` a digest of the study
+directory's path: two studies whose folders share a name never share, nor delete, each other's files). The study's run is
 ``<study>/tensorboard/autotune``: the hparams experiment (knobs and metrics) at its root and one session
 per trial in ``trial-<n>/`` (the knobs as hyper-parameters, the measurements as scalars, the status as
 the session's end), so ``tensorboard --logdir <study>`` shows the trials side by side in HParams.
@@ -12,10 +13,12 @@ Written with ``tensorboard``'s own protos and event writer (no TensorFlow, no to
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
 
+from autotune.studydir import ensure_writable
 from autotune.trackers._base import StudyPlace, Tracker, TrialPlace, TrialRow, user_env
 
 __all__ = ["TensorBoardTracker", "STUDY_RUN"]
@@ -39,12 +42,22 @@ class TensorBoardTracker(Tracker):
 
     def trial_env(self, place: TrialPlace) -> dict[str, str]:
         theirs = user_env(_HF_DIR) or user_env(_VERL_DIR)
-        where = Path(theirs) / place.study / place.run_name if theirs else place.trial_dir / "tensorboard"
+        where = (
+            Path(theirs) / _study_folder(place.study, place.study_dir) / place.run_name
+            if theirs
+            else place.trial_dir / "tensorboard"
+        )
         return {_HF_DIR: str(where), _VERL_DIR: str(where)}
 
     def start(self, study: StudyPlace) -> None:
         theirs = user_env(_HF_DIR)
-        base = Path(theirs) / study.name if theirs else study.directory / "tensorboard"
+        if theirs:  # checked before the first trial, not found unusable after it
+            ensure_writable(Path(theirs), flag=_HF_DIR)
+        base = (
+            Path(theirs) / _study_folder(study.name, study.directory)
+            if theirs
+            else study.directory / "tensorboard"
+        )
         self._root = base / STUDY_RUN
         self._knobs = study.knob_names
 
@@ -102,6 +115,12 @@ class TensorBoardTracker(Tracker):
 
     def finish(self) -> None:
         self._root = None
+
+
+def _study_folder(name: str, directory: Path) -> str:
+    """The study's folder in a directory of the user's that several studies may share."""
+    digest = hashlib.sha256(str(directory.resolve()).encode("utf-8", "surrogateescape")).hexdigest()
+    return f"{name}-{digest[:8]}"
 
 
 def _hparam(value: Any) -> Any:

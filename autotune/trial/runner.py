@@ -87,6 +87,8 @@ _FORCED_GRACE_S = 0.5  # SIGTERM → SIGKILL when the user forces a stop
 TAIL_LINES = 400  # lines of each stream kept in memory for classification
 EVIDENCE_LINES = 200  # failure-pattern lines kept in memory (the logs keep everything)
 MAX_LINE_CHARS = 4000  # longer lines are cut in memory (not in the logs)
+#: a pause of autotune's own loop this long is noted on the trial (its measurement waited meanwhile)
+_PAUSE_NOTE_S = 5.0
 _MAX_SEGMENT_BYTES = 1 << 20  # a segment without any newline is cut at 1 MiB
 _DESCENDANT_SCAN_S = 1.0  # how often the process tree is walked (psutil, a few ms each)
 _READER_JOIN_S = 5.0
@@ -279,11 +281,14 @@ def _pump(
     A write to the log that fails (disk full, read-only) is reported once through ``failed`` and the
     log is given up, but the pipe is still drained to its end, so the trial never blocks on a full pipe.
     """
-    buf = b""
+    # the segment being read (no separator yet), kept as pieces: joining once when it ends keeps a long
+    # line linear in its length (a 1 GiB line without newline was copied again on every 64 KiB read)
+    pending: list[bytes] = []
+    pending_bytes = 0
     try:
         while True:
             try:
-                chunk = os.read(fd, 65536)
+                chunk = os.read(fd, 1 << 20)
             except OSError:
                 chunk = b""
             if not chunk:
@@ -295,16 +300,21 @@ def _pump(
                 except OSError as exc:
                     _close_quietly(log)
                     failed(exc)
-            parts = _SPLIT.split(buf + chunk)
-            buf = parts.pop()
-            if len(buf) > _MAX_SEGMENT_BYTES:
-                parts.append(buf)
-                buf = b""
-            for part in parts:
-                if part:
-                    out.put((stream, part.decode("utf-8", "replace"), t_mono, t_wall))
-        if buf:
-            out.put((stream, buf.decode("utf-8", "replace"), time.monotonic(), time.time()))
+            parts = _SPLIT.split(chunk)
+            if len(parts) > 1:
+                parts[0] = b"".join([*pending, parts[0]])
+                pending, pending_bytes = [], 0
+                for part in parts[:-1]:
+                    if part:
+                        out.put((stream, part.decode("utf-8", "replace"), t_mono, t_wall))
+            if parts[-1]:
+                pending.append(parts[-1])
+                pending_bytes += len(parts[-1])
+                if pending_bytes > _MAX_SEGMENT_BYTES:  # a segment without any separator is cut
+                    out.put((stream, b"".join(pending).decode("utf-8", "replace"), t_mono, t_wall))
+                    pending, pending_bytes = [], 0
+        if pending:
+            out.put((stream, b"".join(pending).decode("utf-8", "replace"), time.monotonic(), time.time()))
     finally:
         _close_quietly(log)
         out.put((stream, None, time.monotonic(), time.time()))
@@ -652,7 +662,9 @@ class TrialRun:
         poll_s = self.watchdog.poll_interval_s
         last_poll = time.monotonic()
         self._next_scan_mono = last_poll + min(0.2, _DESCENDANT_SCAN_S)
+        turn_mono = last_poll
         while True:
+            turn_mono = self._note_pause(turn_mono)
             if self.live.open_streams:
                 self._drain(deciding=True, wait_s=poll_s)
             else:  # both pipes closed: the process is ending, wait for it rather than for output
@@ -673,6 +685,18 @@ class TrialRun:
                 self._check_watchdog(now)
             if self.live.stopped_by is not None:
                 return
+
+    def _note_pause(self, since_mono: float) -> float:
+        """Note when this process itself stood still between two turns (stopped, starved of CPU): the
+        trial's output waited meanwhile, so its measured speed may be low. Returns the turn's start."""
+        now = time.monotonic()
+        gap_s = now - since_mono - self.watchdog.poll_interval_s
+        if gap_s >= _PAUSE_NOTE_S:
+            self.notes.append(
+                f"autotune itself was paused {gap_s:.0f} s while this trial ran (stopped or starved of CPU): "
+                "its measured speed may be low; run it again to be sure"
+            )
+        return now
 
     def _drain(self, *, deciding: bool, wait_s: float) -> None:
         """Handle queued output; wait up to ``wait_s`` for the first segment.

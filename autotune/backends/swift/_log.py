@@ -42,6 +42,7 @@ from autotune.backends._loglines import completion_tokens, parse_dict_literal
 from autotune.backends._phases import LinePhases
 from autotune.backends._values import as_number
 from autotune.records import StepMetrics
+from autotune.tail import FileTail
 
 __all__ = ["PHASE_MARKS", "SwiftLogParser", "is_step_record", "record_values"]
 
@@ -154,7 +155,7 @@ class SwiftLogParser(StepParser):
         grace_s: float = 1.0,
     ) -> None:
         self._jsonl_path = jsonl_path
-        self._offset = 0
+        self._tail = FileTail(jsonl_path) if jsonl_path is not None else None
         self._samples = samples
         self._start_step = start_step
         self._grace_s = grace_s
@@ -176,7 +177,7 @@ class SwiftLogParser(StepParser):
             if m:
                 path = Path(m.group(1).strip())
                 if path != self._jsonl_path:
-                    self._jsonl_path, self._offset = path, 0
+                    self._jsonl_path, self._tail = path, FileTail(path)
                 continue
             if STEP_KEY not in segment:
                 continue
@@ -214,21 +215,10 @@ class SwiftLogParser(StepParser):
         return out
 
     def _read_jsonl(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
-        path = self._jsonl_path
-        if path is None:
+        if self._tail is None:
             return []
-        try:
-            with path.open("rb") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-        except OSError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []  # only a partial line so far
-        self._offset += end + 1
         out: list[StepMetrics] = []
-        for raw in chunk[:end].splitlines():
+        for raw in self._tail.lines():  # whole lines only: a partial one waits for its newline
             try:
                 record = json.loads(raw)
             except ValueError:

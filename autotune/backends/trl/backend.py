@@ -44,6 +44,7 @@ from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.secrets import SecretRule, env_name
 from autotune.space import SearchSpace
 from autotune.studydir import write_text_atomic
+from autotune.tail import FileTail
 
 __all__ = ["TrlBackend", "TrlMetricsParser", "ds_config", "MIN_TRL_VERSION"]
 
@@ -174,8 +175,7 @@ class TrlMetricsParser(StepParser):
 
     def __init__(self, path: Path, phases_path: Path | None = None) -> None:
         self.path = Path(path)
-        self._offset = 0
-        self._partial = b""
+        self._tail = FileTail(self.path)  # bounded and non-blocking, whatever the worker makes of it
         self._seen: set[int] = set()
         self._phases = MarkerPhases(phases_path) if phases_path is not None else None
 
@@ -189,19 +189,8 @@ class TrlMetricsParser(StepParser):
     def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
         if self._phases is not None:
             self._phases.poll()
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return []
-        if not chunk:
-            return []
-        self._offset += len(chunk)
-        data = self._partial + chunk
-        *lines, self._partial = data.split(b"\n")
         out: list[StepMetrics] = []
-        for raw in lines:
+        for raw in self._tail.lines():
             step = self._parse(raw)
             if step is not None and step.step not in self._seen:
                 self._seen.add(step.step)

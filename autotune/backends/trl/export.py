@@ -55,6 +55,7 @@ from autotune.export._job import (
 from autotune.export._winner import Winner
 from autotune.export.deepspeed import DS_CONFIG, config_for
 from autotune.jobconfig import JobConfig
+from autotune.plaintext import comment_line
 
 __all__ = ["ACCELERATE", "CONFIG", "DEMO_REWARD_PATH", "SCRIPT", "export_trl"]
 
@@ -266,7 +267,12 @@ def _yaml_section(comment: str | None, data: dict[str, Any]) -> str:
     if not data:
         return ""
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
-    return (f"# {comment}\n" if comment else "") + text
+    return (_yaml_comment(comment) if comment else "") + text
+
+
+def _yaml_comment(text: str) -> str:
+    """One ``#`` line of YAML: a newline in ``text`` (a study's name) never ends the comment."""
+    return f"# {comment_line(text)}\n"
 
 
 def export_trl(w: Winner) -> Export:
@@ -324,7 +330,7 @@ def export_trl(w: Winner) -> Export:
             "ms-swift's for some (learning rate, loss type)."
         )
     comments += data_notes + reward_notes + notes
-    text = "".join(f"# {c}\n" for c in comments)
+    text = "".join(_yaml_comment(c) for c in comments)
     # the names the installed transformers accepts without a deprecation warning on every run
     aliases = installed_aliases()
     text += _yaml_section(None, current_names(job, aliases))
@@ -335,10 +341,9 @@ def export_trl(w: Winner) -> Export:
 
     files = {CONFIG: text}
     accel = _accelerate(k, w, bf16, fp16)
-    files[ACCELERATE] = (
-        f"# {MARKER} from study {w.setting('name', w.study_dir.name)}, trial {w.number}.\n"
-        + (yaml.safe_dump(accel, sort_keys=False, default_flow_style=False))
-    )
+    files[ACCELERATE] = _yaml_comment(
+        f"{MARKER} from study {w.setting('name', w.study_dir.name)}, trial {w.number}."
+    ) + (yaml.safe_dump(accel, sort_keys=False, default_flow_style=False))
     if k.sharding_stage is not None:
         files[DS_CONFIG] = json_text(config_for(w, "trl", instead="json"))
     env: dict[str, str] = {}

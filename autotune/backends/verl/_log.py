@@ -29,6 +29,7 @@ from pathlib import Path
 from autotune.backends._base import FailurePattern, StepParser
 from autotune.backends._loglines import parse_verl_console_line as parse_console_line
 from autotune.records import StepMetrics
+from autotune.tail import FileTail
 
 __all__ = ["CANONICAL", "FAILURE_PATTERNS", "VerlLogParser", "parse_console_line"]
 
@@ -122,8 +123,7 @@ class VerlLogParser(StepParser):
 
     def __init__(self, jsonl_path: Path | None = None) -> None:
         self.jsonl_path = jsonl_path
-        self._offset = 0
-        self._partial = b""
+        self._tail = FileTail(jsonl_path) if jsonl_path is not None else None
         self._seen: set[int] = set()
 
     def _make(
@@ -148,17 +148,10 @@ class VerlLogParser(StepParser):
         return self._make(parsed[0], parsed[1], t_mono_s, t_wall_s) if parsed else []
 
     def poll(self, t_mono_s: float, t_wall_s: float) -> list[StepMetrics]:
-        if self.jsonl_path is None or not self.jsonl_path.exists():
+        if self._tail is None:
             return []
-        with self.jsonl_path.open("rb") as fh:
-            fh.seek(self._offset)
-            chunk = fh.read()
-        self._offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
         out: list[StepMetrics] = []
-        for raw in lines:
+        for raw in self._tail.lines():
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):

@@ -153,14 +153,22 @@ def parse_overrides(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{data: {train_files: x}}`` → ``{"data.train_files": x}`` (a YAML file may nest verl's keys)."""
+    """``{data: {train_files: x}}`` → ``{"data.train_files": x}`` (a YAML file may nest verl's keys).
+
+    Raises:
+        UsageError: one key given twice, dotted and nested, with two different values.
+    """
     out: dict[str, Any] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(_flatten(value, f"{name}."))
-        else:
-            out[name] = value
+        items = _flatten(value, f"{name}.") if isinstance(value, Mapping) and value else {name: value}
+        for flat, item in items.items():
+            if flat in out and out[flat] != item:
+                raise UsageError(
+                    f"override {flat} is given twice, dotted and nested, as {out[flat]!r} and {item!r}",
+                    hint="Give each override once, either dotted (a.b: 1) or nested (a: {b: 1})",
+                )
+            out[flat] = item
     return out
 
 
