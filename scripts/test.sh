@@ -18,7 +18,7 @@ fi
 setup_main() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e '.[trl,deepspeed,dev,postgres,tensorboard,wandb,mlflow,bench]'
+  .venv/bin/pip install -q -e '.[trl,deepspeed,dev,docs,postgres,tensorboard,wandb,mlflow,bench]'
 }
 setup_swift() {
   [ -x .venv-swift/bin/python ] || "$PY" -m venv .venv-swift
