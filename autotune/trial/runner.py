@@ -41,6 +41,7 @@ from autotune.errors import LaunchError, UsageError, WriteError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir, create_file, write_json_atomic, write_text_atomic
+from autotune.trial.affinity import parse_cores, pin
 from autotune.trial.confine import Confinement
 from autotune.trial.early import (
     EarlyCall,
@@ -452,6 +453,7 @@ class TrialRun:
         self.known: dict[int, float | None] = {}  # the trial's pid and every descendant seen → create time
         self.marker = new_marker()  # in every trial process's environment: found even outside the group
         self.confinement: Confinement | None = None  # its cgroup (or subreaper): found whatever it clears
+        self.affinity_note: str | None = None  # why a CPU-only trial could not be pinned to its cores
         self.proc_info: dict[str, Any] = {}
         self.segments: queue.SimpleQueue[_Segment] = queue.SimpleQueue()
         self.readers: list[threading.Thread] = []
@@ -563,6 +565,8 @@ class TrialRun:
                 "its arguments short enough for the system)",
             ) from None
         self.pid = self.pgid = self.proc.pid  # start_new_session: the child leads its session and group
+        # a CPU-only trial's cores: pinned before the child has started anything (its children inherit)
+        self.affinity_note = pin(self.pid, parse_cores(plan.env))
         confinement.launched(self.pid)
         self.known[self.pid] = create_time_of(self.pid)
         self.proc_info = {
@@ -576,6 +580,8 @@ class TrialRun:
             "marker": self.marker,
             "cgroup": confinement.cgroup_path,
             "cgroup_note": confinement.note,  # why not, when the trial has none
+            "cpu_cores": list(parse_cores(plan.env)),
+            "affinity_note": self.affinity_note,
             "argv0": plan.argv[0],
             "ended": False,
         }

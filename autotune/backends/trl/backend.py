@@ -40,6 +40,7 @@ from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.secrets import SecretRule, env_name
 from autotune.space import SearchSpace
 from autotune.studydir import write_text_atomic
+from autotune.trial.affinity import CORES_ENV, format_cores, usable_cores
 
 __all__ = ["TrlBackend", "TrlMetricsParser", "ds_config", "MIN_TRL_VERSION"]
 
@@ -115,13 +116,6 @@ def _version_tuple(text: str) -> tuple[int, ...]:
             break
         parts.append(int(digits))
     return tuple(parts)
-
-
-def _cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def ds_config(
@@ -590,9 +584,12 @@ class TrlBackend(Backend):
 
             env["TORCH_EXTENSIONS_DIR"] = str(default_cache_dir() / "torch_extensions")
         if ctx.cpu_only:
-            # a user's own setting holds; either way the launch plan records the value (exports keep it)
+            # the trial's cores, each rank pinned to its share of them (trl_worker), one OpenMP thread per
+            # core of the share; a user's own thread count holds, and the launch plan records both
+            cores = usable_cores()
+            env[CORES_ENV] = format_cores(cores)
             env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
-                max(1, _cpu_cores() // max(1, world))
+                max(1, len(cores) // max(1, world))
             )
             if zero > 0:
                 env["DS_ACCELERATOR"] = "cpu"
