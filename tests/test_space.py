@@ -174,3 +174,12 @@ def test_a_bad_pin_names_the_valid_choices(tmp_path: Path, pins: dict, needle: s
         space.pin(pins)
     assert needle in info.value.message and hint in (info.value.hint or "")
     assert info.value.exit_code == 2
+
+
+def test_a_knob_no_configuration_makes_active_is_not_searched(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(gpu_present=True)
+    assert "offload_optimizer" in space.searched  # ZeRO 2 or 3 can be drawn
+    zero0 = space.narrow({"zero_stage": [0]})
+    assert "offload_optimizer" not in zero0.searched  # exists only at ZeRO 2/3: never active here
+    assert "offload_optimizer" not in zero0.reachable() and "zero_stage" in zero0.reachable()
+    assert "per_device_train_batch_size" in zero0.searched

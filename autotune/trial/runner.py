@@ -504,7 +504,7 @@ class TrialRun:
 
         Called by :meth:`run` first, before anything is started. Also settles what the watch keeps:
         whether the runner writes ``metrics.jsonl`` (not when the framework's own metrics file has that
-        path; a note says so) and the failure text kept as evidence (the backend's patterns, then the
+        path) and the failure text kept as evidence (the backend's patterns, then the
         common ones).
         """
         files = self.files
@@ -519,11 +519,9 @@ class TrialRun:
         write_text_atomic(files.command_sh, self.plan.to_shell(self.secrets), mode=0o755)
         self.logs = {"stdout": create_file(files.stdout_log), "stderr": create_file(files.stderr_log)}
         own_metrics = {Path(self.plan.cwd, p).resolve() for p in self.plan.metrics_paths}
+        # the framework's own metrics file at that path (TRL's worker writes it): the runner leaves it
+        # alone; an ordinary case, so no note (notes are printed after every trial)
         self.write_metrics = files.metrics_jsonl.resolve() not in own_metrics
-        if not self.write_metrics:
-            self.notes.append(
-                f"{TrialDir.METRICS} is the framework's own metrics file; the runner did not write it"
-            )
         self.evidence_rx = re.compile("|".join(f"(?:{p.regex})" for p in (*self.patterns, *COMMON_PATTERNS)))
 
     def launch(self) -> None:
