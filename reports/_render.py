@@ -20,6 +20,7 @@ from typing import Any
 from autotune.reports import charts
 from autotune.reports._format import DASH, gib, is_num, knob_value, pct, rate, seconds, share
 from autotune.reports._load import StudyData, TrialData, load_profile, load_study
+from autotune.reports._progress import running_text
 from autotune.reports._safety import MASK, Sanitizer
 from autotune.reports._signals import TrialSignals
 from autotune.reports.diagnosis import Finding, diagnose, make_context
@@ -50,6 +51,7 @@ class ReportPaths:
         findings: the diagnosis, for a caller that wants to print the top of it.
         recommended_trial: the study's recommended trial (None for a profile, or nothing recommended).
         no_recommendation: why a study recommends nothing (None when it does, and for a profile).
+        running: ``running: 5 of 12 trials`` while a live run is still writing the study, else None.
     """
 
     html: Path
@@ -58,6 +60,7 @@ class ReportPaths:
     findings: tuple[Finding, ...] = ()
     recommended_trial: int | None = None
     no_recommendation: str | None = None
+    running: str | None = None
 
 
 def pick_winner(data: StudyData) -> Recommendation | None:
@@ -155,7 +158,8 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
         **_meta_view(data, clean),
         "winner": win,
         "limit": limit_section(data, winner.trial if winner else None),
-        "no_winner": _no_winner_text(data) if data.kind == "study" and win is None else None,
+        "running": (running := running_text(data)),
+        "no_winner": _no_winner_text(data) if data.kind == "study" and win is None and not running else None,
         "run": _run_summary(data, rows, clean),
         "rows": rows,
         "knob_names": names,
@@ -227,6 +231,8 @@ def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) ->
     """How the study ended (``stopped``, ``detail``), or, for one that has not (still running, killed,
     a damaged ``study.json``), what is missing."""
     view = {k: clean.clean(str(outcome[k])) for k in ("stopped", "detail") if outcome.get(k)}
+    if running_text(data):  # not ended because it is still running: the banner says so
+        return {"stopped": "", "detail": ""}
     if data.kind == "study" and not view.get("stopped"):
         view["stopped"] = "not ended"
         view.setdefault(
@@ -933,6 +939,7 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
         findings=tuple(findings),
         recommended_trial=winner["trial"] if winner else None,
         no_recommendation=view["no_winner"],
+        running=view["running"],
     )
 
 
