@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autotune.records import TrialStatus
 from autotune.reports._load import StudyData
+
+from autotune.records import TrialStatus
 from autotune.study.lock import holder_alive
 from autotune.studydir import StudyDir
 
