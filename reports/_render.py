@@ -85,13 +85,17 @@ def pick_winner(data: StudyData) -> Recommendation | None:
 
 
 def md_text(value: Any) -> str:
-    """Foreign text for a markdown paragraph: HTML-escaped, markdown emphasis and links neutralised.
+    """Foreign text for a markdown paragraph: no HTML, markdown emphasis and links neutralised.
 
     Underscores inside words (``per_device_train_batch_size``) stay as they are: GitHub does not
     emphasise them.
     """
-    text = html.escape(str(value), quote=False)
-    text = re.sub(r"([\\`*\[\]|#~])", r"\\\1", text)
+    # the raw file stays readable ("< 5 %", not "&lt; 5 %"): only a "<" that could open a tag or an
+    # autolink and an "&" that could start an entity become entities
+    text = re.sub(r"([\\`*\[\]|#~])", r"\\\1", str(value))
+    text = re.sub(r"&(?=#?[A-Za-z0-9]+;)", "&amp;", text)
+    text = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+    text = re.sub(r"^>", r"\\>", text)
     text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)
     return text.replace("\r", " ").replace("\n", " ")
 
@@ -220,11 +224,16 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
         "outcome": _outcome_view(data, outcome, clean),
         "trials_total": len(data.trials),
         "trials_launched": launched,
-        "hours_label": "GPU-hours" if not cpu_only else "CPU-hours",
+        "hours_label": _hours_label(data),
         "util_label": "GPU util (mean)" if not cpu_only else "CPU util (mean, all cores)",
         "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
         "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
     }
+
+
+def _hours_label(data: StudyData) -> str:
+    """What the study's time is counted in: GPU-hours, or CPU-hours for a study without a GPU."""
+    return "CPU-hours" if _cpu_only(data) else "GPU-hours"
 
 
 def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) -> dict[str, str]:
@@ -314,7 +323,7 @@ def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
         "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
         "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
         "pinned": [(clean.clean(k), clean.clean(v)) for k, v in pinned],
-        "command": clean.clean(command_text(meta.get("command"))),
+        "command": clean.clean_command(command_text(meta.get("command"))),
         "dataset": clean.clean(meta.get("dataset") or ""),
     }
 
@@ -434,7 +443,7 @@ def _confirmation_view(data: StudyData, winner: Recommendation) -> dict[str, Any
         }
         for t, iv in sorted(c.versus_winner.items())
     ]
-    hours = "GPU-hours" if not _cpu_only(data) else "CPU-hours"
+    hours = _hours_label(data)
     return {
         "rounds": c.rounds,
         "runs": runs,
@@ -875,6 +884,7 @@ def _insight(
     caps = [data.capacity_bytes(i) for i in range(data.gpu_count)]
     cap_gib = min(c for c in caps if c is not None) / GIB if any(c is not None for c in caps) else None
     mem_label = "peak memory on the fullest GPU (GiB)" if not _cpu_only(data) else "peak RSS (GiB)"
+    draw_progress = partial(charts.progress_chart, progress, hours_label=_hours_label(data))
     insight = {
         "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
         "importance_note": clean.clean(imp.note),
@@ -887,9 +897,7 @@ def _insight(
         if points
         else None,
         "front": [p.trial for p in points if p.on_front],
-        "progress_chart": figures.add("chart-progress", partial(charts.progress_chart, progress))
-        if progress
-        else None,
+        "progress_chart": figures.add("chart-progress", draw_progress) if progress else None,
         "importance_png": None,
         "pareto_png": None,
         "progress_png": None,
@@ -901,7 +909,7 @@ def _insight(
             "pareto.png", partial(charts.pareto_chart, points, failed, cap_gib, mem_label)
         )
     if progress:
-        insight["progress_png"] = figures.draw("progress.png", partial(charts.progress_chart, progress))
+        insight["progress_png"] = figures.draw("progress.png", draw_progress)
     return insight
 
 
