@@ -7,7 +7,6 @@ template escapes it with :func:`md_cell` / :func:`md_text`; chart data is embedd
 
 from __future__ import annotations
 
-import html
 import os
 import re
 import shlex
