@@ -110,7 +110,7 @@ def cli_reference() -> str:
             "```text",
             f"autotune {name} {usage}",
             "",
-            (command.help or "").strip(),
+            (command.help or "").replace("\b\n", "").strip(),
             "```",
             "",
         ]
