@@ -438,6 +438,8 @@ class Recommendation(_Frozen):
         verdict: one plain sentence on the speedup, as the report and the CLI headline show it.
         equivalent: trials indistinguishable from the winner on re-measurement.
         host_load: a note when another process loaded the host during a compared run, else None.
+        host_noise: why the speedup is not measurable on this host (the host's noise, not the
+            configurations, decides the interval), else None; no speedup number is shown then.
         confirmation: the re-measurement itself (runs, intervals, cost), when the study made one.
 
     Studies written before the re-measurement existed lack the fields after ``skipped``; they read
@@ -459,4 +461,5 @@ class Recommendation(_Frozen):
     verdict: str | None = None
     equivalent: list[int] = Field(default_factory=list)
     host_load: str | None = None
+    host_noise: str | None = None
     confirmation: Confirmation | None = None

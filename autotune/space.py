@@ -428,8 +428,27 @@ class SearchSpace:
 
     @property
     def searched(self) -> tuple[str, ...]:
-        """The knobs the search varies: those with more than one value that are not pinned."""
-        return tuple(k.name for k in self.knobs if k.name not in self.pinned and len(k.values()) > 1)
+        """The knobs the search varies: those with more than one value that are not pinned and that
+        some configuration of the space makes active (an offload knob of ZeRO 2/3 is not searched
+        when the space holds ZeRO 0 only)."""
+        reachable = self.reachable()
+        return tuple(
+            k.name
+            for k in self.knobs
+            if k.name not in self.pinned and len(k.values()) > 1 and k.name in reachable
+        )
+
+    def reachable(self) -> frozenset[str]:
+        """The knobs that some configuration of this space makes active (each ``when`` satisfiable by
+        values the knobs it names can take here, those knobs reachable themselves)."""
+        possible: dict[str, tuple[Any, ...]] = {name: (v,) for name, v in self.dropped_defaults.items()}
+        for knob in self.knobs:  # a condition names earlier knobs only (the loader checks it)
+            if all(
+                any(_same(v, a) for v in possible.get(other, ()) for a in allowed)
+                for other, allowed in knob.when.items()
+            ):
+                possible[knob.name] = knob.values()
+        return frozenset(k.name for k in self.knobs if k.name in possible)
 
     def describe(self) -> list[dict[str, Any]]:
         """A JSON-friendly description (for study.json and reports)."""

@@ -7,7 +7,6 @@ template escapes it with :func:`md_cell` / :func:`md_text`; chart data is embedd
 
 from __future__ import annotations
 
-import html
 import os
 import re
 import shlex
@@ -20,6 +19,7 @@ from typing import Any
 from autotune.reports import charts
 from autotune.reports._format import DASH, gib, is_num, knob_value, pct, rate, seconds, share
 from autotune.reports._load import StudyData, TrialData, load_profile, load_study
+from autotune.reports._progress import running_text
 from autotune.reports._safety import MASK, Sanitizer
 from autotune.reports._signals import TrialSignals
 from autotune.reports.diagnosis import Finding, diagnose, make_context
@@ -50,6 +50,7 @@ class ReportPaths:
         findings: the diagnosis, for a caller that wants to print the top of it.
         recommended_trial: the study's recommended trial (None for a profile, or nothing recommended).
         no_recommendation: why a study recommends nothing (None when it does, and for a profile).
+        running: ``running: 5 of 12 trials`` while a live run is still writing the study, else None.
     """
 
     html: Path
@@ -58,6 +59,7 @@ class ReportPaths:
     findings: tuple[Finding, ...] = ()
     recommended_trial: int | None = None
     no_recommendation: str | None = None
+    running: str | None = None
 
 
 def pick_winner(data: StudyData) -> Recommendation | None:
@@ -82,13 +84,17 @@ def pick_winner(data: StudyData) -> Recommendation | None:
 
 
 def md_text(value: Any) -> str:
-    """Foreign text for a markdown paragraph: HTML-escaped, markdown emphasis and links neutralised.
+    """Foreign text for a markdown paragraph: no HTML, markdown emphasis and links neutralised.
 
     Underscores inside words (``per_device_train_batch_size``) stay as they are: GitHub does not
     emphasise them.
     """
-    text = html.escape(str(value), quote=False)
-    text = re.sub(r"([\\`*\[\]|#~])", r"\\\1", text)
+    # the raw file stays readable ("< 5 %", not "&lt; 5 %"): only a "<" that could open a tag or an
+    # autolink and an "&" that could start an entity become entities
+    text = re.sub(r"([\\`*\[\]|#~])", r"\\\1", str(value))
+    text = re.sub(r"&(?=#?[A-Za-z0-9]+;)", "&amp;", text)
+    text = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+    text = re.sub(r"^>", r"\\>", text)
     text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)
     return text.replace("\r", " ").replace("\n", " ")
 
@@ -155,7 +161,8 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
         **_meta_view(data, clean),
         "winner": win,
         "limit": limit_section(data, winner.trial if winner else None),
-        "no_winner": _no_winner_text(data) if data.kind == "study" and win is None else None,
+        "running": (running := running_text(data)),
+        "no_winner": _no_winner_text(data) if data.kind == "study" and win is None and not running else None,
         "run": _run_summary(data, rows, clean),
         "rows": rows,
         "knob_names": names,
@@ -216,17 +223,24 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
         "outcome": _outcome_view(data, outcome, clean),
         "trials_total": len(data.trials),
         "trials_launched": launched,
-        "hours_label": "GPU-hours" if not cpu_only else "CPU-hours",
+        "hours_label": _hours_label(data),
         "util_label": "GPU util (mean)" if not cpu_only else "CPU util (mean, all cores)",
         "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
         "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
     }
 
 
+def _hours_label(data: StudyData) -> str:
+    """What the study's time is counted in: GPU-hours, or CPU-hours for a study without a GPU."""
+    return "CPU-hours" if _cpu_only(data) else "GPU-hours"
+
+
 def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) -> dict[str, str]:
     """How the study ended (``stopped``, ``detail``), or, for one that has not (still running, killed,
     a damaged ``study.json``), what is missing."""
     view = {k: clean.clean(str(outcome[k])) for k in ("stopped", "detail") if outcome.get(k)}
+    if running_text(data):  # not ended because it is still running: the banner says so
+        return {"stopped": "", "detail": ""}
     if data.kind == "study" and not view.get("stopped"):
         view["stopped"] = "not ended"
         view.setdefault(
@@ -327,7 +341,7 @@ def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
         "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
         "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
         "pinned": [(clean.clean(k), clean.clean(v)) for k, v in pinned],
-        "command": clean.clean(command_text(meta.get("command"))),
+        "command": clean.clean_command(command_text(meta.get("command"))),
         "dataset": clean.clean(meta.get("dataset") or ""),
     }
 
@@ -447,7 +461,7 @@ def _confirmation_view(data: StudyData, winner: Recommendation) -> dict[str, Any
         }
         for t, iv in sorted(c.versus_winner.items())
     ]
-    hours = "GPU-hours" if not _cpu_only(data) else "CPU-hours"
+    hours = _hours_label(data)
     return {
         "rounds": c.rounds,
         "runs": runs,
@@ -890,6 +904,7 @@ def _insight(
     caps = [data.capacity_bytes(i) for i in range(data.gpu_count)]
     cap_gib = min(c for c in caps if c is not None) / GIB if any(c is not None for c in caps) else None
     mem_label = "peak memory on the fullest GPU (GiB)" if not _cpu_only(data) else "peak RSS (GiB)"
+    draw_progress = partial(charts.progress_chart, progress, hours_label=_hours_label(data))
     insight = {
         "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
         "importance_note": clean.clean(imp.note),
@@ -902,9 +917,7 @@ def _insight(
         if points
         else None,
         "front": [p.trial for p in points if p.on_front],
-        "progress_chart": figures.add("chart-progress", partial(charts.progress_chart, progress))
-        if progress
-        else None,
+        "progress_chart": figures.add("chart-progress", draw_progress) if progress else None,
         "importance_png": None,
         "pareto_png": None,
         "progress_png": None,
@@ -916,7 +929,7 @@ def _insight(
             "pareto.png", partial(charts.pareto_chart, points, failed, cap_gib, mem_label)
         )
     if progress:
-        insight["progress_png"] = figures.draw("progress.png", partial(charts.progress_chart, progress))
+        insight["progress_png"] = figures.draw("progress.png", draw_progress)
     return insight
 
 
@@ -954,6 +967,7 @@ def _write(data: StudyData, out_dir: Path, *, png: bool) -> ReportPaths:
         findings=tuple(findings),
         recommended_trial=winner["trial"] if winner else None,
         no_recommendation=view["no_winner"],
+        running=view["running"],
     )
 
 

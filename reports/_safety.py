@@ -67,6 +67,11 @@ class Sanitizer:
             out = re.sub(re.escape(root) + r"""(?=/|$|[\s'"`,;:)\]}])/?""", _relative_repl, out)
         return out
 
+    def clean_command(self, text: object) -> str:
+        """A command line as the user typed it, secrets masked: its paths stay as given (the study's own
+        ``--out /tmp/q7`` must not read ``--out .``)."""
+        return "" if text is None else plain(self.rule.mask(text))
+
     def clean_value(self, value: object) -> object:
         """Like :meth:`clean` for strings; numbers, booleans and None pass unchanged."""
         if value is None or isinstance(value, bool | int | float):

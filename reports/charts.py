@@ -284,12 +284,15 @@ def throughput_chart(rows: Sequence[dict[str, Any]], path: Path) -> Path:
             ax.text(xi, yi + top * 0.02, r["status"], rotation=90, ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, [f"#{r['number']}" for r in rows], fontsize=7)
     ax.set_ylabel("completions/s", fontsize=8)
+    # never a negative axis; a study where nothing completed shows 0 to 1, not matplotlib's ±0.05
+    ax.set_ylim(bottom=0.0, top=None if top > 1e-9 else 1.0)
     ax.set_title("Throughput per trial", fontsize=10, loc="left")
     ax.grid(axis="y", alpha=0.25)
     return _save(fig, path)
 
 
 def importance_chart(imp: Importance, path: Path) -> Path:
+    """The knobs' importance for throughput, the method named in the title."""
     names = list(imp.values)[::-1]
     longest = max((len(n) for n in names), default=10)
     height_in = max(1.8, 0.7 + 0.35 * len(names))
@@ -304,7 +307,7 @@ def importance_chart(imp: Importance, path: Path) -> Path:
     )
     ax.barh(names, [imp.values[n] for n in names], color="#4C78A8")
     ax.set_xlabel("share of importance", fontsize=8)
-    ax.set_title("Parameter importance for throughput", fontsize=10, loc="left")
+    ax.set_title(f"Parameter importance for throughput ({imp.method})", fontsize=10, loc="left")
     ax.tick_params(labelsize=8)
     return _save(fig, path)
 
@@ -350,6 +353,7 @@ def pareto_chart(
             "x",
             color="#C62828",
             ms=8,
+            clip_on=False,  # on the axis line (a failed trial has no throughput), not below it
             label="out of memory: " + ", ".join(f"#{n}" for n, _, _ in failed),
         )
     if capacity_gib:
@@ -357,20 +361,22 @@ def pareto_chart(
     ax.set_xlabel(memory_label, fontsize=8)
     ax.set_ylabel("completions/s", fontsize=8)
     ax.set_title("Throughput against peak memory", fontsize=10, loc="left")
-    ax.set_ylim(
-        bottom=-0.04 * max((p.throughput for p in points), default=1.0),
-        top=1.18 * max((p.throughput for p in points), default=1.0),
-    )
+    ax.set_ylim(bottom=0.0, top=1.18 * max((p.throughput for p in points), default=1.0))
     ax.legend(fontsize=7)
     ax.grid(alpha=0.25)
     return _save(fig, path)
 
 
-def progress_chart(points: Sequence[ProgressPoint], path: Path) -> Path:
+def progress_chart(points: Sequence[ProgressPoint], path: Path, *, hours_label: str = "GPU-hours") -> Path:
+    """Best throughput so far against the trial number (whole trials: integer ticks) and against the
+    device-hours spent (``CPU-hours`` for a CPU-only study)."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, (a, b) = _mpl_figure(9, 3.2, 1, 2, margins={"wspace": 0.05}, sharey=True)
+    a.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax, xs, label in (
         (a, [p.trial for p in points], "trial"),
-        (b, [p.gpu_hours for p in points], "GPU-hours"),
+        (b, [p.gpu_hours for p in points], hours_label),
     ):
         ax.step(
             xs,
@@ -392,6 +398,14 @@ def progress_chart(points: Sequence[ProgressPoint], path: Path) -> Path:
         ax.grid(alpha=0.25)
         ax.tick_params(labelsize=7)
     a.set_ylabel("completions/s", fontsize=8)
+    # a throughput is never negative; when no trial completed there is nothing for matplotlib to scale
+    # to, so the axes span the trials and the hours spent rather than ±0.05 around 0
+    if all(p.throughput is None for p in points):
+        a.set_ylim(0.0, 1.0)
+        a.set_xlim(points[0].trial - 0.5, points[-1].trial + 0.5)
+        b.set_xlim(0.0, max(p.gpu_hours for p in points) * 1.05 or 1.0)
+    else:
+        a.set_ylim(bottom=0.0)
     a.set_title("Best throughput so far", fontsize=10, loc="left")
     a.legend(fontsize=7)
     return _save(fig, path)

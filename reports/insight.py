@@ -24,6 +24,7 @@ class Importance:
 
     values: dict[str, float]
     note: str
+    method: str = "PED-ANOVA"
 
 
 def _num(value: Any) -> float | None:
@@ -90,10 +91,16 @@ def param_importances(results: Sequence[TrialResult]) -> Importance:
     finally:
         optuna.logging.set_verbosity(verbosity)
     ordered = dict(sorted(((k, float(v)) for k, v in values.items()), key=lambda kv: -kv[1]))
-    note = f"Optuna's {'PED-ANOVA' if _evaluator(len(done)) is not None else 'default'} importance over {len(done)} completed trials"
+    method = "PED-ANOVA" if _evaluator(len(done)) is not None else "fANOVA"
+    note = f"Optuna's {method} importance over {len(done)} completed trials"
+    if method == "PED-ANOVA":
+        note += (
+            " (how much each knob separates the fastest trials from the rest; optuna-dashboard shows"
+            " fANOVA, the share of throughput variance over all trials, which can order knobs differently)"
+        )
     if len(done) < 10:
         note += "; with fewer than 10, read it as a rough hint"
-    return Importance(ordered, note)
+    return Importance(ordered, note, method)
 
 
 def _evaluator(n_trials: int) -> Any:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from autotune.reports._load import StudyData
 
-from autotune.records import TrialCeiling, TrialResult
+from autotune.errors import UsageError
+from autotune.records import TrialCeiling, TrialResult, TrialStatus
 
 __all__ = ["LimitBar", "LimitView", "fraction_text", "limit_section", "limit_view", "search_used_ceiling"]
 
@@ -34,6 +35,12 @@ PHASE_WORDS: dict[str, tuple[str, str]] = {
         "fewer, larger transfers (no ZeRO-3 gather per batch) shorten the sync",
     ),
 }
+
+#: the train phase's advice when the study measured larger micro-batches slower than the recommendation
+TRAIN_FIX_MEASURED_BATCH = (
+    "larger micro-batches were measured slower in this study ({evidence}); less recomputation (gradient "
+    "checkpointing) and less ZeRO-3 traffic raise the achieved FLOP/s"
+)
 
 #: what a strategy writes in a trial's ``choice`` when it bounded its prediction by the ceiling
 CHOICE_CEILING_KEY = "ceiling_s"
@@ -107,12 +114,32 @@ def _bars(c: TrialCeiling) -> tuple[LimitBar, ...]:
     )
 
 
-def _gap(c: TrialCeiling, bars: Sequence[LimitBar]) -> str:
-    """The largest gap in words: the phase losing the most seconds per step against its bound."""
+def _larger_batch_slower(result: TrialResult, results: Sequence[TrialResult], knob: str | None) -> str | None:
+    """``trial 4: bs=8`` when a completed trial with a larger micro-batch than ``result`` was slower."""
+    mine = result.params.get(knob) if knob else None
+    if knob is None or not isinstance(mine, int | float) or result.throughput is None:
+        return None
+    slower = [
+        r
+        for r in results
+        if r.status is TrialStatus.COMPLETE
+        and isinstance(r.params.get(knob), int | float)
+        and r.params[knob] > mine
+        and r.throughput is not None
+        and r.throughput < result.throughput
+    ]
+    return ", ".join(f"trial {r.number}: {knob}={r.params[knob]}" for r in slower[:3]) or None
+
+
+def _gap(c: TrialCeiling, bars: Sequence[LimitBar], measured_batch: str | None = None) -> str:
+    """The largest gap in words: the phase losing the most seconds per step against its bound; advice
+    the study's own measurements contradict (a larger micro-batch measured slower) is not given."""
     if not bars:
         return ""
     worst = max(bars, key=lambda b: b.measured_s - b.ceiling_s)
     bound, fix = PHASE_WORDS.get(worst.phase, ("its bound", ""))
+    if worst.phase == "train" and measured_batch:
+        fix = TRAIN_FIX_MEASURED_BATCH.format(evidence=measured_batch)
     lost = worst.measured_s - worst.ceiling_s
     text = (
         f"{worst.phase} runs at {_significant(worst.fraction)} of {bound}: {_seconds(lost)} per step "
@@ -129,8 +156,13 @@ def search_used_ceiling(results: Sequence[TrialResult]) -> str:
     return f"The search bounded its predicted speeds by the ceiling for {len(used)} trial(s)."
 
 
-def limit_view(result: TrialResult, results: Sequence[TrialResult]) -> LimitView | None:
-    """The section for ``result`` (the recommendation), or None when it has no ceiling."""
+def limit_view(
+    result: TrialResult, results: Sequence[TrialResult], micro_batch_knob: str | None = None
+) -> LimitView | None:
+    """The section for ``result`` (the recommendation), or None when it has no ceiling.
+
+    ``micro_batch_knob``: the backend's knob for the per-device micro-batch, to hold the advice against
+    what the study measured."""
     c = result.ceiling
     if c is None or c.step_measured_s is None or c.step_fraction is None:
         return None
@@ -159,7 +191,7 @@ def limit_view(result: TrialResult, results: Sequence[TrialResult]) -> LimitView
         work=c.work,
         bars=bars,
         ceiling_rows=tuple((phase, _seconds(s)) for phase, s in c.phase_ceiling_s.items()),
-        gap=_gap(c, bars),
+        gap=_gap(c, bars, _larger_batch_slower(result, results, micro_batch_knob)),
         error=error,
         search=search_used_ceiling(results),
         no_split=not bars,
@@ -169,4 +201,17 @@ def limit_view(result: TrialResult, results: Sequence[TrialResult]) -> LimitView
 def limit_section(data: StudyData, winner: int | None) -> LimitView | None:
     """The section for the recommended trial of ``data``, or None (no recommendation, no ceiling)."""
     trial = data.trial(winner) if winner is not None else None
-    return limit_view(trial.result, data.results) if trial is not None else None
+    if trial is None:
+        return None
+    return limit_view(trial.result, data.results, _micro_batch_knob(data))
+
+
+def _micro_batch_knob(data: StudyData) -> str | None:
+    """The study's backend's knob for the per-device micro-batch (its ``per_device_batch`` role)."""
+    from autotune.backends import backend_class
+
+    name = data.meta.get("backend")
+    try:
+        return backend_class(name).knob_roles().get("per_device_batch") if isinstance(name, str) else None
+    except UsageError:
+        return None

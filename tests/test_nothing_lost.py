@@ -227,8 +227,8 @@ def test_step_stamps_closer_than_a_real_step_are_not_a_speed() -> None:
     assert durations == []
 
 
-def test_the_readme_says_what_report_html_holds() -> None:
+def test_the_docs_say_what_report_html_holds() -> None:
     template = (ROOT / "reports" / "templates" / "report.html.j2").read_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "study-directory.md").read_text()
     has_script = "<script" in template
     assert ("no script" in readme) is not has_script

@@ -232,3 +232,12 @@ knobs:
 """
     with pytest.raises(SpaceError, match=message):
         load_space(write(tmp_path, text))
+
+
+def test_a_knob_no_configuration_makes_active_is_not_searched(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, SPACE), backend="trl").restrict(Platform.machine(gpu_present=True))
+    assert "offload_optimizer" in space.searched  # ZeRO 2 or 3 can be drawn
+    zero0 = space.narrow({"zero_stage": [0]})
+    assert "offload_optimizer" not in zero0.searched  # exists only at ZeRO 2/3: never active here
+    assert "offload_optimizer" not in zero0.reachable() and "zero_stage" in zero0.reachable()
+    assert "per_device_train_batch_size" in zero0.searched

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from autotune.jobconfig import JobConfig
+from autotune.trial import affinity
 
 __all__ = ["ALLOC_CONF", "TrialEnv", "gpu_trial_env", "usable_cores", "without_expandable_segments"]
 
@@ -40,11 +41,8 @@ class TrialEnv:
 
 
 def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity; all cores where the OS does not say)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """How many CPU cores this process may run on (its affinity: :func:`autotune.trial.affinity.usable_cores`)."""
+    return len(affinity.usable_cores())
 
 
 def without_expandable_segments(conf: str) -> str:

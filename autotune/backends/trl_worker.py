@@ -138,10 +138,25 @@ def _load_dataset(spec: str) -> Any:
 
 
 def _set_threads() -> None:
+    """Pin this rank to its share of the trial's cores (CPU-only trials) and size torch's thread pool."""
     import torch
 
+    from autotune.trial.affinity import parse_cores, pin, rank_cores
+
+    mine = rank_cores(
+        parse_cores(os.environ),
+        int(os.environ.get("LOCAL_RANK", "0") or 0),
+        int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1),
+    )
+    note = pin(0, mine)
+    if note:
+        print(f"autotune trl_worker: {note}", file=sys.stderr)
     threads = os.environ.get("OMP_NUM_THREADS")
-    n = int(threads) if threads and threads.isdigit() and int(threads) > 0 else max(1, os.cpu_count() or 1)
+    n = (
+        int(threads)
+        if threads and threads.isdigit() and int(threads) > 0
+        else max(1, len(mine) or os.cpu_count() or 1)
+    )
     torch.set_num_threads(n)
 
 

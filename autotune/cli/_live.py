@@ -69,6 +69,7 @@ class RichView:
         self.console = console
         self.gpus = GpuPanel(console, LiveGpus(), every_s=gpu_lines_every_s)
         self.remeasure_runs = 0
+        self.remeasuring: tuple[int, int] | None = None  # (runs done, runs in all) once it started
         self.rows: dict[int, dict[str, Any]] = {}
         self.live: Live | None = None
         self.progress = Progress(
@@ -115,11 +116,27 @@ class RichView:
     def remeasure_started(self, runs: int) -> None:
         done = int(next(t.completed for t in self.progress.tasks if t.id == self.task))
         self.remeasure_runs = runs
+        self.remeasuring = (0, runs)
         self._retotal(done, done)
+        if self.live is None:
+            self.console.print(self._remeasure_text(), markup=False, highlight=False)
+        self._refresh()
 
     def remeasure_ran(self) -> None:
         self.progress.advance(self.task)
+        if self.remeasuring is not None:
+            self.remeasuring = (self.remeasuring[0] + 1, self.remeasuring[1])
+            if self.live is None:
+                self.console.print(self._remeasure_text(), markup=False, highlight=False)
         self._refresh()
+
+    def _remeasure_text(self) -> str:
+        """What the study is doing after its trials, in one line."""
+        done, runs = self.remeasuring or (0, 0)
+        return (
+            "re-measuring: the winner and the baseline run again, interleaved, to judge the speedup:"
+            f" {done} of {runs} runs done (counted in the ETA)"
+        )
 
     def _retotal(self, trials: int, done: int) -> None:
         extra = f" + {self.remeasure_runs} re-measurement runs" if self.remeasure_runs else ""
@@ -213,5 +230,10 @@ class RichView:
                 f"{row['rollout']:.0%}" if row.get("rollout") is not None else "—",
                 mem,
             )
+        parts: list[Any] = [table]
         gpus = self.gpus.table()
-        return Group(table, gpus, self.progress) if gpus is not None else Group(table, self.progress)
+        if gpus is not None:
+            parts.append(gpus)
+        if self.remeasuring is not None:
+            parts.append(Text(self._remeasure_text(), style="cyan"))
+        return Group(*parts, self.progress)

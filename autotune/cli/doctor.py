@@ -17,6 +17,7 @@ on 2+ GPUs; the CPU's on a machine without GPU) and caches them for plan, search
 --calibrate (GPU) runs a few short real trials and writes the table the estimator corrects itself with.
 
 \b
+\b
 Examples:
   autotune doctor
   autotune doctor --out /scratch/runs --model Qwen2.5-7B --json

@@ -17,6 +17,7 @@ Shows which candidates fit, which do not (the component to blame and by how much
 capacity and rollout concurrency, and the predicted relative speed (for ordering only).
 
 \b
+\b
 Examples:
   autotune plan --gpus 4 --gpu-type A10 --model Qwen2-7B
   autotune plan --gpus 8 --gpu-type H100 --model Qwen2.5-7B --backend swift --lora-rank 64

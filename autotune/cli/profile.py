@@ -11,6 +11,7 @@ from autotune.trackers import TRACKERS, trackers_help
 HELP = """Run one training command under the GPU and host probes (no search) and write its timeline,
 phase breakdown and a report with the same charts and diagnosis as a study.
 
+\b
 Examples:
   autotune profile -- swift rlhf --rlhf_type grpo --model Qwen/Qwen2.5-7B-Instruct ...
   autotune profile --out runs/profile-1 -- python my_grpo.py --per_device_train_batch_size 8"""

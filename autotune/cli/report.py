@@ -31,7 +31,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Render report.html (self-contained, interactive) and report.md (+ charts/*.png) from DIR.
 
-        Exits 3 (after writing the reports) when DIR is a study with nothing to recommend."""
+        Works while a search is still running: the report shows the trials finished so far and says
+        "running: 5 of 12 trials" (exit 0). Exits 3 (after writing the reports) when DIR is a study that
+        ended with nothing to recommend."""
         import json
 
         from autotune.app.pull import pull_if_asked
@@ -66,11 +68,14 @@ def register(app: typer.Typer) -> None:
                 "kind": "study" if is_study_dir(directory) else "profile",
                 "recommended_trial": paths.recommended_trial,
                 "no_recommendation": paths.no_recommendation,
+                "running": paths.running,
             }
             say(json.dumps(data, indent=2))
         else:
             say(str(paths.html))
             say(str(paths.markdown))
+        if paths.running is not None:
+            notice(paths.running)
         if paths.no_recommendation is not None:
             notice(paths.no_recommendation)
             raise typer.Exit(EXIT_NOTHING_TO_RECOMMEND)

@@ -13,6 +13,7 @@ from autotune.trackers import TRACKERS, trackers_help
 HELP = """Run short real GRPO trials over a search space and recommend the fastest configuration that
 neither OOMs, hangs nor breaks training on the GPUs detected (or on the CPU with a tiny model).
 
+\b
 Examples:
   autotune search --model tiny-qwen2 --trials 4 --out runs/demo
   autotune search --gpus 4 --model Qwen2-7B --backend swift --fixed job.yaml --time-budget 2h

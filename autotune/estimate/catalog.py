@@ -554,6 +554,17 @@ def known_gpus() -> list[str]:
     return [g.name for g in _GPUS]
 
 
+def gpu_variants(name: str) -> tuple[str, ...]:
+    """The catalog GPUs a typed short name could mean when it names none of them exactly
+    (``a100`` → ``A100-40G``, ``A100-40G-PCIe``, ``A100-80G``, ``A100-80G-PCIe``); empty when the name is
+    a catalog name, an NVML name's prefix of one entry only, or matches none."""
+    key = _norm_gpu(name)
+    if not key or any(_norm_gpu(g.name) == key for g in _GPUS):
+        return ()
+    variants = tuple(g.name for g in _GPUS if _norm_gpu(g.name).startswith(key))
+    return variants if len(variants) > 1 else ()
+
+
 def find_gpu(name: str) -> GpuSpec | None:
     """The catalog entry for a short name (``A10``, ``a100-80g``, ``H100``) or an NVML name
     (``NVIDIA A100-SXM4-80GB``, ``NVIDIA GeForce RTX 4090``), or None when unknown."""

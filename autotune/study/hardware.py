@@ -46,8 +46,14 @@ def _declared(n: int, gpu_type: str | None, gpu_memory_gib: float | None) -> tup
     name = gpu_type or "declared GPU"
     memory_bytes: int | None = int(gpu_memory_gib * GIB) if gpu_memory_gib else None
     if gpu_type and memory_bytes is None:
-        from autotune.estimate import find_gpu
+        from autotune.estimate import find_gpu, gpu_variants
 
+        variants = gpu_variants(gpu_type)
+        if variants:
+            raise HardwareError(
+                f"GPU type {gpu_type!r} is ambiguous: it could be {', '.join(variants)}",
+                hint=f"Name one with --gpu-type (e.g. --gpu-type {variants[-1]}), or give --gpu-memory-gib",
+            )
         spec = find_gpu(gpu_type)
         if spec is None:
             from autotune.estimate import known_gpus

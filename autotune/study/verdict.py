@@ -23,6 +23,11 @@ never taken below what its own steps imply (the runs' ``rel_ci95``), because the
 the between-run variance plus the within-run one.
 
 The refusal rule: a speedup whose interval includes 1.0 is "no measurable speedup", never a bare ratio.
+The host rule: the host's noise must not decide the verdict. A compared run (winner or baseline) during
+which other processes loaded the host is set aside and the interval is taken over the quiet runs; with
+fewer than two quiet runs of either side, or an interval wider than :data:`NOISE_SPAN_MAX` (the runs of
+one configuration differ so much that 2× cannot be told from 8×), the speedup is "not measurable on this
+host", and no number is shown.
 A runner-up whose interval against the winner includes 1.0 is named as equivalent. A compared
 configuration measurably faster than the winner on re-measurement becomes the winner.
 """
@@ -55,6 +60,9 @@ __all__ = [
     "headline",
     "speedup_text",
 ]
+
+#: An interval whose high end is more than this many times its low end is set by the host's noise.
+NOISE_SPAN_MAX = 4.0
 
 METHOD = (
     "Student t-interval (95 %) on the difference of the mean log step time of the runs of each"
@@ -131,6 +139,35 @@ def speedup_interval(
     )
 
 
+def _host_noise(
+    speedup: SpeedupInterval, runs: Sequence[ConfirmRun], winner: int, base: int
+) -> tuple[SpeedupInterval, str | None]:
+    """The interval to judge the winner by, and why the host's noise makes it unmeasurable (or None).
+
+    Loaded runs of the two compared configurations are set aside; what is left must still give an
+    interval (two quiet runs a side) no wider than :data:`NOISE_SPAN_MAX`.
+    """
+    loaded = [r for r in runs if r.host_loaded and r.trial in (winner, base)]
+    if loaded:
+        quiet = _run_times([r for r in runs if not r.host_loaded])
+        others = [t for n, t in quiet.items() if n not in (winner, base)]
+        quiet_interval = speedup_interval(quiet.get(winner, []), quiet.get(base, []), others=others)
+        if quiet_interval is None:
+            compared = sum(1 for r in runs if r.trial in (winner, base))
+            return speedup, (
+                f"other processes loaded the host during {len(loaded)} of the {compared} compared runs,"
+                " and fewer than two quiet runs of each side are left"
+            )
+        speedup = quiet_interval
+    span = speedup.high / speedup.low
+    if span > NOISE_SPAN_MAX:
+        return speedup, (
+            f"the re-measured runs of one configuration differ so much that the 95 % interval spans {span:.1f}×"
+            f" (more than {NOISE_SPAN_MAX:g}×)"
+        )
+    return speedup, None
+
+
 def _run_times(runs: Sequence[ConfirmRun]) -> dict[int, list[RunTime]]:
     """The usable runs (COMPLETE, with a steady step time) by the trial they repeat."""
     out: dict[int, list[RunTime]] = {}
@@ -177,6 +214,9 @@ def judge(
         overtaken, winner = winner, max(better)[1]
     versus = {t: iv for t in times if t != winner and (iv := interval(t, winner)) is not None}
     speedup = interval(winner, base) if winner != base else None
+    noise = None
+    if speedup is not None and base is not None:
+        speedup, noise = _host_noise(speedup, confirmation.runs, winner, base)
     equivalent = sorted(t for t, iv in versus.items() if t != base and iv.includes_one)
     loaded = [r for r in confirmation.runs if r.host_loaded]
     host_load = None
@@ -205,6 +245,9 @@ def judge(
             f" ({1 / gain.estimate:.2f}× its throughput)",
         }
     rounds = f"{confirmation.rounds} interleaved run(s) of each"
+    set_aside = sum(1 for r in confirmation.runs if r.host_loaded and r.trial in (winner, base))
+    if set_aside and speedup is not None and noise is None:
+        rounds += f"; {set_aside} run(s) loaded by other processes set aside"
     if winner == base:
         update |= {"speedup": 1.0, "speedup_low": None, "speedup_high": None, "measurable": False}
         slower = versus.get(rec.trial)
@@ -215,6 +258,12 @@ def judge(
             f", re-measured at {slower.text()} the baseline's throughput ({rounds})"
             if slower
             else ", re-measured slower"
+        )
+    elif noise is not None:
+        update |= {"speedup_low": None, "speedup_high": None, "measurable": False, "host_noise": noise}
+        verdict = (
+            f"speedup over the baseline (trial {base}) not measurable on this host: {noise} ({rounds});"
+            " run again on a quieter host or with more --confirm-runs"
         )
     elif speedup is None:
         update |= {"speedup_low": None, "speedup_high": None, "measurable": None}
@@ -260,6 +309,8 @@ def speedup_text(rec: Recommendation) -> str:
     ``1.80× (single runs)`` or ``—`` (no baseline)."""
     if rec.speedup is None:
         return "—"
+    if rec.host_noise:
+        return "not measurable on this host"
     if rec.baseline_trial is not None and rec.trial == rec.baseline_trial:
         return "the baseline is fastest"
     if rec.speedup_low is not None and rec.speedup_high is not None:

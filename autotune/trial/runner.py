@@ -41,6 +41,7 @@ from autotune.errors import LaunchError, UsageError, WriteError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir, create_file, write_json_atomic, write_text_atomic
+from autotune.trial.affinity import parse_cores, pin
 from autotune.trial.confine import Confinement
 from autotune.trial.early import (
     EarlyCall,
@@ -462,6 +463,7 @@ class TrialRun:
         self.known: dict[int, float | None] = {}  # the trial's pid and every descendant seen → create time
         self.marker = new_marker()  # in every trial process's environment: found even outside the group
         self.confinement: Confinement | None = None  # its cgroup (or subreaper): found whatever it clears
+        self.affinity_note: str | None = None  # why a CPU-only trial could not be pinned to its cores
         self.proc_info: dict[str, Any] = {}
         self.segments: queue.SimpleQueue[_Segment] = queue.SimpleQueue()
         self.readers: list[threading.Thread] = []
@@ -512,7 +514,7 @@ class TrialRun:
 
         Called by :meth:`run` first, before anything is started. Also settles what the watch keeps:
         whether the runner writes ``metrics.jsonl`` (not when the framework's own metrics file has that
-        path; a note says so) and the failure text kept as evidence (the backend's patterns, then the
+        path) and the failure text kept as evidence (the backend's patterns, then the
         common ones).
         """
         files = self.files
@@ -527,11 +529,9 @@ class TrialRun:
         write_text_atomic(files.command_sh, self.plan.to_shell(self.secrets), mode=0o755)
         self.logs = {"stdout": create_file(files.stdout_log), "stderr": create_file(files.stderr_log)}
         own_metrics = {Path(self.plan.cwd, p).resolve() for p in self.plan.metrics_paths}
+        # the framework's own metrics file at that path (TRL's worker writes it): the runner leaves it
+        # alone; an ordinary case, so no note (notes are printed after every trial)
         self.write_metrics = files.metrics_jsonl.resolve() not in own_metrics
-        if not self.write_metrics:
-            self.notes.append(
-                f"{TrialDir.METRICS} is the framework's own metrics file; the runner did not write it"
-            )
         self.evidence_rx = re.compile("|".join(f"(?:{p.regex})" for p in (*self.patterns, *COMMON_PATTERNS)))
 
     def launch(self) -> None:
@@ -573,6 +573,8 @@ class TrialRun:
                 "its arguments short enough for the system)",
             ) from None
         self.pid = self.pgid = self.proc.pid  # start_new_session: the child leads its session and group
+        # a CPU-only trial's cores: pinned before the child has started anything (its children inherit)
+        self.affinity_note = pin(self.pid, parse_cores(plan.env))
         confinement.launched(self.pid)
         self.known[self.pid] = create_time_of(self.pid)
         self.proc_info = {
@@ -586,6 +588,8 @@ class TrialRun:
             "marker": self.marker,
             "cgroup": confinement.cgroup_path,
             "cgroup_note": confinement.note,  # why not, when the trial has none
+            "cpu_cores": list(parse_cores(plan.env)),
+            "affinity_note": self.affinity_note,
             "argv0": plan.argv[0],
             "ended": False,
         }

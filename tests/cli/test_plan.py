@@ -180,6 +180,10 @@ BAD = {
         ["--gpus", "4", "--gpu-type", "B9000", "--model", "Qwen2-7B"],
         "unknown GPU type 'B9000'",
     ),
+    "ambiguous gpu type": (
+        ["--gpus", "4", "--gpu-type", "a100", "--model", "Qwen2-7B"],
+        "GPU type 'a100' is ambiguous: it could be A100-40G, A100-40G-PCIe, A100-80G, A100-80G-PCIe",
+    ),
     "unknown model": (
         ["--gpus", "4", "--gpu-type", "A10", "--model", "Qwen9-1T"],
         "unknown model 'Qwen9-1T'",

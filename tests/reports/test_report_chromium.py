@@ -61,7 +61,7 @@ class _Result(HTMLParser):
             self.result = json.loads(a["data-result"])
 
 
-def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _chromium(args: list[str], tmp_path: Path, *, width_px: int = 1400) -> subprocess.CompletedProcess[str]:
     argv = [
         str(CHROMIUM),
         "--headless",
@@ -75,7 +75,7 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[st
         "--no-default-browser-check",
         "--mute-audio",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1400,2000",
+        f"--window-size={width_px},2000",
         "--virtual-time-budget=60000",
         *args,
     ]
@@ -144,3 +144,38 @@ def test_the_probe_catches_a_missing_chart(tmp_path: Path) -> None:
     paths.html.write_text(broken, encoding="utf-8")
     result = _probe(paths.html, tmp_path)
     assert result["failed"] == 1 and result["drawn"] == 0
+
+
+KNOB_PROBE = """<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var wrap = document.querySelector(".tablewrap").getBoundingClientRect();
+  var heads = document.querySelectorAll("#trials-table th[data-type=mixed]");
+  var knobs = [];
+  for (var i = 0; i < heads.length; i++) {
+    var b = heads[i].getBoundingClientRect();
+    knobs.push({name: heads[i].title, left: b.left, right: b.right});
+  }
+  var out = document.createElement("div");
+  out.id = "probe-result";
+  out.setAttribute("data-result", JSON.stringify({viewport: window.innerWidth, wrap_right: wrap.right, knobs: knobs}));
+  document.body.appendChild(out);
+}, 500); });
+</script>"""
+
+
+@pytest.mark.infra
+def test_the_knob_columns_are_in_view_at_1280_px(rendered, tmp_path: Path) -> None:
+    """Every knob column of the trials table is inside the viewport and the table's box at 1280 px,
+    without scrolling the table sideways."""
+    html = rendered.html.read_text(encoding="utf-8").replace("</body>", KNOB_PROBE + "\n</body>", 1)
+    probed = rendered.html.with_name("knobs.html")
+    probed.write_text(html, encoding="utf-8")
+    proc = _chromium(["--dump-dom", probed.as_uri()], tmp_path, width_px=1280)
+    parser = _Result()
+    parser.feed(proc.stdout)
+    assert parser.result is not None, f"no probe result (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    seen = parser.result
+    assert seen["knobs"], "the trials table has knob columns"
+    edge = min(seen["viewport"], seen["wrap_right"]) + 0.5
+    hidden = [k["name"] for k in seen["knobs"] if k["right"] > edge or k["left"] < 0]
+    assert hidden == [], f"knob columns behind the horizontal scrollbar at 1280 px: {hidden}"

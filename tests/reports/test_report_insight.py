@@ -122,3 +122,40 @@ def test_fixture_insight(fixture_study: Path) -> None:
         "vllm_gpu_memory_utilization",
     }
     assert "rough hint" in imp.note
+
+
+def _svg_text(svg: str) -> list[str]:
+    import re
+
+    return [t.strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg) if t.strip()]
+
+
+def test_the_progress_chart_counts_whole_trials_and_names_the_device_hours() -> None:
+    from autotune.reports import charts
+    from autotune.reports.insight import ProgressPoint
+
+    points = [ProgressPoint(n, "COMPLETE", 2.0 + n, 2.0 + n, 0.001 * (n + 1)) for n in range(4)]
+    texts = _svg_text(charts.inline_svg(lambda p: charts.progress_chart(points, p, hours_label="CPU-hours")))
+    assert "CPU-hours" in texts and "GPU-hours" not in texts
+    trial_ticks = [t for t in texts if t.replace(".", "", 1).isdigit()]
+    assert "0.5" not in trial_ticks and "1.5" not in trial_ticks  # no fractional trial numbers
+
+
+def test_a_failed_study_charts_no_negative_throughput() -> None:
+    from autotune.reports import charts
+    from autotune.reports.insight import ProgressPoint
+
+    failed = [ProgressPoint(n, "OOM", None, None, 0.01 * (n + 1)) for n in range(3)]
+    rows = [{"throughput": None, "status": "OOM", "ci_abs": None, "number": n} for n in range(3)]
+    for draw in (
+        lambda p: charts.progress_chart(failed, p),
+        lambda p: charts.throughput_chart(rows, p),
+    ):
+        texts = _svg_text(charts.inline_svg(draw))
+        assert not any(t.startswith(("−", "-")) and t[1:2].isdigit() for t in texts), texts
+
+
+def test_importance_names_its_method() -> None:
+    rows = [(1.0, 1, True), (2.0, 2, True), (3.0, 4, False), (2.5, 4, True), (1.5, 1, False)]
+    imp = param_importances([result(n, tp, bs=bs, ckpt=ck) for n, (tp, bs, ck) in enumerate(rows)])
+    assert imp.method == "PED-ANOVA" and "PED-ANOVA" in imp.note and "fANOVA" in imp.note

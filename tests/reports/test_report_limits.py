@@ -103,3 +103,36 @@ def test_the_report_shows_the_section_and_the_column(fixture_study: Path, tmp_pa
 
 def test_a_study_without_ceilings_has_no_section(rendered) -> None:  # noqa: ANN001
     assert "How far from the limit" not in rendered.markdown.read_text()
+
+
+def test_no_larger_micro_batch_advice_beside_a_winner_that_beat_larger_ones() -> None:
+    from autotune.records import SteadyEstimate
+
+    train_worst = CEILING.model_copy(
+        update={"phase_measured_s": {"rollout": 1.0, "train": 8.0, "weight_sync": 0.5}}
+    )
+
+    def trial(number: int, bs: int, throughput: float) -> TrialResult:
+        steady = SteadyEstimate(
+            step_time_s=16 / throughput, rel_ci95=0.02, steady_steps=4, warmup_steps=1, throughput=throughput
+        )
+        return TrialResult(
+            number=number,
+            params={"per_device_train_batch_size": bs},
+            status=TrialStatus.COMPLETE,
+            reason="ok",
+            ceiling=train_worst,
+            steady=steady,
+        )
+
+    winner, bigger = trial(3, 1, 4.0), trial(1, 8, 2.0)
+    view = limit_view(winner, [winner, bigger], "per_device_train_batch_size")
+    assert view is not None and view.gap.startswith("train runs at")
+    assert "larger micro-batches, " not in view.gap
+    assert (
+        "larger micro-batches were measured slower in this study (trial 1: per_device_train_batch_size=8)"
+        in view.gap
+    )
+    # without such a measurement the usual advice stands
+    alone = limit_view(winner, [winner], "per_device_train_batch_size")
+    assert alone is not None and "larger micro-batches, less recomputation" in alone.gap

@@ -167,7 +167,7 @@ def test_no_network_resources(html_text: str) -> None:
 def test_log_text_is_escaped_and_secrets_never_appear(html_text: str, md_text_out: str, rendered) -> None:
     assert "<script>alert(" not in html_text and "<script>alert(" not in md_text_out
     assert "&lt;script&gt;alert(" in html_text
-    assert "&lt;script&gt;alert(" in md_text_out
+    assert "&lt;script>alert(" in md_text_out  # a "<" that could open a tag is an entity; ">" alone is not
     for secret in (mf.SECRET_TOKEN, mf.SECRET_WANDB):
         assert secret not in html_text and secret not in md_text_out
     for png in rendered.charts:
@@ -175,7 +175,12 @@ def test_log_text_is_escaped_and_secrets_never_appear(html_text: str, md_text_ou
 
 
 def test_paths_are_relative_to_the_study(html_text: str, md_text_out: str) -> None:
-    assert mf.ORIGINAL_ROOT not in html_text and mf.ORIGINAL_ROOT not in md_text_out
+    # the Command row is the command as typed: its --out names the study where it was written
+    command_row = next(line for line in md_text_out.splitlines() if line.startswith("| Command |"))
+    assert f"--out {mf.ORIGINAL_ROOT}" in command_row and "--out ." not in command_row
+    html_rest = re.sub(r"<tr><td>Command</td>.*?</tr>", "", html_text, flags=re.S)
+    md_rest = md_text_out.replace(command_row, "")
+    assert mf.ORIGINAL_ROOT not in html_rest and mf.ORIGINAL_ROOT not in md_rest
     assert str(mf.FIXTURE_DIR) not in html_text and str(mf.FIXTURE_DIR) not in md_text_out
     assert "--output_dir trials/3/output" in md_text_out
 
@@ -312,7 +317,7 @@ def test_markdown_escaping_helpers() -> None:
     assert md_cell("a | b\nc") == "a \\| b c"
     assert (
         md_text("<b>*x*</b> [l](u) per_device_train_batch_size _x_")
-        == "&lt;b&gt;\\*x\\*&lt;/b&gt; \\[l\\](u) per_device_train_batch_size \\_x\\_"
+        == "&lt;b>\\*x\\*&lt;/b> \\[l\\](u) per_device_train_batch_size \\_x\\_"
     )
 
 
@@ -323,3 +328,10 @@ def test_compact_shell_keeps_every_word_in_order() -> None:
         out == "#!/usr/bin/env bash\ncd x\nswift \\\n  rlhf \\\n  --a 1 \\\n  --flag \\\n  --b 'two words'\n"
     )
     assert out.replace("\\\n", " ").split() == text.replace("\\\n", " ").split()
+
+
+def test_markdown_text_keeps_a_plain_less_than_readable() -> None:
+    from autotune.reports._render import md_text
+
+    assert md_text("peak < 80 % of capacity & rising") == "peak < 80 % of capacity & rising"
+    assert md_text("<img src=x>") == "&lt;img src=x>" and md_text("&amp;") == "&amp;amp;"

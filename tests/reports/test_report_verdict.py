@@ -40,9 +40,11 @@ def _run(trial: int, k: int, order: int, step_s: float, *, loaded: bool = False)
     )
 
 
-def _study(tmp_path: Path, fixture_study: Path, winner_times: list[float]) -> tuple[Path, Recommendation]:
+def _study(
+    tmp_path: Path, fixture_study: Path, winner_times: list[float], *, loaded: bool = False
+) -> tuple[Path, Recommendation]:
     """The fixture study with trial 0 re-measured at 28 and 29 s per step and trial 3 at ``winner_times``;
-    the winner's second run on a loaded host; trial 5's search run on a loaded host."""
+    the winner's second run on a loaded host when ``loaded``; trial 5's search run on a loaded host."""
     root = tmp_path / "study"
     shutil.copytree(fixture_study, root)
     sd = StudyDir(root)
@@ -53,7 +55,7 @@ def _study(tmp_path: Path, fixture_study: Path, winner_times: list[float]) -> tu
     runs = [
         _run(0, 1, 1, 28.0),
         _run(3, 1, 2, winner_times[0]),
-        _run(3, 2, 3, winner_times[1], loaded=True),
+        _run(3, 2, 3, winner_times[1], loaded=loaded),
         _run(0, 2, 4, 29.0),
     ]
     conf = Confirmation(rounds=2, runs=runs, duration_s=1200.0, gpu_seconds=4800.0, method=METHOD)
@@ -69,13 +71,14 @@ def _study(tmp_path: Path, fixture_study: Path, winner_times: list[float]) -> tu
 
 @pytest.fixture
 def reports(tmp_path: Path, fixture_study: Path, request: pytest.FixtureRequest):
-    root, judged = _study(tmp_path, fixture_study, request.param)
+    times, loaded = request.param
+    root, judged = _study(tmp_path, fixture_study, times, loaded=loaded)
     paths = render_study(root, png=False)
     md = re.sub(r"\\([\[\]*])", r"\1", paths.markdown.read_text())  # markdown's escapes of [ ] *
     return judged, _strip_scripts(paths.html.read_text()), md
 
 
-@pytest.mark.parametrize("reports", [[18.0, 18.5]], indirect=True)
+@pytest.mark.parametrize("reports", [([18.0, 18.5], False)], indirect=True)
 def test_a_measurable_speedup_is_shown_with_its_interval(reports) -> None:
     judged, html, md = reports
     assert judged.measurable is True and judged.speedup_low is not None
@@ -88,9 +91,7 @@ def test_a_measurable_speedup_is_shown_with_its_interval(reports) -> None:
         assert "Re-measurement" in text and "2 time(s) each, interleaved" in text
         assert "4 run(s), 20.0 min, 1.33 GPU-hours" in text
         assert "Student t-interval (95 %) on the difference of the mean log step time" in text
-        # the winner's second run was loaded: said beside the verdict and in the runs table
-        assert "host loaded by other processes during 1 of 4 re-measurement runs" in text
-        assert "loaded" in text
+        assert "re-measurement runs" not in text.split("Verdict:")[1].split("\n")[0]  # no load note
         # trial 5's search run: flagged in its row
         assert (
             "host loaded by other processes during this trial (12.4 of 48 cores busy outside the trial)"
@@ -101,7 +102,7 @@ def test_a_measurable_speedup_is_shown_with_its_interval(reports) -> None:
         assert f"Against the winner: trial 0 (the baseline) {versus.text()}" in text
 
 
-@pytest.mark.parametrize("reports", [[24.0, 33.0]], indirect=True)
+@pytest.mark.parametrize("reports", [([24.0, 33.0], False)], indirect=True)
 def test_noise_is_shown_as_no_measurable_speedup_never_as_a_bare_ratio(reports) -> None:
     judged, html, md = reports
     assert judged.measurable is False
@@ -112,3 +113,15 @@ def test_noise_is_shown_as_no_measurable_speedup_never_as_a_bare_ratio(reports) 
         assert f"no measurable speedup over the baseline (trial 0): {interval}" in text
         assert not re.search(r"\*\*\d+\.\d\d×\*\*", text)  # no bold bare ratio in the headline
         assert f'<div class="v">{judged.speedup:.2f}×</div>' not in text
+
+
+@pytest.mark.parametrize("reports", [([18.0, 18.5], True)], indirect=True)
+def test_a_speedup_the_loaded_host_decided_is_not_measurable_and_shows_no_ratio(reports) -> None:
+    judged, html, md = reports
+    assert judged.measurable is False and judged.host_noise is not None and judged.speedup_low is None
+    for text in (html, md):
+        assert "not measurable on this host" in text
+        assert "speedup over the baseline (trial 0) not measurable on this host: " in text
+        # the winner's second run was loaded: said beside the verdict and in the runs table
+        assert "host loaded by other processes during 1 of 4 re-measurement runs" in text
+        assert f"{judged.speedup:.2f}× [" not in text  # no interval shown as a result

@@ -291,18 +291,54 @@ def test_unequal_run_counts_pool_every_configuration_once() -> None:
     judged = judge(_rec(results, 3), Confirmation(rounds=3, runs=runs), results, None)
     estimate = 2 ** (11 / 6)
     half = T975_DF4 * math.log(2) * math.sqrt(35 / 144)
-    assert judged.trial == 3 and judged.speedup == pytest.approx(estimate)
-    assert judged.speedup_low == pytest.approx(estimate * math.exp(-half), rel=1e-3)
-    assert judged.speedup_high == pytest.approx(estimate * math.exp(half), rel=1e-3)
     assert judged.confirmation is not None and judged.confirmation.speedup is not None
-    assert judged.confirmation.speedup.df == 4 and judged.confirmation.speedup.runs == (2, 3)
-    assert judged.measurable is True
+    interval = judged.confirmation.speedup
+    assert judged.trial == 3 and interval.estimate == pytest.approx(estimate)
+    assert interval.low == pytest.approx(estimate * math.exp(-half), rel=1e-3)
+    assert interval.high == pytest.approx(estimate * math.exp(half), rel=1e-3)
+    assert interval.df == 4 and interval.runs == (2, 3)
     assert judged.equivalent == [5]  # 1.41× slower, but with this much noise not measurably
-    assert judged.verdict == (
-        f"speedup over the baseline (trial 0): {judged.confirmation.speedup.text()}"
-        " (95 % interval, 3 interleaved run(s) of each); equivalent to the winner:"
-        f" trial 5 ({judged.confirmation.versus_winner[5].text()} of the winner)"
+    # the interval spans exp(2 · half) ≈ 6.7×, more than NOISE_SPAN_MAX: the host's noise decides it
+    assert judged.measurable is False and judged.speedup_low is None and judged.speedup_high is None
+    assert judged.host_noise == (
+        "the re-measured runs of one configuration differ so much that the 95 % interval spans"
+        f" {math.exp(2 * half):.1f}× (more than 4×)"
     )
+    assert judged.verdict == (
+        f"speedup over the baseline (trial 0) not measurable on this host: {judged.host_noise}"
+        " (3 interleaved run(s) of each); run again on a quieter host or with more --confirm-runs;"
+        f" equivalent to the winner: trial 5 ({judged.confirmation.versus_winner[5].text()} of the winner)"
+    )
+    assert speedup_text(judged) == "not measurable on this host"
+
+
+def test_loaded_runs_are_set_aside_and_the_quiet_runs_decide() -> None:
+    # the baseline's second run was loaded (8 s instead of 2): set aside, the quiet runs give ~2×
+    results = {0: _result(0, 2.0, baseline=True), 3: _result(3, 1.0)}
+    runs = _runs({0: [2.0, 8.0, 2.1], 3: [1.0, 1.02, 0.98]}, winner=3, loaded={(0, 2)})
+    judged = judge(_rec(results, 3), Confirmation(rounds=3, runs=runs), results, None)
+    assert judged.confirmation is not None and judged.confirmation.speedup is not None
+    assert judged.confirmation.speedup.runs == (3, 2)
+    assert judged.measurable is True and judged.host_noise is None
+    assert judged.speedup == pytest.approx(math.sqrt(2.0 * 2.1) / (1.0 * 1.02 * 0.98) ** (1 / 3))
+    assert judged.verdict is not None and judged.verdict.endswith(
+        "(95 % interval, 3 interleaved run(s) of each; 1 run(s) loaded by other processes set aside)"
+    )
+
+
+def test_a_loaded_host_with_too_few_quiet_runs_is_not_measurable_and_shows_no_number() -> None:
+    # the search's 9× and a re-measured 4×: every winner run was loaded, so the host decided them
+    results = {0: _result(0, 9.0, baseline=True), 3: _result(3, 1.0)}
+    runs = _runs({0: [4.0, 4.2], 3: [1.0, 1.05]}, winner=3, loaded={(3, 1), (3, 2)})
+    judged = judge(_rec(results, 3), Confirmation(rounds=2, runs=runs), results, None)
+    assert judged.measurable is False and judged.speedup_low is None
+    assert judged.host_noise == (
+        "other processes loaded the host during 2 of the 4 compared runs, and fewer than two quiet runs"
+        " of each side are left"
+    )
+    assert judged.verdict is not None and "×" not in judged.verdict
+    assert "not measurable on this host" in judged.verdict
+    assert speedup_text(judged) == "not measurable on this host"
 
 
 def test_exact_ties_are_neither_a_win_nor_a_new_winner() -> None:

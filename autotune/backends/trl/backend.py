@@ -30,7 +30,6 @@ from autotune.backends._base import (
     TrialContext,
     trial_path,
 )
-from autotune.backends._env import usable_cores
 from autotune.backends._phases import MarkerPhases
 from autotune.backends._vllm import DISTRIBUTIONS as VLLM_DISTRIBUTIONS
 from autotune.backends._vllm import cpu_thread_binding, sampling_kwargs
@@ -45,6 +44,7 @@ from autotune.secrets import SecretRule, env_name
 from autotune.space import SearchSpace
 from autotune.studydir import write_text_atomic
 from autotune.tail import FileTail
+from autotune.trial.affinity import CORES_ENV, format_cores, usable_cores
 
 __all__ = ["TrlBackend", "TrlMetricsParser", "ds_config", "MIN_TRL_VERSION"]
 
@@ -607,9 +607,12 @@ class TrlBackend(Backend):
 
             env["TORCH_EXTENSIONS_DIR"] = str(default_cache_dir() / "torch_extensions")
         if ctx.cpu_only:
-            # a user's own setting holds; either way the launch plan records the value (exports keep it)
+            # the trial's cores, each rank pinned to its share of them (trl_worker), one OpenMP thread per
+            # core of the share; a user's own thread count holds, and the launch plan records both
+            cores = usable_cores()
+            env[CORES_ENV] = format_cores(cores)
             env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
-                max(1, usable_cores() // max(1, world))
+                max(1, len(cores) // max(1, world))
             )
             if zero > 0:
                 env["DS_ACCELERATOR"] = "cpu"

@@ -289,6 +289,7 @@ def test_render_one_process_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     assert plan.env["TORCH_EXTENSIONS_DIR"] == str(default_cache_dir() / "torch_extensions")
     assert plan.env["OMP_NUM_THREADS"] == "4"  # all cores for the one process
+    assert plan.env["AUTOTUNE_CPU_CORES"] == "0,1,2,3"  # the trial's cores, pinned by runner and ranks
     plan2, _ = render(b, ctx, {"per_device_train_batch_size": 4, "num_processes": 2})
     assert plan2.env["OMP_NUM_THREADS"] == "2"  # split between the two
     assert plan.env["MASTER_PORT"] == "29555"
