@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 from autotune.backends import Backend, ModelRef, TrialContext, backend_class, get_backend
 from autotune.estimate.catalog import GIB, GpuSpec, ModelSpec, find_gpu, find_model
 from autotune.records import GpuInfo, Hardware, HostInfo, TrialStatus
-from autotune.space import SearchSpace, load_space
+from autotune.space import Platform, SearchSpace, load_space
 from autotune.trial.outcome import LIVE_HEALTH_MIN_STEPS
 
 __all__ = [
@@ -141,7 +141,7 @@ class Setting:
     def space(self) -> SearchSpace:
         space = (
             load_space(SPACES_DIR / f"{self.backend}.yaml", backend=self.backend)
-            .restrict(gpu_present=True)
+            .restrict(Platform.machine(gpu_present=True))
             .with_roles(backend_class(self.backend).knob_roles())
         )
         return space.narrow(self.narrow) if self.narrow else space

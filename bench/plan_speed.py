@@ -58,9 +58,12 @@ def _plan(backend: str, args: argparse.Namespace) -> Any:
 
 def _space(backend: str) -> Any:
     from autotune.app.plan import _load_space
+    from autotune.space import Platform
 
     facts = backend_class(backend)
-    space = _load_space(backend, None).restrict(gpu_present=True).with_roles(facts.knob_roles())
+    space = (
+        _load_space(backend, None).restrict(Platform.machine(gpu_present=True)).with_roles(facts.knob_roles())
+    )
     # as run_plan does: the knobs the estimates do not read stay at their default
     name = space.knob_for("dataloader_num_workers")
     return space.narrow({name: [space[name].default]}) if name else space
