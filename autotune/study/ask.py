@@ -62,7 +62,12 @@ class Asker(StudyPart):
         budget = self.cfg.time_budget_s
         if budget is not None:
             reserve = self.finisher.confirm_reserve_s()
-            if elapsed + reserve >= budget:
+            # with a re-measurement, room for the next trial and the rounds it would add to it should it
+            # come out on top or near it (else a runner-up found last has its rounds cut by the budget)
+            durations = sorted(r.duration_s for r in self._results.values() if r.duration_s > 0)
+            rounds = self.cfg.confirm_runs
+            next_s = durations[len(durations) // 2] * (1 + rounds) if durations and rounds > 0 else 0.0
+            if elapsed + reserve + next_s > budget:
                 kept = f" ({reserve:.0f}s kept for the re-measurement)" if reserve else ""
                 return Stop("budget", f"time budget of {budget:.0f}s reached{kept}")
         return None

@@ -68,7 +68,7 @@ def _with(study, **changes):
     return study
 
 
-def _setup(tmp_path: Path, ex: ScriptedExecutor, *, n_trials: int = 3, confirm_runs: int = 2, **kw):
+def _setup(tmp_path: Path, ex: ScriptedExecutor, *, n_trials: int = 4, confirm_runs: int = 2, **kw):
     study, _ = make(tmp_path, n_trials=n_trials, executor=ex, **kw)
     return _with(study, confirm_runs=confirm_runs)
 
