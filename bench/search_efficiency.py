@@ -69,6 +69,7 @@ import _independent  # noqa: E402
 import _surfaces  # noqa: E402
 from _adversarial import AdversarialSurface  # noqa: E402
 from _independent import ConfigTable, IndependentSurface  # noqa: E402
+from _phase_additive import PhaseAdditiveSurface  # noqa: E402
 from _settings import SETTINGS, STEP_PHASES, Setting, World, table_setting  # noqa: E402
 from _surfaces import RawTable, Surface  # noqa: E402
 
@@ -81,14 +82,15 @@ from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
 from autotune.study.recommend import recommend  # noqa: E402
 
-STRATEGIES = ("autotune", "autotune-v2", "random", "tpe", "gp", "ds-sweep")
+STRATEGIES = ("autotune", "autotune-v4", "autotune-v2", "random", "tpe", "gp", "ds-sweep")
 RIVALS = ("random", "tpe", "gp")  # the peers autotune is compared with in the verdict
-KINDS = ("estimator", "independent", "adversarial")
+KINDS = ("estimator", "independent", "adversarial", "phase-additive")
 #: the world of each kind of surface, built from the setting's table and a seed
 SURFACE_KINDS: dict[str, Callable[[Any, int], World]] = {
     "estimator": Surface,
     "independent": IndependentSurface,
     "adversarial": AdversarialSurface,
+    "phase-additive": PhaseAdditiveSurface,
 }
 GP_STARTUP_TRIALS = 4  # GPSampler's random start-up trials (its default is 10: most of a 12-trial budget)
 TARGET_REGRET = 0.03
@@ -396,6 +398,7 @@ def run_one(
     kwargs: dict[str, Any] = {}
     search = {
         "autotune": "auto",
+        "autotune-v4": "auto-v4",
         "autotune-v2": "auto",
         "random": "random",
         "tpe": "tpe",
@@ -612,6 +615,7 @@ _TITLE = {
     "estimator": "estimator-derived surfaces (autotune's own model + errors: favourable by construction)",
     "independent": "independent surfaces (own functional forms and random failure regions: the fair test)",
     "adversarial": "adversarial surfaces (independent worlds reversed on 1-2 high-impact knobs: the prior is wrong)",
+    "phase-additive": "phase-additive surfaces (step = sum of phases, each on its own knobs; memory a monotone cliff)",
 }
 
 
