@@ -78,6 +78,7 @@ from autotune.estimate import estimate_memory  # noqa: E402
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus  # noqa: E402
 from autotune.space import SearchSpace, canonical_key  # noqa: E402
 from autotune.strategy import AutoSettings, Collaborators, DeepSpeedSweep, SweepSettings, launched  # noqa: E402
+from autotune.study.config import StudyOutcome  # noqa: E402
 from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
 from autotune.study.recommend import recommend  # noqa: E402
@@ -376,19 +377,10 @@ def bench_config(
     )
 
 
-def run_one(
-    strategy: str,
-    setting: Setting,
-    space: SearchSpace,
-    table: Table,
-    seed: int,
-    budget: int,
-    workdir: Path,
-    surface: World | None = None,
-) -> RunMetrics:
-    """One study of ``strategy`` on the surface of ``table`` and ``seed`` (built unless given)."""
-    surface = surface or make_surface(table, seed, setting.kind)
-    _, optimum, _ = surface.optimum()
+def run_study(
+    strategy: str, setting: Setting, space: SearchSpace, surface: World, seed: int, budget: int, workdir: Path
+) -> tuple[StudyOutcome, float]:
+    """One study of ``strategy`` on ``surface`` through the real study loop: its outcome and wall time."""
     backend = setting.make_backend()
     hardware = setting.hardware()
     capacity = hardware.gpus[0].memory_total_bytes
@@ -429,7 +421,24 @@ def run_one(
     study = Study(cfg, backend, space, executor, memory_gate=gate, **kwargs)
     outcome = study.run()
     wall = time.perf_counter() - t0
+    return outcome, wall
 
+
+def run_one(
+    strategy: str,
+    setting: Setting,
+    space: SearchSpace,
+    table: Table,
+    seed: int,
+    budget: int,
+    workdir: Path,
+    surface: World | None = None,
+) -> RunMetrics:
+    """One study of ``strategy`` on the surface of ``table`` and ``seed`` (built unless given)."""
+    surface = surface or make_surface(table, seed, setting.kind)
+    _, optimum, _ = surface.optimum()
+    hardware = setting.hardware()
+    outcome, wall = run_study(strategy, setting, space, surface, seed, budget, workdir)
     results = outcome.results
     runs = launched(results)
 

@@ -51,23 +51,27 @@ class AutoV4Settings(AutoSettings):
     Attributes:
         loo_min_runs: runs with a throughput before the predictors are weighed (before: ``auto``'s
             phase model alone).
-        weight_power: a predictor's weight is its leave-one-out mean squared error to this power,
-            negated (2: an error half as large weighs 16 times as much).
+        weight_power: a predictor's weight is its leave-one-out mean absolute error to twice this
+            power, negated (2: an error half as large weighs 16 times as much).
         combine_weight: the additive model's weight from which a ``combine`` run may be proposed, when
             no other predictor weighs more ...
-        combine_rmse: ... and its leave-one-out error (log throughput) is at most this ...
+        combine_error: ... and its leave-one-out error (log throughput) is at most this ...
         max_combines: ... at most this many times in a study.
         additive_sd: prior standard deviation of one level's effect on a phase (log scale).
         climb_starts: the model's best candidates the coordinate ascent also starts from.
+        optimism: the ascent ranks a configuration by the additive model's mean plus this many standard
+            deviations (log throughput): a level measured in few runs is judged by what it may be worth,
+            so its effect gets measured where it matters, beside the other knobs' best levels.
     """
 
     loo_min_runs: int = 4
     weight_power: float = 2.0
     combine_weight: float = 0.35
-    combine_rmse: float = 0.3
-    max_combines: int = 3
+    combine_error: float = 0.3
+    max_combines: int = 5
     additive_sd: float = 0.4
     climb_starts: int = 3
+    optimism: float = 1.0
 
 
 class AutoV4Strategy(AutoStrategy):
@@ -150,7 +154,7 @@ class AutoV4Strategy(AutoStrategy):
             additive is None
             or best is None
             or w.weights.get(AdditivePhases.name, 0.0) < max(s.combine_weight, *w.weights.values())
-            or not w.loo_rmse.get(AdditivePhases.name, math.inf) <= s.combine_rmse
+            or not w.loo_error.get(AdditivePhases.name, math.inf) <= s.combine_error
             or sum((r.choice or {}).get("mode") == "combine" for r in runs) >= s.max_combines
         ):
             return None
@@ -162,8 +166,8 @@ class AutoV4Strategy(AutoStrategy):
             starts += [base.cands[i].params for i in np.argsort(-value, kind="stable")[: s.climb_starts]]
         found: dict[str, tuple[float, Candidate]] = {}
         for start in starts:
-            cand, val = self._climb(start, additive, score, history)
-            if cand is not None and cand.key not in visited:
+            cand, val = self._climb(start, additive, score, history, visited)
+            if cand is not None:
                 found[cand.key] = (val, cand)
         if not found:
             return None
@@ -171,7 +175,7 @@ class AutoV4Strategy(AutoStrategy):
         block = Block.of([cand], len(self.pool.encoder().slots))
         _, gain_ok, mean_log, p_ok = score(block, self.pool.fresh_load(block.cands))
         mean_add, _ = additive(block)
-        if math.exp(float(mean_add[0])) < best * (1 + s.stop_gain_frac):
+        if float(self._upper(additive, block)[0]) < best * (1 + s.stop_gain_frac):
             return None
         proposal = ScoredProposal(
             params=dict(cand.params),
@@ -186,37 +190,65 @@ class AutoV4Strategy(AutoStrategy):
 
         def value(block: Block) -> np.ndarray:
             _, _, _, p_ok = score(block, self.pool.first_load(block.cands))
-            mean, _ = additive(block)
-            return np.exp(mean - mean.max()) * p_ok if len(mean) else mean
+            mean, sd = additive(block)
+            upper = mean + self.settings.optimism * sd
+            return np.exp(upper - upper.max()) * p_ok if len(upper) else upper
 
         return value
 
     def _climb(
-        self, start: Mapping[str, Any], additive: Predict, score: Score, history: Sequence[TrialResult]
+        self,
+        start: Mapping[str, Any],
+        additive: Predict,
+        score: Score,
+        history: Sequence[TrialResult],
+        visited: set[str],
     ) -> tuple[Candidate | None, float]:
         """Coordinate ascent on the additive model × P(ok) from ``start``, through valid configurations
-        that pass the pre-check: each step sets the one knob whose best level gains the most."""
+        that pass the pre-check: each step sets the one knob whose best level gains the most. Where it
+        ends on a configuration already run, the best untried one-knob change of it."""
         k = len(self.pool.encoder().slots)
         current = self.pool.cand(dict(start))
         cur_block = Block.of([current], k)
         _, _, _, p_ok = score(cur_block, self.pool.fresh_load(cur_block.cands))
-        cur_val = float(np.exp(additive(cur_block)[0][0]) * p_ok[0])
+        cur_val = float(self._upper(additive, cur_block)[0] * p_ok[0])
         for _ in range(2 * k):
-            cands = [
-                c
-                for nb in neighbours(self.space, current.params)
-                if (c := self.pool.cand(nb, canonical_key(nb))).valid
-                and infer_infeasible(self.space, nb, history) is None
-                and self.collab.feasible(nb)
-            ]
+            cands, vals = self._steps(current, additive, score, history)
             if not cands:
                 break
-            block = Block.of(cands, k)
-            _, _, _, p_ok = score(block, self.pool.fresh_load(block.cands))
-            vals = np.exp(additive(block)[0]) * p_ok
             i = int(np.argmax(vals))
             if vals[i] <= cur_val * 1.001:
                 break
             current, cur_val = cands[i], float(vals[i])
-        ok = self.collab.valid(current.params) and self.collab.feasible(current.params)
-        return (current, cur_val) if ok else (None, 0.0)
+        if current.key in visited or not (
+            self.collab.valid(current.params) and self.collab.feasible(current.params)
+        ):
+            cands, vals = self._steps(current, additive, score, history)
+            fresh = [i for i, c in enumerate(cands) if c.key not in visited]
+            if not fresh:
+                return None, 0.0
+            i = max(fresh, key=lambda j: vals[j])
+            return cands[i], float(vals[i])
+        return current, cur_val
+
+    def _steps(
+        self, current: Candidate, additive: Predict, score: Score, history: Sequence[TrialResult]
+    ) -> tuple[list[Candidate], np.ndarray]:
+        """The one-knob changes of ``current`` that pass the pre-check, with their additive value."""
+        cands = [
+            c
+            for nb in neighbours(self.space, current.params)
+            if (c := self.pool.cand(nb, canonical_key(nb))).valid
+            and infer_infeasible(self.space, nb, history) is None
+            and self.collab.feasible(nb)
+        ]
+        if not cands:
+            return [], np.zeros(0)
+        block = Block.of(cands, len(self.pool.encoder().slots))
+        _, _, _, p_ok = score(block, self.pool.fresh_load(block.cands))
+        return cands, self._upper(additive, block) * p_ok
+
+    def _upper(self, additive: Predict, block: Block) -> np.ndarray:
+        """The additive model's optimistic throughput (mean + ``optimism`` sd, log scale)."""
+        mean, sd = additive(block)
+        return np.exp(mean + self.settings.optimism * sd)

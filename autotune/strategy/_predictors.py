@@ -172,16 +172,17 @@ class AdditivePhases(Predictor):
             models.append((SpeedModel(self.prior_sd, noise_sd=self.noise_sd).fit(x, y - centre), centre))
 
         def predict(block: Block) -> tuple[np.ndarray, np.ndarray]:
+            median = np.zeros(len(block.x))  # the step of the phases' medians: no inflation by their spread
             total = np.zeros(len(block.x))
             var = np.zeros(len(block.x))
             for model, centre in models:
                 mean, sd = model.predict(block.x)
                 mu = centre + mean
+                median += np.exp(mu) - eps
                 total += np.exp(mu + 0.5 * sd**2) - eps
                 var += (np.exp(sd**2) - 1.0) * np.exp(2 * mu + sd**2)
-            total = np.maximum(total, 1e-9)
-            sigma2 = np.log1p(var / total**2)
-            return scale - (np.log(total) - 0.5 * sigma2), np.sqrt(np.maximum(sigma2, 1e-12))
+            sigma2 = np.log1p(var / np.maximum(total, 1e-9) ** 2)
+            return scale - np.log(np.maximum(median, 1e-9)), np.sqrt(np.maximum(sigma2, 1e-12))
 
         return predict
 
@@ -232,19 +233,21 @@ class Weighing:
 
     Attributes:
         weights: name → weight (summing to 1 over the predictors that fitted).
-        loo_rmse: name → root-mean-square leave-one-out error of log throughput (NaN: too few runs).
+        loo_error: name → mean absolute leave-one-out error of log throughput (NaN: too few runs).
         predict: the weighted mixture (mean: weighted mean; variance: within plus between).
         fitted: name → each fitted predictor.
     """
 
     weights: Mapping[str, float]
-    loo_rmse: Mapping[str, float]
+    loo_error: Mapping[str, float]
     predict: Predict
     fitted: Mapping[str, Predict]
 
 
-def _loo_rmse(predictor: Predictor, obs: Observations) -> float:
-    """Root-mean-square error of predicting each run from the others (NaN when a fold cannot fit)."""
+def _loo_error(predictor: Predictor, obs: Observations) -> float:
+    """Mean absolute error of predicting each run's log throughput from the others (NaN when too few
+    folds fit). Absolute, not squared: one run whose level no other run measured (a fold no model
+    can predict) should not decide which model is trusted."""
     errors = []
     for i in range(len(obs)):
         fitted = predictor.fit(obs.without(i))
@@ -254,7 +257,7 @@ def _loo_rmse(predictor: Predictor, obs: Observations) -> float:
         errors.append(float(mean[0]) - float(obs.log_tp[i]))
     if len(errors) < max(3, len(obs) // 2):
         return math.nan
-    return float(np.sqrt(np.mean(np.square(errors))))
+    return float(np.mean(np.abs(errors)))
 
 
 def weigh(
@@ -265,14 +268,14 @@ def weigh(
     min_runs: int = 4,
     power: float = 2.0,
 ) -> Weighing:
-    """Fit every predictor and weigh it by ``mse^-power`` of its leave-one-out error; with fewer than
+    """Fit every predictor and weigh it by its leave-one-out error to the power ``-2 × power``; with fewer than
     ``min_runs`` runs (or no error known) the ``fallback`` predictor alone."""
     fitted = {p.name: f for p in predictors if (f := p.fit(obs)) is not None}
-    rmse = {
-        p.name: _loo_rmse(p, obs) if len(obs) >= min_runs and p.name in fitted else math.nan
+    error = {
+        p.name: _loo_error(p, obs) if len(obs) >= min_runs and p.name in fitted else math.nan
         for p in predictors
     }
-    scored = {name: rmse[name] for name in fitted if math.isfinite(rmse[name])}
+    scored = {name: error[name] for name in fitted if math.isfinite(error[name])}
     if not scored or fallback not in fitted:
         name = fallback if fallback in fitted else next(iter(fitted))
         weights = {name: 1.0}
@@ -287,4 +290,4 @@ def weigh(
         var = sum(w * (s**2 + (m - mean) ** 2) for w, m, s in parts)
         return np.asarray(mean), np.sqrt(np.maximum(np.asarray(var), 1e-12))
 
-    return Weighing(weights, rmse, predict, fitted)
+    return Weighing(weights, error, predict, fitted)
