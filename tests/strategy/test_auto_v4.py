@@ -18,7 +18,7 @@ import pytest
 
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
 from autotune.space import SearchSpace, load_space
-from autotune.strategy import AutoStrategy, Collaborators, Pending, build_strategy
+from autotune.strategy import Collaborators, Pending, build_strategy
 from autotune.strategy._pool import Block, CandidatePool, PriorScale
 from autotune.strategy._predictors import EstimatorPrior, Local, Observations, weigh
 
@@ -103,15 +103,6 @@ def test_auto_v4_proposes_the_combination_of_the_best_levels(space: SearchSpace)
     proposal = strategy.propose(history, Pending.of(history, trials_left=3))
     assert proposal is not None and proposal.mode == "combine"
     assert proposal.params == BEST
-
-
-def test_v3_does_not_run_it_next(space: SearchSpace) -> None:
-    # the same history under ``auto`` (v3): no combine run (what v4 adds)
-    history = _history()
-    proposal = AutoStrategy(space, Collaborators(), seed=0).propose(
-        history, Pending.of(history, trials_left=3)
-    )
-    assert proposal is None or proposal.mode != "combine"
 
 
 def _weigh_with_rank(space: SearchSpace, rank: Any) -> Any:
