@@ -665,6 +665,35 @@ def render(
     return "\n".join(lines)
 
 
+def render_families(metrics: Sequence[RunMetrics], strategies: Sequence[str]) -> str:
+    """One line per family of worlds and strategy: medians over every study of the family (all its
+    surfaces and seeds), and whether the strategy's median regret@12 is no worse than random search's."""
+    lines = [
+        "",
+        "per family (medians over every study of the family)",
+        "",
+        f"| {'family':<14} | {'search':<11} | {'studies':>7} | {'regret@12':>9} | {'failed GPU time':>15} | "
+        f"{'trials to 3%':>12} | {'GPU-h to 3%':>11} | {'<= random':>9} |",
+        f"|{'-' * 16}|{'-' * 13}|{'-' * 9}|{'-' * 11}|{'-' * 17}|{'-' * 14}|{'-' * 13}|{'-' * 11}|",
+    ]
+    for kind in KINDS:
+        random_rows = [m for m in metrics if m.kind == kind and m.strategy == "random"]
+        random_12 = _median([m.regret_at_12 for m in random_rows]) if random_rows else math.nan
+        for strategy in strategies:
+            rows = [m for m in metrics if m.kind == kind and m.strategy == strategy]
+            if not rows:
+                continue
+            r12 = _median([m.regret_at_12 for m in rows])
+            ok = "-" if math.isnan(random_12) else ("yes" if r12 <= random_12 else "NO")
+            lines.append(
+                f"| {kind:<14} | {strategy:<11} | {len(rows):>7} | {r12:>9.1%} | "
+                f"{_median([m.failed_gpu_share for m in rows]):>15.1%} | "
+                f"{_fmt_trials(_median([m.trials_to_target for m in rows]), TARGET_TRIALS):>12} | "
+                f"{_fmt_gpu_h(_median([m.gpu_h_to_target for m in rows])):>11} | {ok:>9} |"
+            )
+    return "\n".join(lines)
+
+
 def _summary(rows: Sequence[RunMetrics]) -> tuple[float, float, float, float]:
     """The comparison key: fewer trials to 3 %, then less GPU time to it, then less regret at 12
     trials, then less final regret (medians)."""
@@ -823,6 +852,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     order = {SETTINGS[i].name: n for n, i in enumerate(chosen)}
     metrics.sort(key=lambda m: (order[m.setting], m.seed, strategies.index(m.strategy)))
     print(render(metrics, strategies, args.budget, seeds))
+    print(render_families(metrics, strategies))
     for line in verdict(metrics, args.budget):
         print(line)
     print(
