@@ -8,8 +8,10 @@ Two kinds of surface are built for a setting:
   randomly drawn failure regions, which never reads autotune's estimator.
 - ``adversarial`` (:mod:`_adversarial`): the independent world of an independent setting, reversed on
   one or two high-impact knobs per seed (a prior that follows the usual physics is wrong there).
+- ``phase-additive`` (:mod:`_phase_additive`): a world of the independent setting's table whose step
+  is a sum of phases, each on its own few knobs.
 
-Both answer :class:`World`'s questions with a :class:`Truth` per configuration. This module names the
+All answer :class:`World`'s questions with a :class:`Truth` per configuration. This module names the
 hardware and model of a setting through autotune's catalogs (constants only: memory size, bandwidths,
 parameter and layer counts) and nothing of the estimator's model.
 """

@@ -2,7 +2,7 @@
 
 Every study runs through the real study loop (:class:`autotune.study.loop.Study`: baseline first,
 pre-screen, OOM inference, Optuna tell with constraints, pruning of clearly slower trials, stopping)
-with the trials simulated in-process. Three kinds of surface (see ``bench/_settings.py``):
+with the trials simulated in-process. Four kinds of surface (see ``bench/_settings.py``):
 
 - **estimator-derived** (``bench/_surfaces.py``): autotune's own memory and time model plus model
   error, failure regions, start-up costs and noise. A search seeded by that estimator does well there
@@ -14,6 +14,9 @@ with the trials simulated in-process. Three kinds of surface (see ``bench/_setti
   high-impact knobs per seed, so that a prior built on the usual physics is wrong in direction there,
   the optimum 3+ knobs from the baseline, and the baseline failing at start-up in about a third of the
   seeds: the surfaces that say whether the search overcomes a wrong prior.
+- **phase-additive** (``bench/_phase_additive.py``): each independent setting again, its world a sum
+  of phases (generation, log-probs, training, weight sync, offload) each on its own few knobs, memory
+  a monotone cliff in the memory knobs, a few failing pairs of knob values, all drawn per seed.
 
 A simulated trial reports what the real runner would: status and reason worded as autotune's outcome
 module words them, the phase a failure happened in (``failed_phase``), and for a run with steady steps
@@ -22,6 +25,8 @@ a ``timeline_summary`` shaped like ``probes/timeline.summarize``'s with per-step
 Strategies compared (same user baseline, same budget, same seeds, same stop rules of the loop):
 
 - ``autotune``: ``--search auto`` with the estimator-backed memory gate (``EstimatorGate``);
+- ``autotune-v4``: ``--search auto-v4`` (speed predictors weighed by their leave-one-out error, combine
+  runs; ``docs/search.md``), same gate;
 - ``autotune-v2``: the same without its screening phase (the search before issue 29), for comparison;
 - ``random``: Optuna's random sampler with the same pre-screen (gate + OOM inference);
 - ``tpe``: Optuna's TPE (multivariate, grouped, constraints) with the same pre-screen, no ranking;
