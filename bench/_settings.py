@@ -8,8 +8,10 @@ Two kinds of surface are built for a setting:
   randomly drawn failure regions, which never reads autotune's estimator.
 - ``adversarial`` (:mod:`_adversarial`): the independent world of an independent setting, reversed on
   one or two high-impact knobs per seed (a prior that follows the usual physics is wrong there).
+- ``phase-additive`` (:mod:`_phase_additive`): a world of the independent setting's table whose step
+  is a sum of phases, each on its own few knobs.
 
-Both answer :class:`World`'s questions with a :class:`Truth` per configuration. This module names the
+All answer :class:`World`'s questions with a :class:`Truth` per configuration. This module names the
 hardware and model of a setting through autotune's catalogs (constants only: memory size, bandwidths,
 parameter and layer counts) and nothing of the estimator's model.
 """
@@ -112,7 +114,7 @@ class Setting:
     narrow: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     stage_knob: str = "zero_stage"
     stages: tuple[Any, ...] = (0, 2, 3)
-    kind: Literal["estimator", "independent", "adversarial"] = "estimator"
+    kind: Literal["estimator", "independent", "adversarial", "phase-additive"] = "estimator"
 
     @property
     def global_batch(self) -> int:
@@ -267,7 +269,7 @@ def _swift(
     host_ram_gib: float,
     fixed: Mapping[str, Any],
     baseline: Mapping[str, Any],
-    kind: Literal["estimator", "independent", "adversarial"] = "estimator",
+    kind: Literal["estimator", "independent", "adversarial", "phase-additive"] = "estimator",
 ) -> Setting:
     """An ms-swift setting: colocated vLLM only (server mode needs a rollout server of its own), the
     DeepSpeed presets as the stages of the DeepSpeed-style sweep."""
@@ -353,9 +355,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 ADVERSARIAL_SUFFIX = " adv"
-# -- adversarial: each independent setting again, its world reversed on high-impact knobs
+PHASE_ADDITIVE_SUFFIX = " phase"
+# -- adversarial: each independent setting again, its world reversed on high-impact knobs;
+# -- phase-additive: each independent setting again, its world a sum of phases (bench/_phase_additive.py)
 SETTINGS = SETTINGS + tuple(
-    replace(s, name=s.name + ADVERSARIAL_SUFFIX, kind="adversarial")
+    replace(s, name=s.name + suffix, kind=kind)
+    for suffix, kind in ((ADVERSARIAL_SUFFIX, "adversarial"), (PHASE_ADDITIVE_SUFFIX, "phase-additive"))
     for s in SETTINGS
     if s.kind == "independent"
 )
@@ -363,7 +368,9 @@ SETTINGS = SETTINGS + tuple(
 
 def table_setting(setting: Setting) -> Setting:
     """The setting whose seed-independent table a setting's surfaces read: an adversarial setting
-    shares the table of its independent twin (the decoded configurations do not depend on the world)."""
-    if setting.kind != "adversarial":
+    shares the table of its independent twin (the decoded configurations do not depend on the world), and
+    so does a phase-additive one."""
+    if setting.kind not in ("adversarial", "phase-additive"):
         return setting
-    return replace(setting, name=setting.name.removesuffix(ADVERSARIAL_SUFFIX), kind="independent")
+    name = setting.name.removesuffix(ADVERSARIAL_SUFFIX).removesuffix(PHASE_ADDITIVE_SUFFIX)
+    return replace(setting, name=name, kind="independent")

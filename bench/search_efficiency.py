@@ -2,7 +2,7 @@
 
 Every study runs through the real study loop (:class:`autotune.study.loop.Study`: baseline first,
 pre-screen, OOM inference, Optuna tell with constraints, pruning of clearly slower trials, stopping)
-with the trials simulated in-process. Three kinds of surface (see ``bench/_settings.py``):
+with the trials simulated in-process. Four kinds of surface (see ``bench/_settings.py``):
 
 - **estimator-derived** (``bench/_surfaces.py``): autotune's own memory and time model plus model
   error, failure regions, start-up costs and noise. A search seeded by that estimator does well there
@@ -14,6 +14,9 @@ with the trials simulated in-process. Three kinds of surface (see ``bench/_setti
   high-impact knobs per seed, so that a prior built on the usual physics is wrong in direction there,
   the optimum 3+ knobs from the baseline, and the baseline failing at start-up in about a third of the
   seeds: the surfaces that say whether the search overcomes a wrong prior.
+- **phase-additive** (``bench/_phase_additive.py``): each independent setting again, its world a sum
+  of phases (generation, log-probs, training, weight sync, offload) each on its own few knobs, memory
+  a monotone cliff in the memory knobs, a few failing pairs of knob values, all drawn per seed.
 
 A simulated trial reports what the real runner would: status and reason worded as autotune's outcome
 module words them, the phase a failure happened in (``failed_phase``), and for a run with steady steps
@@ -22,6 +25,8 @@ a ``timeline_summary`` shaped like ``probes/timeline.summarize``'s with per-step
 Strategies compared (same user baseline, same budget, same seeds, same stop rules of the loop):
 
 - ``autotune``: ``--search auto`` with the estimator-backed memory gate (``EstimatorGate``);
+- ``autotune-v4``: ``--search auto-v4`` (speed predictors weighed by their leave-one-out error, combine
+  runs; ``docs/search.md``), same gate;
 - ``autotune-v2``: the same without its screening phase (the search before issue 29), for comparison;
 - ``random``: Optuna's random sampler with the same pre-screen (gate + OOM inference);
 - ``tpe``: Optuna's TPE (multivariate, grouped, constraints) with the same pre-screen, no ranking;
@@ -69,6 +74,7 @@ import _independent  # noqa: E402
 import _surfaces  # noqa: E402
 from _adversarial import AdversarialSurface  # noqa: E402
 from _independent import ConfigTable, IndependentSurface  # noqa: E402
+from _phase_additive import PhaseAdditiveSurface  # noqa: E402
 from _settings import SETTINGS, STEP_PHASES, Setting, World, table_setting  # noqa: E402
 from _surfaces import RawTable, Surface  # noqa: E402
 
@@ -77,18 +83,20 @@ from autotune.estimate import estimate_memory  # noqa: E402
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus  # noqa: E402
 from autotune.space import SearchSpace, canonical_key  # noqa: E402
 from autotune.strategy import AutoSettings, Collaborators, DeepSpeedSweep, SweepSettings, launched  # noqa: E402
+from autotune.study.config import StudyOutcome  # noqa: E402
 from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
 from autotune.study.recommend import recommend  # noqa: E402
 
-STRATEGIES = ("autotune", "autotune-v2", "random", "tpe", "gp", "ds-sweep")
+STRATEGIES = ("autotune", "autotune-v4", "autotune-v2", "random", "tpe", "gp", "ds-sweep")
 RIVALS = ("random", "tpe", "gp")  # the peers autotune is compared with in the verdict
-KINDS = ("estimator", "independent", "adversarial")
+KINDS = ("estimator", "independent", "adversarial", "phase-additive")
 #: the world of each kind of surface, built from the setting's table and a seed
 SURFACE_KINDS: dict[str, Callable[[Any, int], World]] = {
     "estimator": Surface,
     "independent": IndependentSurface,
     "adversarial": AdversarialSurface,
+    "phase-additive": PhaseAdditiveSurface,
 }
 GP_STARTUP_TRIALS = 4  # GPSampler's random start-up trials (its default is 10: most of a 12-trial budget)
 TARGET_REGRET = 0.03
@@ -374,19 +382,10 @@ def bench_config(
     )
 
 
-def run_one(
-    strategy: str,
-    setting: Setting,
-    space: SearchSpace,
-    table: Table,
-    seed: int,
-    budget: int,
-    workdir: Path,
-    surface: World | None = None,
-) -> RunMetrics:
-    """One study of ``strategy`` on the surface of ``table`` and ``seed`` (built unless given)."""
-    surface = surface or make_surface(table, seed, setting.kind)
-    _, optimum, _ = surface.optimum()
+def run_study(
+    strategy: str, setting: Setting, space: SearchSpace, surface: World, seed: int, budget: int, workdir: Path
+) -> tuple[StudyOutcome, float]:
+    """One study of ``strategy`` on ``surface`` through the real study loop: its outcome and wall time."""
     backend = setting.make_backend()
     hardware = setting.hardware()
     capacity = hardware.gpus[0].memory_total_bytes
@@ -396,6 +395,7 @@ def run_one(
     kwargs: dict[str, Any] = {}
     search = {
         "autotune": "auto",
+        "autotune-v4": "auto-v4",
         "autotune-v2": "auto",
         "random": "random",
         "tpe": "tpe",
@@ -426,7 +426,24 @@ def run_one(
     study = Study(cfg, backend, space, executor, memory_gate=gate, **kwargs)
     outcome = study.run()
     wall = time.perf_counter() - t0
+    return outcome, wall
 
+
+def run_one(
+    strategy: str,
+    setting: Setting,
+    space: SearchSpace,
+    table: Table,
+    seed: int,
+    budget: int,
+    workdir: Path,
+    surface: World | None = None,
+) -> RunMetrics:
+    """One study of ``strategy`` on the surface of ``table`` and ``seed`` (built unless given)."""
+    surface = surface or make_surface(table, seed, setting.kind)
+    _, optimum, _ = surface.optimum()
+    hardware = setting.hardware()
+    outcome, wall = run_study(strategy, setting, space, surface, seed, budget, workdir)
     results = outcome.results
     runs = launched(results)
 
@@ -612,6 +629,7 @@ _TITLE = {
     "estimator": "estimator-derived surfaces (autotune's own model + errors: favourable by construction)",
     "independent": "independent surfaces (own functional forms and random failure regions: the fair test)",
     "adversarial": "adversarial surfaces (independent worlds reversed on 1-2 high-impact knobs: the prior is wrong)",
+    "phase-additive": "phase-additive surfaces (step = sum of phases, each on its own knobs; memory a monotone cliff)",
 }
 
 
@@ -649,6 +667,35 @@ def render(
                     f"{_median([m.final_regret for m in rows]):>12.1%} | "
                     f"{_median([float(m.trials_used) for m in rows]):>10g} |"
                 )
+    return "\n".join(lines)
+
+
+def render_families(metrics: Sequence[RunMetrics], strategies: Sequence[str]) -> str:
+    """One line per family of worlds and strategy: medians over every study of the family (all its
+    surfaces and seeds), and whether the strategy's median regret@12 is no worse than random search's."""
+    lines = [
+        "",
+        "per family (medians over every study of the family)",
+        "",
+        f"| {'family':<14} | {'search':<11} | {'studies':>7} | {'regret@12':>9} | {'failed GPU time':>15} | "
+        f"{'trials to 3%':>12} | {'GPU-h to 3%':>11} | {'<= random':>9} |",
+        f"|{'-' * 16}|{'-' * 13}|{'-' * 9}|{'-' * 11}|{'-' * 17}|{'-' * 14}|{'-' * 13}|{'-' * 11}|",
+    ]
+    for kind in KINDS:
+        random_rows = [m for m in metrics if m.kind == kind and m.strategy == "random"]
+        random_12 = _median([m.regret_at_12 for m in random_rows]) if random_rows else math.nan
+        for strategy in strategies:
+            rows = [m for m in metrics if m.kind == kind and m.strategy == strategy]
+            if not rows:
+                continue
+            r12 = _median([m.regret_at_12 for m in rows])
+            ok = "-" if math.isnan(random_12) else ("yes" if r12 <= random_12 else "NO")
+            lines.append(
+                f"| {kind:<14} | {strategy:<11} | {len(rows):>7} | {r12:>9.1%} | "
+                f"{_median([m.failed_gpu_share for m in rows]):>15.1%} | "
+                f"{_fmt_trials(_median([m.trials_to_target for m in rows]), TARGET_TRIALS):>12} | "
+                f"{_fmt_gpu_h(_median([m.gpu_h_to_target for m in rows])):>11} | {ok:>9} |"
+            )
     return "\n".join(lines)
 
 
@@ -810,6 +857,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     order = {SETTINGS[i].name: n for n, i in enumerate(chosen)}
     metrics.sort(key=lambda m: (order[m.setting], m.seed, strategies.index(m.strategy)))
     print(render(metrics, strategies, args.budget, seeds))
+    print(render_families(metrics, strategies))
     for line in verdict(metrics, args.budget):
         print(line)
     print(

@@ -20,7 +20,8 @@ from autotune.strategy._registry import (
 )
 
 if TYPE_CHECKING:
-    from autotune.strategy._auto import AutoSettings, AutoStrategy, ScoredProposal, move_from
+    from autotune.strategy._auto import AutoSettings, AutoStrategy
+    from autotune.strategy._auto_v4 import AutoV4Settings, AutoV4Strategy
     from autotune.strategy._base import (
         EXHAUSTED,
         BaseStrategy,
@@ -35,12 +36,15 @@ if TYPE_CHECKING:
     from autotune.strategy._grid import GridStrategy
     from autotune.strategy._inference import Inference, infer_infeasible, oom_dominated
     from autotune.strategy._pool import observed_phases
+    from autotune.strategy._proposal import ScoredProposal, move_from
     from autotune.strategy._random import RandomStrategy
     from autotune.strategy._sweep import DeepSpeedSweep, SweepSettings
     from autotune.strategy._tpe import TPESettings, TPEStrategy
 
 _LAZY = {
-    "autotune.strategy._auto": ("AutoSettings", "AutoStrategy", "ScoredProposal", "move_from"),
+    "autotune.strategy._auto": ("AutoSettings", "AutoStrategy"),
+    "autotune.strategy._auto_v4": ("AutoV4Settings", "AutoV4Strategy"),
+    "autotune.strategy._proposal": ("ScoredProposal", "move_from"),
     "autotune.strategy._base": (
         "EXHAUSTED",
         "BaseStrategy",
@@ -68,6 +72,8 @@ __all__ = [
     "STRATEGIES",
     "AutoSettings",
     "AutoStrategy",
+    "AutoV4Settings",
+    "AutoV4Strategy",
     "BaseStrategy",
     "Collaborators",
     "DeepSpeedSweep",

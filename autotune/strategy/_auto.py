@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -60,67 +60,13 @@ from autotune.strategy._blame import blamed_knobs
 from autotune.strategy._candidates import neighbours
 from autotune.strategy._inference import infer_infeasible, is_memory_failure
 from autotune.strategy._pool import Block, Candidate, CandidatePool, PriorScale, observed_phases
+from autotune.strategy._proposal import ScoredProposal, move_from
 from autotune.strategy._screen_phase import ScreeningPhase
 from autotune.strategy._screening import Screening, ScreeningSettings
 from autotune.strategy._surrogate import FailureModel, PhaseSpeedModel, SpeedModel, expected_gain
 from autotune.strategy._tpe import tpe_sampler
 
 __all__ = ["AutoSettings", "AutoStrategy", "ScoredProposal", "move_from"]
-
-
-@dataclass(frozen=True)
-class ScoredProposal(Proposal):
-    """The configuration ``auto`` would run next, and why.
-
-    Attributes:
-        params: the configuration.
-        mode: ``explore`` (the best candidate of the whole space), ``refine`` (a one- or two-knob
-            change of the incumbent) or ``probe`` (a move onto a suspect value).
-        predicted_throughput: the model's median throughput for it (completions/s), when known.
-        expected_gain_frac: expected improvement over the best usable trial × probability of success,
-            as a fraction of the best; None while no trial is usable.
-        failure_risk: the model's probability that it fails or cannot be recommended.
-        incumbent: the best usable trial's number when it was chosen.
-        move: the knobs it sets differently from the incumbent: name → (incumbent's value, new value).
-        suspect: the suspect values a probe tests.
-        covers: the screened knobs' values a screening run was chosen for.
-        memory_probe: a screening run that tests the memory gate itself (the only way to a level the
-            gate refuses everywhere): the study launches it up to its probe margin.
-    """
-
-    mode: str = "explore"
-    predicted_throughput: float | None = None
-    expected_gain_frac: float | None = None
-    failure_risk: float = 0.0
-    incumbent: int | None = None
-    move: dict[str, tuple[Any, Any]] = field(default_factory=dict)
-    suspect: str | None = None
-    covers: dict[str, Any] = field(default_factory=dict)
-    memory_probe: bool = False
-
-    def choice(self) -> dict[str, Any]:
-        """Why this configuration was chosen, as stored with its trial (``TrialResult.choice``)."""
-        return {
-            "mode": self.mode,
-            "predicted_throughput": self.predicted_throughput,
-            "expected_gain_frac": self.expected_gain_frac,
-            "failure_risk": round(self.failure_risk, 4),
-            "incumbent": self.incumbent,
-            "move": {k: [a, b] for k, (a, b) in self.move.items()},
-            **({"suspect": self.suspect} if self.suspect else {}),
-            **({"covers": self.covers} if self.covers else {}),
-            **({"memory_probe": True} if self.memory_probe else {}),
-        }
-
-
-def move_from(incumbent: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """The knobs ``params`` sets differently from ``incumbent``: name → (incumbent's value, new value)."""
-    out: dict[str, tuple[Any, Any]] = {}
-    for name in dict.fromkeys([*incumbent, *params]):
-        a, b = incumbent.get(name), params.get(name)
-        if canonical_key({"v": a}) != canonical_key({"v": b}):
-            out[name] = (a, b)
-    return out
 
 
 @dataclass
@@ -467,24 +413,15 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
             return None
         return PhaseSpeedModel(self.pool.phase_sds()).fit(np.array(xs), np.array(priors), np.array(observed))
 
-    def _decide(
-        self,
-        history: Sequence[TrialResult],
-        visited: set[str],
-        budget_left: int | None = None,
-        explore_only: bool = False,
-    ) -> _Analysis:
-        enc = self.pool.encoder()
-        k = len(enc.slots)
-        runs = launched(history)
-        best = self._best(history)
-
-        # speed model on every run that measured a throughput (unhealthy runs still measure speed)
+    def _speed(self, runs: Sequence[TrialResult]) -> Callable[[Block], tuple[np.ndarray, np.ndarray]]:
+        """The speed model fitted on ``runs``: a block → (mean, sd) of its log throughput. The
+        estimator's prior corrected by every run that measured a throughput (unhealthy runs still
+        measure speed), per phase once enough runs measured their phases."""
         speed_runs = [self.pool.cand(r.params) for r in runs if r.throughput]
         tps = [r.throughput or 1.0 for r in runs if r.throughput]
         known = [c.prior for c in speed_runs if not math.isnan(c.prior)]
         fallback = float(np.median(known)) if known else 1.0
-        x_obs = np.array([c.x for c in speed_runs]).reshape(len(speed_runs), enc.n_features)
+        x_obs = np.array([c.x for c in speed_runs]).reshape(len(speed_runs), self.pool.encoder().n_features)
         y_obs = np.array(
             [
                 math.log(tp) - math.log(fallback if math.isnan(c.prior) else c.prior)
@@ -494,12 +431,7 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
         model = SpeedModel(self.pool.speed_prior_sd()).fit(x_obs, y_obs)
         phase_model = self._fit_phase_model(runs)
 
-        failure = self._failure_model(runs)
-        aversion = self._aversion(runs)
-
-        def score(
-            block: Block, load: np.ndarray, fm: FailureModel = failure
-        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        def predict(block: Block) -> tuple[np.ndarray, np.ndarray]:
             mean, sd = model.predict(block.x)
             if phase_model is not None:
                 has = np.isfinite(block.phases).all(axis=1) & np.isfinite(block.prior)
@@ -507,7 +439,40 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
                     ratio, ratio_sd = phase_model.predict(block.x[has], block.phases[has])
                     mean, sd = mean.copy(), sd.copy()
                     mean[has], sd[has] = -ratio, ratio_sd  # throughput ∝ 1 / step time
-            mean_log = np.log(np.where(np.isnan(block.prior), fallback, block.prior)) + mean
+            return np.log(np.where(np.isnan(block.prior), fallback, block.prior)) + mean, sd
+
+        return predict
+
+    def _exploit(
+        self,
+        runs: Sequence[TrialResult],
+        history: Sequence[TrialResult],
+        visited: set[str],
+        score: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        best: float | None,
+    ) -> tuple[ScoredProposal, str] | None:
+        """A move that overrides the schedule, screening included (none here: a subclass that trusts
+        a model may exploit it)."""
+        return None
+
+    def _decide(
+        self,
+        history: Sequence[TrialResult],
+        visited: set[str],
+        budget_left: int | None = None,
+        explore_only: bool = False,
+    ) -> _Analysis:
+        k = len(self.pool.encoder().slots)
+        runs = launched(history)
+        best = self._best(history)
+        speed = self._speed(runs)
+        failure = self._failure_model(runs)
+        aversion = self._aversion(runs)
+
+        def score(
+            block: Block, load: np.ndarray, fm: FailureModel = failure
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            mean_log, sd = speed(block)
             p_other = fm.predict(block.codes)
             p_mem = (
                 fm.memory_risk(load, self.settings.headroom_limit)
@@ -522,7 +487,12 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
             return choice, gain * p_ok, mean_log, p_ok
 
         incumbent = self._incumbent(history)
-        screen = None if explore_only else self._screen(runs, history, visited, budget_left, score, best)
+        screen = (
+            None
+            if explore_only
+            else self._exploit(runs, history, visited, score, best)
+            or self._screen(runs, history, visited, budget_left, score, best)
+        )
 
         def finish(proposal: ScoredProposal | None, mode: str) -> _Analysis:
             if proposal is None:

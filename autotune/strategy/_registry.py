@@ -49,6 +49,11 @@ STRATEGIES: dict[str, StrategyEntry] = {
     "auto": StrategyEntry(
         "autotune.strategy._auto:AutoStrategy", "the estimator's prior corrected by every trial (default)"
     ),
+    "auto-v4": StrategyEntry(
+        "autotune.strategy._auto_v4:AutoV4Strategy",
+        "auto with its speed model chosen by leave-one-out error on the study's trials",
+        on_cli=False,
+    ),
     "random": StrategyEntry("autotune.strategy._random:RandomStrategy", "Optuna's random sampler"),
     "grid": StrategyEntry("autotune.strategy._grid:GridStrategy", "every configuration in order"),
     "tpe": StrategyEntry(

@@ -159,7 +159,7 @@ def test_phases_sum_to_the_step_and_failures_name_their_phase(
     assert "startup" in phases_failed and phases_failed - {"startup"}  # failures at start-up and in a step
 
 
-@pytest.mark.parametrize("module", ["_independent.py", "_adversarial.py"])
+@pytest.mark.parametrize("module", ["_independent.py", "_adversarial.py", "_phase_additive.py"])
 def test_the_independent_world_does_not_import_the_estimator(module: str) -> None:
     tree = ast.parse((BENCH / module).read_text())
     imported: list[str] = []

@@ -179,3 +179,20 @@ def test_each_kind_of_surface_gets_its_table_and_its_verdict() -> None:
         "estimator: autotune beats random on 1 of 1, tpe on 1 of 1 surfaces; all targets hold on 1" in x
         for x in lines
     )
+
+
+def test_the_family_table_compares_each_search_with_random_over_the_whole_family() -> None:
+    inf = math.inf
+    metrics = [
+        _metrics("autotune-v4", "pa A", "phase-additive", 6, 0.02, 0.05),
+        _metrics("autotune-v4", "pa B", "phase-additive", inf, 0.02, 0.25),
+        _metrics("random", "pa A", "phase-additive", inf, 0.01, 0.2),
+        _metrics("random", "pa B", "phase-additive", inf, 0.01, 0.3),
+        _metrics("autotune", "pa A", "phase-additive", inf, 0.02, 0.3),
+        _metrics("autotune", "pa B", "phase-additive", inf, 0.02, 0.4),
+    ]
+    text = se.render_families(metrics, ["autotune-v4", "autotune", "random"])
+    rows = {line.split("|")[2].strip(): line for line in text.splitlines() if "phase-additive" in line}
+    assert "15.0%" in rows["autotune-v4"] and rows["autotune-v4"].rstrip(" |").endswith("yes")  # 15 % <= 25 %
+    assert "35.0%" in rows["autotune"] and rows["autotune"].rstrip(" |").endswith("NO")
+    assert "25.0%" in rows["random"] and "|       2 |" in rows["random"]

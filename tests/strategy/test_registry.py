@@ -25,7 +25,11 @@ from autotune.strategy import (
 def test_search_offers_the_registered_cli_strategies_and_says_what_each_does() -> None:
     assert SEARCH_KINDS == tuple(n for n, e in STRATEGIES.items() if e.on_cli)
     assert SEARCH_KINDS[0] == "auto" and "grid" in SEARCH_KINDS and "tpe" not in SEARCH_KINDS
-    assert COMPARISON_KINDS == ("tpe", "gp")  # built by name for the benches; ds-sweep needs its settings
+    assert COMPARISON_KINDS == (
+        "auto-v4",
+        "tpe",
+        "gp",
+    )  # built by name for the benches; ds-sweep needs its settings
     text = search_help()
     for name in SEARCH_KINDS:
         assert f"{name}: {STRATEGIES[name].summary}" in text
