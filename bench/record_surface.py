@@ -33,7 +33,7 @@ from typing import Any
 from _replay import SCHEMA
 
 from autotune.records import TrialResult
-from autotune.space import load_space
+from autotune.space import Platform, load_space
 
 HERE = Path(__file__).resolve().parent
 PACKAGES = ("autotune-grpo", "torch", "transformers", "trl", "deepspeed", "vllm", "accelerate")
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--out {args.out} is not empty; give a new folder (nothing of yours is overwritten)")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    space = load_space(args.space).restrict(gpu_present=False)
+    space = load_space(args.space).restrict(Platform.machine(gpu_present=False))
     n_configs = sum(1 for _ in space.grid())
     info = {"versions": versions(), "host": host(), "started_at": dt.datetime.now(dt.UTC).isoformat()}
     studies = [args.out / f"repeat-{r}" for r in range(args.repeats)]
