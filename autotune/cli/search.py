@@ -7,6 +7,8 @@ from typing import Annotated
 import typer
 
 from autotune.backends import BACKENDS
+from autotune.errors import UsageError
+from autotune.fixed import JOB_ARGS_PLACE, UnknownFlag
 from autotune.strategy import search_help
 from autotune.trackers import TRACKERS, trackers_help
 
@@ -27,6 +29,20 @@ Exit codes: 0 a configuration is recommended, 3 nothing to recommend (the reason
 input, 130 interrupted (run the same command to resume)."""
 
 
+def _own_option(exc: UnknownFlag, ctx: typer.Context) -> UsageError:
+    """An argument after ``--`` that the framework does not know but autotune does (``--trials 1``): the
+    user meant autotune's option, which only counts before ``--``. Anything else stays the framework's
+    refusal."""
+    ours = {opt.lstrip("-").replace("-", "_"): opt for param in ctx.command.params for opt in param.opts}
+    if exc.place != JOB_ARGS_PLACE or exc.name not in ours:
+        return exc
+    option = ours[exc.name]
+    return UsageError(
+        f"{option} after -- is autotune's option, not an argument of {exc.framework}",
+        hint=f"give {option} before --",
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
 
@@ -36,6 +52,7 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_interspersed_args": False},
     )
     def search(
+        ctx: typer.Context,
         command: Annotated[
             list[str] | None,
             typer.Argument(
@@ -253,7 +270,10 @@ def register(app: typer.Typer) -> None:
             report_to=tuple(report_to or ()),
         )
         shown = err_console if as_json else console
-        summary = search_study(request, shown, RichView(shown))
+        try:
+            summary = search_study(request, shown, RichView(shown))
+        except UnknownFlag as exc:
+            raise _own_option(exc, ctx) from None
         if as_json:
             say(json.dumps(summary.to_dict(), indent=2, default=str))
         raise typer.Exit(summary.exit_code)

@@ -210,7 +210,7 @@ class VerlBackend(Backend):
         return {LORA_RANK: rank}
 
     @classmethod
-    def parse_fixed_argv(cls, argv: Sequence[str]) -> dict[str, Any]:
+    def parse_fixed_argv(cls, argv: Sequence[str], place: str = "your arguments after --") -> dict[str, Any]:
         """verl takes hydra overrides, ``key=value``, after ``--``."""
         return parse_overrides(argv)
 
