@@ -44,6 +44,7 @@ __all__ = [
     "split_baseline",
 ]
 
+
 class UnknownFlag(UsageError):
     """An argument of the user's job that the framework's own parser does not know.
 

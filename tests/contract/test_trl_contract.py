@@ -14,7 +14,6 @@ host supports bf16 (a fact of the GPU, not of the arguments) answers as an H100 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest

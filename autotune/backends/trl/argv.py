@@ -40,7 +40,9 @@ def _only_given(parser: argparse.ArgumentParser, place: str) -> argparse.Argumen
     parser.allow_abbrev = False
 
     def refuse(message: str) -> NoReturn:
-        raise UsageError(f"{place}: {_PROG} refuses it: {message}", hint="Check the value against `trl grpo --help`")
+        raise UsageError(
+            f"{place}: {_PROG} refuses it: {message}", hint="Check the value against `trl grpo --help`"
+        )
 
     parser.error = refuse  # type: ignore[method-assign]
     return parser

@@ -21,7 +21,15 @@ from autotune.backends.trl.backend import TrlBackend  # noqa: E402 - after the s
 def test_flags_after_dashdash_get_trls_types() -> None:
     """`-- --beta 0.04 --learning_rate 1e-5` are floats (as text they crashed every trial in GRPOConfig)."""
     args = TrlBackend.parse_fixed_argv(
-        ["--beta", "0.04", "--learning_rate=1e-5", "--no_gradient_checkpointing", "--use_peft", "--lora_r", "8"]
+        [
+            "--beta",
+            "0.04",
+            "--learning_rate=1e-5",
+            "--no_gradient_checkpointing",
+            "--use_peft",
+            "--lora_r",
+            "8",
+        ]
     )
     assert args == {
         "beta": 0.04,
