@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 
-import pytest
-
 from autotune.backends.verl.backend import VerlBackend
 from tests.backends.test_verl.test_verl_compose import compose_many, lookup
 from tests.backends.test_verl.test_verl_export import check_verl_rules, verl_python  # noqa: F401
