@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
 from autotune.backends import BACKENDS
 from autotune.errors import UsageError
-from autotune.fixed import JOB_ARGS_PLACE, UnknownFlag
+from autotune.fixed import UnknownFlag
 from autotune.strategy import search_help
 from autotune.trackers import TRACKERS, trackers_help
 
@@ -29,12 +30,13 @@ Exit codes: 0 a configuration is recommended, 3 nothing to recommend (the reason
 input, 130 interrupted (run the same command to resume)."""
 
 
-def _own_option(exc: UnknownFlag, ctx: typer.Context) -> UsageError:
-    """An argument after ``--`` that the framework does not know but autotune does (``--trials 1``): the
-    user meant autotune's option, which only counts before ``--``. Anything else stays the framework's
-    refusal."""
+def _own_option(exc: UnknownFlag, ctx: typer.Context, after: Sequence[str]) -> UsageError:
+    """An argument after ``--`` (``after``) that the framework does not know but autotune does
+    (``--trials 1``): the user meant autotune's option, which only counts before ``--``. Anything else
+    stays the framework's refusal."""
     ours = {opt.lstrip("-").replace("-", "_"): opt for param in ctx.command.params for opt in param.opts}
-    if exc.place != JOB_ARGS_PLACE or exc.name not in ours:
+    given = {item.split("=", 1)[0].lstrip("-").replace("-", "_") for item in after if item.startswith("--")}
+    if exc.name not in ours or exc.name not in given:
         return exc
     option = ours[exc.name]
     return UsageError(
@@ -273,7 +275,7 @@ def register(app: typer.Typer) -> None:
         try:
             summary = search_study(request, shown, RichView(shown))
         except UnknownFlag as exc:
-            raise _own_option(exc, ctx) from None
+            raise _own_option(exc, ctx, command or ()) from None
         if as_json:
             say(json.dumps(summary.to_dict(), indent=2, default=str))
         raise typer.Exit(summary.exit_code)

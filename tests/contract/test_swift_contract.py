@@ -111,3 +111,16 @@ def test_a_flag_ms_swift_refuses_fails_here(parsed: tuple[list[list[str]], list[
     typo, bad = parsed[1][-2:]
     assert typo["rest"] == ["--vllm_max_num_sequences", "8"]
     assert "invalid float value: 'high'" in bad["error"]
+
+
+def test_a_misspelt_job_flag_is_refused_with_ms_swifts_nearest_field(tmp_path: Path) -> None:
+    """The user's flags are checked against the installed ``RLHFArguments`` fields (read once in the
+    ms-swift environment, then cached): a typo is one line with the nearest field, before any trial."""
+    from autotune.fixed import UnknownFlag
+
+    python = _swift_python()
+    backend = SwiftBackend(executable="swift", version="4.6.0", python=python, flag_cache_dir=tmp_path)
+    with pytest.raises(UnknownFlag, match=r"did you mean vllm_max_num_seqs\?") as info:
+        backend.check_flags({}, {"beta": "0.04", "vllm_max_num_sequence": "8"})
+    assert info.value.name == "vllm_max_num_sequence" and "\n" not in info.value.one_line()
+    assert backend.check_flags({}, {"beta": "0.04", "vllm_max_num_seqs": "8"}) == []
