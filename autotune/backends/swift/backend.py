@@ -532,7 +532,9 @@ class SwiftBackend(Backend):
         accepted = self.accepted_flag_names()
         for name in sorted(names):
             if flags.translate(name) not in accepted:  # the user's own flag: name ms-swift's nearest field
-                raise UnknownFlag(name, accepted, framework=f"swift rlhf ({flags.label})", place="your job")
+                raise UnknownFlag(
+                    name, accepted, framework="swift rlhf", place=f"your job (ms-swift {flags.label})"
+                )
         unknown = sorted(n for n in emitted if n not in accepted)
         if unknown:
             raise BackendError(
