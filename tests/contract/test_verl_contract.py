@@ -57,3 +57,23 @@ def test_every_rendered_override_list_composes_and_keeps_verls_rules(
             check_verl_rules(cfg)
         if item.ctx.fixed:
             assert lookup(cfg, "actor_rollout_ref.actor.optim.lr") == 1e-6
+
+
+def test_a_misspelt_override_is_refused_with_verls_nearest_key(verl_python: str) -> None:  # noqa: F811
+    """The user's overrides are composed once, by hydra over verl's config, before any trial: a key verl
+    does not have is one line with its nearest key, a value hydra cannot read is hydra's own line (verl's
+    YAML config types no leaf: ``optim.lr=fast`` composes, and fails in verl's dataclasses at start-up)."""
+    from autotune.errors import UsageError
+    from autotune.fixed import UnknownFlag
+
+    backend = VerlBackend(python=verl_python)
+    with pytest.raises(
+        UnknownFlag, match=r"did you mean actor_rollout_ref\.actor\.use_dynamic_bsz\?"
+    ) as info:
+        backend.check_flags(
+            {}, {"actor_rollout_ref.actor.use_dynamic_bsize": "true", "trainer.project_name": "x"}
+        )
+    assert "\n" not in info.value.one_line()
+    with pytest.raises(UsageError, match="verl's config refuses"):
+        backend.check_flags({}, {"trainer.logger": "[console"})
+    assert backend.check_flags({}, {"actor_rollout_ref.actor.optim.lr": "1e-6"}) == []

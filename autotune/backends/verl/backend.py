@@ -36,6 +36,7 @@ from autotune.backends._base import (
 )
 from autotune.backends._values import as_bool, as_int, none_like, whole_number
 from autotune.backends._versions import installed_versions
+from autotune.backends.verl._hydra import check_overrides
 from autotune.backends.verl._log import FAILURE_PATTERNS, VerlLogParser
 from autotune.backends.verl.config import (
     AR,
@@ -375,10 +376,13 @@ class VerlBackend(Backend):
         """Refuse fixed overrides that contradict the study's batch shape; say which ones trials replace.
 
         Raises:
+            UnknownFlag: a key verl's config does not have (hydra, :func:`check_overrides`).
+            UsageError: a value verl's config refuses.
             BackendError: a fixed ``rollout.n``, train or mini batch size or response length that differs
                 from the study's own, or a model path among the fixed overrides.
         """
         flat = _flatten(fixed)
+        check_overrides(self._interpreter(), flat)
         if f"{AR}.model.path" in flat:
             raise BackendError(
                 f"{AR}.model.path is among the fixed overrides", hint="Give the model with autotune's --model"
