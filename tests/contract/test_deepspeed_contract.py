@@ -88,3 +88,13 @@ def test_every_exported_ds_config_loads(name: str, tmp_path: Path, monkeypatch: 
         assert ds.train_batch_size == k.per_device_batch * k.grad_accum * k.world_size
         loaded += 1
     assert loaded > 20
+
+
+def test_the_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt ZeRO key and a batch that does not match the world are DeepSpeed's refusals."""
+    base = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
+    assert _load({**base, "zero_optimization": {"stage": 2}}, 2, monkeypatch).zero_optimization_stage == 2
+    with pytest.raises(pytest.fail.Exception, match="overlap_com"):
+        _load({**base, "zero_optimization": {"stage": 2, "overlap_com": True}}, 2, monkeypatch)
+    with pytest.raises(pytest.fail.Exception, match="train_batch_size"):
+        _load({**base, "zero_optimization": {"stage": 2}}, 4, monkeypatch)
