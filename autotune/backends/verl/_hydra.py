@@ -67,18 +67,16 @@ def _compose(python: str, overrides: list[str], timeout_s: float) -> dict[str, A
     return None
 
 
-def check_overrides(python: str, flat: Mapping[str, Any], *, timeout_s: float = 120.0) -> None:
-    """Compose the user's overrides (``key`` → value as the study renders it) over verl's config.
+def check_overrides(python: str, flat: Mapping[str, str], *, timeout_s: float = 120.0) -> None:
+    """Compose the user's overrides (``key`` → value text, as the trials render it) over verl's config.
 
     Raises:
         UnknownFlag: a key verl's config does not have, with its nearest key.
         UsageError: a value hydra or verl's config schema refuses, with hydra's own line.
     """
-    from autotune.backends.verl.backend import override_value
-
     if not flat:
         return
-    answer = _compose(python, [f"{k}={override_value(v)}" for k, v in flat.items()], timeout_s)
+    answer = _compose(python, [f"{k}={v}" for k, v in flat.items()], timeout_s)
     if answer is None or answer["ok"]:
         return
     keys = set(answer["keys"])

@@ -382,7 +382,7 @@ class VerlBackend(Backend):
                 from the study's own, or a model path among the fixed overrides.
         """
         flat = _flatten(fixed)
-        check_overrides(self._interpreter(), flat)
+        check_overrides(self._interpreter(), {k: override_value(v) for k, v in flat.items()})
         if f"{AR}.model.path" in flat:
             raise BackendError(
                 f"{AR}.model.path is among the fixed overrides", hint="Give the model with autotune's --model"
