@@ -122,6 +122,8 @@ def parse_trl_argv(argv: Sequence[str], place: str) -> dict[str, Any]:
         UnknownFlag: a name neither parser knows, with the nearest argument.
         UsageError: a value the parser refuses (``--beta abc``).
     """
+    if not argv:
+        return {}  # nothing to read: TRL (seconds to import) is not asked
     grpo = _grpo_parser(place)
     namespace, rest = grpo.parse_known_args(list(argv))
     _unknown(rest, grpo, place)
@@ -135,6 +137,8 @@ def type_trl_mapping(args: Mapping[str, Any], place: str) -> dict[str, Any]:
         UnknownFlag: a key neither TRL nor ``accelerate launch`` knows, with the nearest argument.
         UsageError: a value the parser refuses.
     """
+    if not args:
+        return {}
     grpo = _grpo_parser(place)
     rest = grpo.set_defaults_with_config(**args)  # type: ignore[attr-defined]  # TrlParser's
     _unknown(rest[::2], grpo, place)
