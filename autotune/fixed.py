@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JOB_ARGS_PLACE",
+    "UnknownFlag",
     "coerce_knob_values",
     "flag_name",
     "job_words",
@@ -42,6 +43,32 @@ __all__ = [
     "read_fixed_file",
     "split_baseline",
 ]
+
+
+class UnknownFlag(UsageError):
+    """An argument of the user's job that the framework's own parser does not know.
+
+    Attributes:
+        name: the argument as given, normalised (``--max-len`` → ``max_len``).
+        framework: the command whose parser refused it (``trl grpo``).
+        place: where it was given (:data:`JOB_ARGS_PLACE`, or the ``--fixed`` file).
+    """
+
+    def __init__(self, name: str, known: Iterable[str], *, framework: str, place: str) -> None:
+        import difflib
+
+        name = name.lstrip("-").replace("-", "_")
+        names = sorted({k.lstrip("-").replace("-", "_") for k in known})
+        nearest = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        guess = f" (did you mean {nearest[0]}?)" if nearest else ""
+        super().__init__(
+            f"{place}: {name} is not an argument of {framework}{guess}",
+            hint=f"Check its spelling against `{framework} --help`",
+        )
+        self.name = name
+        self.framework = framework
+        self.place = place
+
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _NUMBER_RE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -291,10 +318,14 @@ def _refuse_at(text: str, index: int, char: str, path: Path | str, flag: str) ->
 
 
 def read_job_file(
-    path: Path | str, command: Sequence[str], parse_words: Callable[[Sequence[str]], dict[str, Any]]
+    path: Path | str,
+    command: Sequence[str],
+    parse_words: Callable[[Sequence[str]], dict[str, Any]],
+    type_mapping: Callable[[dict[str, Any]], dict[str, Any]] = dict,
 ) -> tuple[dict[str, Any], list[str]]:
-    """A job's fixed arguments from the file the user has: a YAML mapping (:func:`read_fixed_file`), a
-    YAML list of the command's arguments, or the job's shell line (:func:`job_words`).
+    """A job's fixed arguments from the file the user has: a YAML mapping (:func:`read_fixed_file`, then
+    read as the framework reads its YAML: ``type_mapping``), a YAML list of the command's arguments, or the
+    job's shell line (:func:`job_words`), both read by ``parse_words``.
 
     Returns:
         (name → value, the environment variables the shell line set, which a study does not keep).
@@ -305,7 +336,7 @@ def read_job_file(
     text = read_user_file(path, what="fixed-arguments", flag="--fixed")
     data = parse_yaml(text, path, what="fixed-arguments", flag="--fixed", other_syntax=True)
     if isinstance(data, dict) or data is None:
-        return _fixed_mapping(data, Path(path)), []
+        return type_mapping(_fixed_mapping(data, Path(path))), []
     if isinstance(data, list) and all(isinstance(w, str) for w in data):
         return parse_words(data), []
     if data is not NOT_YAML and not isinstance(data, str):

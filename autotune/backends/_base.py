@@ -359,8 +359,9 @@ class Backend(ABC):
         return out
 
     @classmethod
-    def parse_fixed_argv(cls, argv: Sequence[str]) -> dict[str, Any]:
-        """The user's fixed arguments given after ``--``, in the framework's own syntax.
+    def parse_fixed_argv(cls, argv: Sequence[str], place: str = "your arguments after --") -> dict[str, Any]:
+        """The user's fixed arguments given after ``--`` (or in a ``--fixed`` job line: ``place``), in the
+        framework's own syntax.
 
         The default reads ``--flag value`` items (:func:`autotune.fixed.parse_flag_argv`); a framework
         whose command line is another grammar (verl's hydra ``key=value``) overrides it.
@@ -386,7 +387,22 @@ class Backend(ABC):
         """
         from autotune.fixed import read_job_file
 
-        return read_job_file(path, cls.job_command, cls.parse_fixed_argv)
+        place = f"--fixed {path}"
+        return read_job_file(
+            path,
+            cls.job_command,
+            lambda words: cls.parse_fixed_argv(words, place),
+            lambda mapping: cls.type_fixed_mapping(mapping, place),
+        )
+
+    @classmethod
+    def type_fixed_mapping(cls, args: Mapping[str, Any], place: str) -> dict[str, Any]:
+        """A ``--fixed`` YAML mapping read as the framework reads its own YAML (the default keeps it as is).
+
+        Raises:
+            UsageError: a key or value the framework's parser refuses.
+        """
+        return dict(args)
 
     @classmethod
     def job_semantics(cls, args: Mapping[str, Any], n_gpus: int) -> dict[str, tuple[int, str]]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
 from autotune.backends import BACKENDS
+from autotune.errors import UsageError
+from autotune.fixed import UnknownFlag
 from autotune.strategy import search_help
 from autotune.trackers import TRACKERS, trackers_help
 
@@ -28,6 +31,21 @@ Exit codes: 0 a configuration is recommended, 3 nothing to recommend (the reason
 input, 130 interrupted (run the same command to resume)."""
 
 
+def _own_option(exc: UnknownFlag, ctx: typer.Context, after: Sequence[str]) -> UsageError:
+    """An argument after ``--`` (``after``) that the framework does not know but autotune does
+    (``--trials 1``): the user meant autotune's option, which only counts before ``--``. Anything else
+    stays the framework's refusal."""
+    ours = {opt.lstrip("-").replace("-", "_"): opt for param in ctx.command.params for opt in param.opts}
+    given = {item.split("=", 1)[0].lstrip("-").replace("-", "_") for item in after if item.startswith("--")}
+    if exc.name not in ours or exc.name not in given:
+        return exc
+    option = ours[exc.name]
+    return UsageError(
+        f"{option} after -- is autotune's option, not an argument of {exc.framework}",
+        hint=f"give {option} before --",
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
 
@@ -37,6 +55,7 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_interspersed_args": False},
     )
     def search(
+        ctx: typer.Context,
         command: Annotated[
             list[str] | None,
             typer.Argument(
@@ -254,7 +273,10 @@ def register(app: typer.Typer) -> None:
             report_to=tuple(report_to or ()),
         )
         shown = err_console if as_json else console
-        summary = search_study(request, shown, RichView(shown))
+        try:
+            summary = search_study(request, shown, RichView(shown))
+        except UnknownFlag as exc:
+            raise _own_option(exc, ctx, command or ()) from None
         if as_json:
             say(json.dumps(summary.to_dict(), indent=2, default=str))
         raise typer.Exit(summary.exit_code)

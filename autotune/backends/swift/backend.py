@@ -56,7 +56,7 @@ from autotune.backends.swift._args import (
 from autotune.backends.swift._log import SwiftLogParser
 from autotune.backends.swift.config import KNOB_FIELDS, PRESETS, canonical_args, describe_swift, preset_for
 from autotune.errors import BackendError, UsageError
-from autotune.fixed import flag_name
+from autotune.fixed import UnknownFlag, flag_name
 from autotune.jobconfig import JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, TrialSpec
@@ -511,8 +511,9 @@ class SwiftBackend(Backend):
             Notices for the user (fixed flags that trials replace).
 
         Raises:
-            BackendError: a flag this version removed or never had, or a fixed flag that conflicts with
-                what autotune controls.
+            UnknownFlag: a fixed flag ``RLHFArguments`` does not have, with its nearest field.
+            BackendError: a flag this version removed, or a fixed flag that conflicts with what autotune
+                controls.
         """
         flags = self.flags()
         names = {flag_name(k) for k in fixed}
@@ -551,6 +552,11 @@ class SwiftBackend(Backend):
             if refusal:
                 raise BackendError(refusal, hint="Fix the flag in the fixed arguments or upgrade ms-swift")
         accepted = self.accepted_flag_names()
+        for name in sorted(names):
+            if flags.translate(name) not in accepted:  # the user's own flag: name ms-swift's nearest field
+                raise UnknownFlag(
+                    name, accepted, framework="swift rlhf", place=f"your job (ms-swift {flags.label})"
+                )
         unknown = sorted(n for n in emitted if n not in accepted)
         if unknown:
             raise BackendError(

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,11 @@ from autotune.backends._phases import MarkerPhases
 from autotune.backends._vllm import DISTRIBUTIONS as VLLM_DISTRIBUTIONS
 from autotune.backends._vllm import cpu_thread_binding, sampling_kwargs
 from autotune.backends._vllm import refusals as vllm_refusals
+from autotune.backends.trl.argv import parse_trl_argv, type_trl_mapping
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.backends.trl.job import SCRIPT_KEEPS, installed_fields, job_notes
 from autotune.errors import BackendError
+from autotune.fixed import JOB_ARGS_PLACE
 from autotune.jobconfig import JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
@@ -292,6 +294,17 @@ class TrlBackend(Backend):
     def lora_args(cls, rank: int) -> dict[str, Any]:
         """PEFT LoRA through ``GRPOConfig``: ``use_peft`` with ``lora_r``."""
         return {"use_peft": True, "lora_r": rank}
+
+    @classmethod
+    def parse_fixed_argv(cls, argv: Sequence[str], place: str = JOB_ARGS_PLACE) -> dict[str, Any]:
+        """The job's flags as ``trl grpo`` parses them (:func:`~autotune.backends.trl.argv.parse_trl_argv`):
+        ``--beta 0.04`` is a float, a misspelt name is refused with the nearest argument."""
+        return parse_trl_argv(argv, place)
+
+    @classmethod
+    def type_fixed_mapping(cls, args: Mapping[str, Any], place: str) -> dict[str, Any]:
+        """A ``trl grpo --config`` YAML read as TRL reads it (:func:`~autotune.backends.trl.argv.type_trl_mapping`)."""
+        return type_trl_mapping(args, place)
 
     @classmethod
     def uses_demo_reward(cls, fixed: Mapping[str, Any]) -> bool:

@@ -37,6 +37,7 @@ from autotune.backends._base import (
 from autotune.backends._env import usable_cores
 from autotune.backends._values import as_bool, as_int, none_like, whole_number
 from autotune.backends._versions import installed_versions
+from autotune.backends.verl._hydra import check_overrides
 from autotune.backends.verl._log import FAILURE_PATTERNS, VerlLogParser
 from autotune.backends.verl.config import (
     AR,
@@ -238,7 +239,7 @@ class VerlBackend(Backend):
         return {LORA_RANK: rank}
 
     @classmethod
-    def parse_fixed_argv(cls, argv: Sequence[str]) -> dict[str, Any]:
+    def parse_fixed_argv(cls, argv: Sequence[str], place: str = "your arguments after --") -> dict[str, Any]:
         """verl takes hydra overrides, ``key=value``, after ``--``."""
         return parse_overrides(argv)
 
@@ -414,10 +415,13 @@ class VerlBackend(Backend):
         """Refuse fixed overrides that contradict the study's batch shape; say which ones trials replace.
 
         Raises:
+            UnknownFlag: a key verl's config does not have (hydra, :func:`check_overrides`).
+            UsageError: a value verl's config refuses.
             BackendError: a fixed ``rollout.n``, train or mini batch size or response length that differs
                 from the study's own, or a model path among the fixed overrides.
         """
         flat = _flatten(fixed)
+        check_overrides(self._interpreter(), {k: override_value(v) for k, v in flat.items()})
         if f"{AR}.model.path" in flat:
             raise BackendError(
                 f"{AR}.model.path is among the fixed overrides", hint="Give the model with autotune's --model"

@@ -449,7 +449,7 @@ def test_check_flags_refuses_removed_and_unknown_flags(tmp_path: Path) -> None:
         b.check_flags(CPU_KNOBS, {"gc_collect_after_offload": True}, ctx)
     with pytest.raises(BackendError, match=r"--num_infer_workers was removed in ms-swift 3\.6\.0"):
         backend("3.12.4").check_flags(CPU_KNOBS, {"num_infer_workers": 2}, ctx)
-    with pytest.raises(BackendError, match=r"does not accept --lora_dropoutt"):
+    with pytest.raises(UsageError, match=r"lora_dropoutt is not an argument of swift rlhf"):
         b.check_flags(CPU_KNOBS, {"lora-dropoutt": 0.1}, ctx)
     with pytest.raises(BackendError, match="--num_generations 8"):
         b.check_flags(CPU_KNOBS, {"num_generations": "8"}, ctx)
