@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.backends._base import Backend, ModelRef, TrialContext
 from autotune.records import GpuInfo, TrialSpec
-from autotune.space import SearchSpace, load_space
+from autotune.space import Platform, SearchSpace, load_space
 
 __all__ = ["SAMPLE", "Rendered", "gpu_context", "plan_sample", "plan_space"]
 
@@ -38,7 +38,7 @@ class Rendered:
 def plan_space(backend: Backend) -> SearchSpace:
     """The backend's shipped space, as a study on a GPU host loads it."""
     space = load_space(backend.default_space(), backend=backend.name, known_knobs=backend.knob_names)
-    return space.with_roles(backend.knob_roles()).restrict(gpu_present=True)
+    return space.with_roles(backend.knob_roles()).restrict(Platform.machine(gpu_present=True))
 
 
 def gpu_context(root: Path, n: int, *, n_gpus: int = 4, fixed: dict[str, Any] | None = None) -> TrialContext:
