@@ -140,6 +140,7 @@ def test_both_backends_honour_a_fixed_value_and_refuse_a_conflict_alike(
     }
 
 
+@pytest.mark.e2e
 def test_a_trl_grpo_config_yaml_is_read_as_trl_reads_it(cli, tmp_path: Path, env: dict[str, str]) -> None:
     """`--fixed` takes the YAML of `trl grpo --config` as it is: GRPOConfig and ModelConfig fields are kept
     (LoRA through use_peft, which GRPOConfig alone rejects), what autotune sets and accelerate's keys are
