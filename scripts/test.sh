@@ -79,8 +79,14 @@ typecheck() {
     && (cd .typecheck && ../.venv/bin/mypy -p autotune --ignore-missing-imports --no-incremental)
 }
 typecheck > .typecheck.log 2>&1 & typecheck_pid=$!
-.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests || status=$?
+# Every tier: a -m here replaces pyproject's "not e2e and not infra" (what plain `pytest` runs, the fast
+# tier). The fast tier first, so its failures show before the slow tiers start; each run prints its 25
+# slowest tests and its time.
+.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider --durations=25 tests || status=$?
 wait "$typecheck_pid" || status=$?
 cat .typecheck.log
-.venv/bin/python -m pytest -q -m "not swift" -p no:cacheprovider --durations=12 tests || status=$?
+.venv/bin/python -m pytest -q -m "not swift and not (e2e or infra)" -p no:cacheprovider --durations=25 tests \
+  || status=$?
+.venv/bin/python -m pytest -q -m "not swift and (e2e or infra)" -p no:cacheprovider --durations=25 tests \
+  || status=$?
 exit $status
