@@ -8,9 +8,10 @@ test is skipped, saying how to get one. Tests that use it carry the ``postgres``
 The tiers (pyproject's ``addopts`` deselects the slow two; ``--all-tiers`` runs every one):
 - ``infra``: a browser, a database, the wheelhouse or packaging. A test that asks for PostgreSQL gets the
   marker here, so it cannot land in the fast tier by forgetting it.
-- ``e2e``: starts a framework process (a real TRL/ms-swift/vLLM/DeepSpeed trial or study). A test without
-  the marker that launches one from the test process (TRL's worker, ``torch.distributed.run``, a
-  framework's trainer module) fails, naming the marker to add.
+- ``e2e``: starts a framework process (a real TRL/ms-swift/vLLM/DeepSpeed trial or study, verl composing
+  its config in its own interpreter). A test that asks for a framework's interpreter gets the marker
+  here; one without it that launches a framework from the test process (TRL's worker,
+  ``torch.distributed.run``, ``swift rlhf``, a trainer module) fails, naming the marker to add.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ FRAMEWORK_ARGV = (
     "vllm.entrypoints.openai.api_server",
 )
 
+# fixtures that hand a test a framework's own interpreter (verl's, which composes verl's config with hydra)
+FRAMEWORK_FIXTURES = ("verl_python",)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
@@ -65,6 +69,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.postgres)
         if item.get_closest_marker("postgres") is not None:
             item.add_marker(pytest.mark.infra)
+        if any(name in fixtures for name in FRAMEWORK_FIXTURES):
+            item.add_marker(pytest.mark.e2e)
 
 
 def _framework_launch(args: object) -> str | None:
@@ -76,7 +82,8 @@ def _framework_launch(args: object) -> str | None:
         # ms-swift's console script; the fake ones tests write live under the temporary folder
         if not Path(words[0]).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve()):
             return "swift rlhf"
-    return next((w for w in words if w in FRAMEWORK_ARGV), None)
+    # a launch names what to run after the module (a usage check of the bare module starts nothing)
+    return next((w for w in words[:-1] if w in FRAMEWORK_ARGV), None)
 
 
 @pytest.fixture(autouse=True)
