@@ -71,12 +71,13 @@ fi
 
 status=0
 # The type checker reads the package as pip installs it (probes, reports and search_spaces under
-# autotune.*), not the source folders, so every module is checked under its installed name. It runs on
+# autotune.*), not the source folders, so every module is checked under its installed name, with
+# pyproject's [tool.mypy] (strict on the record modules and the contracts). It runs on
 # one core beside the ms-swift tests (one real trial on the other), and says its result after them.
 typecheck() {
   rm -rf .typecheck
   .venv/bin/pip install -q --no-deps --no-build-isolation --target .typecheck . > .setup-typecheck.log 2>&1 \
-    && (cd .typecheck && ../.venv/bin/mypy -p autotune --ignore-missing-imports --no-incremental)
+    && (cd .typecheck && ../.venv/bin/mypy -p autotune --config-file ../pyproject.toml --no-incremental)
 }
 typecheck > .typecheck.log 2>&1 & typecheck_pid=$!
 # Every tier: a -m here replaces pyproject's "not e2e and not infra" (what plain `pytest` runs, the fast

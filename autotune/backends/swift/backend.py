@@ -711,7 +711,7 @@ class SwiftBackend(Backend):
     @staticmethod
     def _copy_plugin(ctx: TrialContext) -> Path:
         target = ctx.trial_dir / PLUGIN_ASSET
-        with as_file(files("autotune").joinpath("assets", PLUGIN_ASSET)) as src:
+        with as_file(files("autotune") / "assets" / PLUGIN_ASSET) as src:
             shutil.copyfile(src, target)
         return target
 
