@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     """Write JSON to ``path`` atomically (see :func:`write_text_atomic`).
 
     Raises:
@@ -126,7 +126,7 @@ def read_text_guarded(path: Path, *, fix: str) -> str:
         raise UsageError(f"cannot read {path}: {reason}", hint=fix) from None
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: object) -> str:
     """How a JSON value is named in a message ("a list", "null", "a string")."""
     if value is None:
         return "null"
