@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     """Write JSON to ``path`` atomically (see :func:`write_text_atomic`).
 
     Raises:
@@ -236,7 +236,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: object) -> str:
     """How a JSON value is named in a message ("a list", "null", "a string")."""
     if value is None:
         return "null"

@@ -114,7 +114,8 @@ def load_nvml() -> ModuleType:
         import pynvml  # provided by nvidia-ml-py
     except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a core dependency
         raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from exc
-    return pynvml
+    module: ModuleType = pynvml  # the import is untyped (Any): the annotation states what it is
+    return module
 
 
 def _text(value: Any) -> str:

@@ -192,8 +192,10 @@ def _conform(df: pd.DataFrame) -> pd.DataFrame:
     df["device"] = pd.to_numeric(df["device"], errors="coerce").fillna(-1).astype("int64")
     df["source"] = df["source"].astype("object")
     extra = [c for c in df.columns if c not in COLUMNS]
-    df = df[[*COLUMNS, *extra]]
-    return df.sort_values(["t_mono_s", "device"], kind="stable").reset_index(drop=True)
+    ordered: pd.DataFrame = (
+        df[[*COLUMNS, *extra]].sort_values(["t_mono_s", "device"], kind="stable").reset_index(drop=True)
+    )
+    return ordered
 
 
 def write_timeline(path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any]]) -> int:
@@ -653,7 +655,8 @@ def _phase_intervals(
 
 # ----------------------------------------------------------------------------------------- summary
 def _gpu_rows(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["source"] == "gpu"]
+    rows: pd.DataFrame = df[df["source"] == "gpu"]
+    return rows
 
 
 def _clean(value: Any) -> Any:
@@ -922,7 +925,9 @@ def summarize(
         "host": _host_summary(host, win, cpu_cores),
         "phases": _phase_summary(intervals, source, win, gpu, idle_threshold_pct),
     }
-    return _json_clean(summary)
+    cleaned = _json_clean(summary)
+    assert isinstance(cleaned, dict)  # a dict in, a dict out: typed for the caller without a cast
+    return cleaned
 
 
 def _json_clean(obj: Any) -> Any:

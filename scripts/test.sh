@@ -80,16 +80,23 @@ fi
 
 status=0
 # The type checker reads the package as pip installs it (probes, reports and search_spaces under
-# autotune.*), not the source folders, so every module is checked under its installed name. It runs on
+# autotune.*), not the source folders, so every module is checked under its installed name, with
+# pyproject's [tool.mypy] (strict on the record modules and the contracts). It runs on
 # one core beside the ms-swift tests (one real trial on the other), and says its result after them.
 typecheck() {
   rm -rf .typecheck
   .venv/bin/pip install -q --no-deps --no-build-isolation --target .typecheck . > .setup-typecheck.log 2>&1 \
-    && (cd .typecheck && ../.venv/bin/mypy -p autotune --ignore-missing-imports --no-incremental)
+    && (cd .typecheck && ../.venv/bin/mypy -p autotune --config-file ../pyproject.toml --no-incremental)
 }
 typecheck > .typecheck.log 2>&1 & typecheck_pid=$!
-.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider tests || status=$?
+# Every tier: a -m here replaces pyproject's "not e2e and not infra" (what plain `pytest` runs, the fast
+# tier). The fast tier first, so its failures show before the slow tiers start; each run prints its 25
+# slowest tests and its time.
+.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider --durations=25 tests || status=$?
 wait "$typecheck_pid" || status=$?
 cat .typecheck.log
-.venv/bin/python -m pytest -q -m "not swift" -p no:cacheprovider --durations=12 tests || status=$?
+.venv/bin/python -m pytest -q -m "not swift and not (e2e or infra)" -p no:cacheprovider --durations=25 tests \
+  || status=$?
+.venv/bin/python -m pytest -q -m "not swift and (e2e or infra)" -p no:cacheprovider --durations=25 tests \
+  || status=$?
 exit $status

@@ -4,6 +4,14 @@
 another's studies. The server is ``AUTOTUNE_TEST_POSTGRES_URL`` when set (``scripts/test.sh`` starts
 one), else one this session starts with ``scripts/postgres.sh`` and stops at its end; with neither the
 test is skipped, saying how to get one. Tests that use it carry the ``postgres`` marker.
+
+The tiers (pyproject's ``addopts`` deselects the slow two; ``--all-tiers`` runs every one):
+- ``infra``: a browser, a database, the wheelhouse or packaging. A test that asks for PostgreSQL gets the
+  marker here, so it cannot land in the fast tier by forgetting it.
+- ``e2e``: starts a framework process (a real TRL/ms-swift/vLLM/DeepSpeed trial or study, verl composing
+  its config in its own interpreter). A test that asks for a framework's interpreter gets the marker
+  here; one without it that launches a framework from the test process (TRL's worker,
+  ``torch.distributed.run``, ``swift rlhf``, a trainer module) fails, naming the marker to add.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +34,77 @@ HOW = (
 )
 
 
+# argv items that only a real framework process carries (fake trainers in the fast tier run scripts)
+FRAMEWORK_ARGV = (
+    "autotune.backends.trl_worker",
+    "torch.distributed.run",
+    "verl.trainer.main_ppo",
+    "swift.cli.rlhf",
+    "deepspeed.launcher.runner",
+    "vllm.entrypoints.openai.api_server",
+)
+
+# fixtures that hand a test a framework's own interpreter (verl's, which composes verl's config with hydra)
+FRAMEWORK_FIXTURES = ("verl_python",)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all-tiers",
+        action="store_true",
+        help="run every tier (fast, e2e, infra): clears the -m 'not e2e and not infra' of pyproject's addopts",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--all-tiers"):
+        config.option.markexpr = ""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a marker added here decides the item's tier
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "postgres_url" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "postgres_url" in fixtures or "postgres_server" in fixtures:
             item.add_marker(pytest.mark.postgres)
+        if item.get_closest_marker("postgres") is not None:
+            item.add_marker(pytest.mark.infra)
+        if any(name in fixtures for name in FRAMEWORK_FIXTURES):
+            item.add_marker(pytest.mark.e2e)
+
+
+def _framework_launch(args: object) -> str | None:
+    """The framework item in a Popen argv, if this argv starts a framework process."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return None  # a single program path: never one of the module launches above
+    words = [str(a) for a in args]  # type: ignore[attr-defined]
+    if len(words) > 1 and Path(words[0]).name == "swift" and words[1] == "rlhf":
+        # ms-swift's console script; the fake ones tests write live under the temporary folder
+        if not Path(words[0]).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve()):
+            return "swift rlhf"
+    # a launch names what to run after the module (a usage check of the bare module starts nothing)
+    return next((w for w in words[:-1] if w in FRAMEWORK_ARGV), None)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_framework(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside ``e2e``, launching a framework process from the test process fails the test."""
+    if request.node.get_closest_marker("e2e") is not None:
+        return
+    real = subprocess.Popen
+    test = request.node.nodeid
+
+    class GuardedPopen(real):  # type: ignore[misc,valid-type]
+        def __init__(self, args: object, *rest: object, **kwargs: object) -> None:
+            found = _framework_launch(args)
+            if found is not None:
+                pytest.fail(
+                    f"{test} starts a framework process ({found}) but is not marked e2e: add @pytest.mark.e2e",
+                    pytrace=False,
+                )
+            super().__init__(args, *rest, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(subprocess, "Popen", GuardedPopen)
 
 
 @pytest.fixture(scope="session")

@@ -407,3 +407,133 @@ def test_the_module_size_check_can_fail(tmp_path: Path) -> None:
     elsewhere.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     modules = {"autotune.study.big": big, "autotune.strategy.small": small, "autotune.trial.other": elsewhere}
     assert _oversized(modules, SMALL_PACKAGES) == [f"autotune.study.big: {MAX_MODULE_LINES + 1} lines"]
+
+
+# -- the two records that cross the house are read through their reader, not by string key ----------
+
+#: record → the names (a variable or an attribute, by its ending) that hold it as a dict today
+KEYED_RECORDS = {"timeline summary": ("summary",), "study settings": ("settings",)}
+#: The string-key reads left (module → count) until TimelineSummary (a frozen dataclass) and
+#: StudySettings (a pydantic model) replace the dicts (issue 40): a module may lower its count, never
+#: raise it, and a module not listed may read neither by key.
+KEY_READ_BUDGET = {
+    "autotune.backends.swift.export": 5,
+    "autotune.backends.trl.export": 1,
+    "autotune.backends.verl.export": 1,
+    "autotune.export._job": 1,
+    "autotune.export._winner": 3,
+    "autotune.export.deepspeed": 1,
+    "autotune.export.jsonfmt": 7,
+    "autotune.strategy._pool": 1,
+    "autotune.study.ceiling": 1,
+    "autotune.study.loop": 2,
+    "autotune.study.mirror": 1,
+    "autotune.studydir": 1,
+    "autotune.trial.execute": 2,
+    "autotune.reports._signals": 5,
+}
+
+
+def _holder(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _key_reads(tree: ast.AST) -> list[tuple[str, int]]:
+    """``x["key"]`` and ``x.get("key")`` where ``x`` names one of :data:`KEYED_RECORDS`: (record, line)."""
+    out = []
+    for node in ast.walk(tree):
+        target: ast.AST | None = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                target = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                target = node.func.value
+        if target is None:
+            continue
+        name = _holder(target)
+        out += [(record, node.lineno) for record, ends in KEYED_RECORDS.items() if name.endswith(ends)]
+    return out
+
+
+def _over_key_budget(modules: dict[str, Path]) -> list[str]:
+    out = []
+    for name, path in sorted(modules.items()):
+        reads = _key_reads(ast.parse(path.read_text(), filename=str(path)))
+        if len(reads) > KEY_READ_BUDGET.get(name, 0):
+            where = ", ".join(f"{record} at line {line}" for record, line in reads)
+            out.append(
+                f"{name}: {len(reads)} string-key reads (budget {KEY_READ_BUDGET.get(name, 0)}): {where}"
+            )
+    return out
+
+
+def test_no_new_string_key_read_of_the_timeline_summary_or_the_study_settings() -> None:
+    assert _over_key_budget(MODULES) == []
+
+
+def test_the_string_key_read_check_can_fail(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "def f(rec, summary, sd):\n"
+        "    a = summary['gpus']\n"
+        "    b = rec.timeline_summary.get('host')\n"
+        "    c = sd.read_settings()\n"
+        "    summary['x'] = 1\n"  # a write is not a read
+        "    return a, b, c\n"
+    )
+    assert _key_reads(ast.parse(planted.read_text())) == [("timeline summary", 2), ("timeline summary", 3)]
+    found = _over_key_budget(
+        {"autotune.trial.planted": planted, "autotune.studydir": MODULES["autotune.studydir"]}
+    )
+    assert len(found) == 1 and found[0].startswith("autotune.trial.planted: 2 string-key reads (budget 0)")
+
+
+# -- folders import each other in no circle (imports inside functions included) -----------------------
+
+#: The one circle of folders left today (issue 40 breaks it by moving what the lower floors need down):
+#: it may shrink, never grow, and no other circle may form.
+KNOWN_FOLDER_CIRCLE = frozenset(
+    {
+        "autotune.backends",
+        "autotune.estimate",
+        "autotune.export",
+        "autotune.study",
+        "autotune.studydir",
+        "autotune.trial",
+        "autotune.workload",
+    }
+)
+
+
+def _folder(module: str) -> str:
+    """The folder a module lives in (``autotune.study.loop`` → ``autotune.study``); a top module is its own."""
+    head = ".".join(module.split(".")[:2])
+    return head if _is_package(head) else module
+
+
+def _folder_graph(graph: dict[str, list[str]]) -> dict[str, list[str]]:
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        edges = out.setdefault(_folder(module), set())
+        edges.update(_folder(t) for t in targets if _folder(t) != _folder(module))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _new_folder_circles(graph: dict[str, list[str]]) -> list[list[str]]:
+    return [c for c in _cycles(_folder_graph(graph)) if not set(c) <= KNOWN_FOLDER_CIRCLE]
+
+
+def test_no_new_circle_between_folders() -> None:
+    assert _new_folder_circles(GRAPH) == []
+
+
+def test_the_folder_circle_check_can_fail(tmp_path: Path) -> None:
+    # an import inside a function is read as an edge
+    planted = tmp_path / "nvml.py"
+    planted.write_text("def f():\n    from autotune.cli import app\n    return app\n")
+    assert list(_imports("autotune.probes.nvml", planted)) == ["autotune.cli.app"]
+    # the probes (below everything) importing the CLI, which reaches them: a new circle of folders
+    graph = {**GRAPH, "autotune.probes.nvml": [*GRAPH["autotune.probes.nvml"], "autotune.cli.app"]}
+    circles = _new_folder_circles(graph)
+    assert any("autotune.probes" in c and "autotune.cli" in c for c in circles), circles

@@ -61,6 +61,7 @@ def _python(site: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str
     )
 
 
+@pytest.mark.infra
 def test_installs_one_namespace(installed: Path, tmp_path: Path) -> None:
     skip = (".dist-info", "__pycache__", "bin")  # bin: the console script pip writes beside the packages
     tops = sorted(p.name for p in installed.iterdir() if p.is_dir() and not p.name.endswith(skip))
@@ -77,6 +78,7 @@ def test_installs_one_namespace(installed: Path, tmp_path: Path) -> None:
     assert proc.stdout.strip().startswith(str(installed))
 
 
+@pytest.mark.infra
 def test_ships_types_spaces_and_templates(installed: Path) -> None:
     pkg = installed / "autotune"
     assert (pkg / "py.typed").is_file()

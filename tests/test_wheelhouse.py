@@ -14,9 +14,12 @@ import sys
 import venv
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.infra
 def test_a_wheelhouse_installs_autotune_without_an_index(tmp_path: Path) -> None:
     house = tmp_path / "wheelhouse"
     have_build = all(importlib.util.find_spec(m) for m in ("setuptools", "wheel"))

@@ -1,4 +1,8 @@
-"""Parsing human durations such as ``90s``, ``30m``, ``1h30m`` or ``2.5h``."""
+"""Parsing human durations such as ``90s``, ``30m``, ``1h30m`` or ``2.5h``.
+
+Kept rather than a library (pytimeparse, humanfriendly): twenty lines against a new dependency, and the
+refusal must be autotune's one-line UsageError naming the flag.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ when the holder dies, however it dies, so a lock left by a dead run is simply ta
 lock the holder writes who it is (pid, host, start time) into the same file, which is what a
 second run names when it refuses to start.
 
+Kept on ``fcntl.flock`` rather than ``filelock``: the lock is held shared (the workers of one study)
+or exclusive (a run) on the one file whose content names its holder; filelock's ``FileLock`` is
+exclusive only.
+
 ``flock`` is per host on most network file systems: two runs on two hosts sharing a directory over NFS
 are not kept apart by it. Several hosts share one study through a database (``--storage``), not a
 directory.

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from autotune.trial.outcome import LIVE_HEALTH_MIN_STEPS
-from tests.cli.conftest import autotune_exe
+from tests.cli.conftest import autotune_exe, run_cli
 
 FAULT = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
 
@@ -57,9 +57,10 @@ def write_space(tmp_path: Path) -> Path:
     return space
 
 
-def test_every_fault_is_classified_and_cleaned_up(cli, tmp_path: Path) -> None:
+def test_every_fault_is_classified_and_cleaned_up(tmp_path: Path) -> None:
+    # its own process: the faults' children, their signals and their clean-up are what is tested
     out = tmp_path / "study"
-    proc = cli(
+    proc = run_cli(
         "search", "--backend", "command", "--space", str(write_space(tmp_path)), "--out", str(out),
         "--search", "grid", "--trials", str(len(MODES)), "--hang-floor", "2s", "--hang-k", "3",
         "--startup-timeout", "60s", "--max-steps", "12",

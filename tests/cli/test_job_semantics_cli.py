@@ -96,6 +96,7 @@ def test_a_7b_swift_study_launches_with_ms_swifts_defaults(cli, tmp_path: Path, 
     assert "ms-swift's GRPO default" in proc.stdout
 
 
+@pytest.mark.e2e  # launches TRL's worker under torch.distributed.run (cut by the start-up timeout)
 def test_a_7b_trl_study_launches_with_grpoconfigs_defaults(cli, tmp_path: Path, env: dict[str, str]) -> None:
     out = tmp_path / "runs" / "trl7b"
     proc = cli("search", "--model", "Qwen2-7B", *DECLARED, *SHORT, "--out", str(out), env=env)
@@ -113,7 +114,8 @@ def test_a_7b_trl_study_launches_with_grpoconfigs_defaults(cli, tmp_path: Path, 
     assert settings["semantics"]["max_completion_length"]["where"] == "TRL's GRPOConfig default"
 
 
-@pytest.mark.parametrize("backend", ["trl", "swift"])
+# TRL's trials start its worker (cut by the one-second start-up timeout): a framework process, e2e
+@pytest.mark.parametrize("backend", [pytest.param("trl", marks=pytest.mark.e2e), "swift"])
 def test_both_backends_honour_a_fixed_value_and_refuse_a_conflict_alike(
     cli, tmp_path: Path, env: dict[str, str], backend: str
 ) -> None:
@@ -158,6 +160,7 @@ def test_both_backends_honour_a_fixed_value_and_refuse_a_conflict_alike(
     }
 
 
+@pytest.mark.e2e
 def test_a_trl_grpo_config_yaml_is_read_as_trl_reads_it(cli, tmp_path: Path, env: dict[str, str]) -> None:
     """`--fixed` takes the YAML of `trl grpo --config` as it is: GRPOConfig and ModelConfig fields are kept
     (LoRA through use_peft, which GRPOConfig alone rejects), what autotune sets and accelerate's keys are

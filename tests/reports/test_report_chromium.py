@@ -20,9 +20,12 @@ import pytest
 CHROMIUM = next(
     (p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None
 )
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.infra,
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)"
+    ),
+]
 
 PROBE_HEAD = """<script>
 window.__probe = {errors: []};

@@ -72,9 +72,9 @@ PHASE_PLUGIN = "swift_phase_plugin.py"
 PHASES_FILE = TrialDir.PHASES
 #: the files a trial copies into its directory for ms-swift to load (``--external_plugins``)
 _ASSETS = {
-    PLUGIN_ASSET: files("autotune").joinpath("assets", PLUGIN_ASSET),
-    SYNC_SHIM: files("autotune.backends").joinpath(SYNC_SHIM),
-    PHASE_PLUGIN: files("autotune").joinpath("assets", PHASE_PLUGIN),
+    PLUGIN_ASSET: files("autotune") / "assets" / PLUGIN_ASSET,  # "/": joinpath(a, b) is 3.11+
+    SYNC_SHIM: files("autotune.backends") / SYNC_SHIM,
+    PHASE_PLUGIN: files("autotune") / "assets" / PHASE_PLUGIN,
 }
 
 #: knob order of search_spaces/swift.yaml; ``num_processes`` is not an ms-swift flag.

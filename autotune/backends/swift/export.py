@@ -136,7 +136,7 @@ def _from_trl(w: Winner, k: JobConfig, fixed: dict[str, Any]) -> tuple[dict[str,
         rewards = [rewards] if isinstance(rewards, str) else list(rewards)
         if rewards != ["autotune"]:
             raise refuse(f"fixed argument reward_funcs={' '.join(map(str, rewards))}", "swift", "trl")
-        plugin = files("autotune").joinpath("assets", "swift_reward_plugin.py")
+        plugin = files("autotune") / "assets" / "swift_reward_plugin.py"
         out["external_plugins"] = [str(plugin)]
         out["reward_funcs"] = ["autotune_demo"]
     else:

@@ -544,6 +544,7 @@ def test_worker_config_errors_exit_with_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.trl
+@pytest.mark.e2e  # TRL's worker process: imports TRL and builds its GRPOConfig
 def test_invalid_combination_fails_the_way_trl_fails(tmp_path: Path) -> None:
     """GRPOConfig's ValueError is not caught: exit 1, TRL's message, classified INVALID."""
     pytest.importorskip("trl")
