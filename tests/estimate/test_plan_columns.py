@@ -35,7 +35,11 @@ JOB = {"global_batch": 64, "num_generations": 8, "max_prompt_length": 512, "max_
 
 
 def _plan(backend: str, path: Path, gpu: str, n: int, fixed: dict[str, Any]) -> tuple[Any, PlanResult]:
-    space = load_space(path).restrict(Platform.machine(gpu_present=True)).with_roles(backend_class(backend).knob_roles())
+    space = (
+        load_space(path)
+        .restrict(Platform.machine(gpu_present=True))
+        .with_roles(backend_class(backend).knob_roles())
+    )
     model, g = find_model("Qwen2-7B"), find_gpu(gpu)
     assert model is not None and g is not None
     result = plan_space(

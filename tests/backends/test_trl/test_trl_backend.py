@@ -787,7 +787,9 @@ def test_zero_stage_is_fixed_off_without_deepspeed(monkeypatch: pytest.MonkeyPat
     from autotune.space import load_space
 
     backend = TrlBackend()
-    space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(Platform.machine(gpu_present=False))
+    space = load_space(backend.default_space(), backend="trl", known_knobs=backend.knob_names).restrict(
+        Platform.machine(gpu_present=False)
+    )
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
