@@ -178,8 +178,13 @@ def read_study_bytes(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES)
 
 
 def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
-    kinds += ((stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    )
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 

@@ -73,7 +73,7 @@ def _name_shared_memory_per_run() -> None:
         return
     shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
     original = getattr(shm, "make_group_name", None)
-    if original is None or getattr(original, _MARK, False):
+    if shm is None or original is None or getattr(original, _MARK, False):
         return
     run = f"autotune{os.environ.get('MASTER_PORT', '')}.{os.getppid()}"
 

@@ -36,10 +36,15 @@ def _torch_cuda() -> tuple[bool, str | None]:
         except (OSError, SyntaxError, ValueError):
             continue
         for node in tree.body:
-            target = node.targets[0] if isinstance(node, ast.Assign) and node.targets else None
-            target = node.target if isinstance(node, ast.AnnAssign) else target
-            if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
-                value = node.value.value
+            assigned: ast.expr | None
+            if isinstance(node, ast.Assign) and node.targets:
+                target, assigned = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign):
+                target, assigned = node.target, node.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(assigned, ast.Constant):
+                value = assigned.value
                 return True, value if isinstance(value, str) else None
         return True, None
     return False, None

@@ -59,8 +59,8 @@ def vllm_pool_bytes(result: TrialResult) -> int:
     rollouts, what it keeps asleep. Read from the trial's estimate, whose ``vllm_reserved`` is exact.
     """
     phases = (result.estimate or {}).get("phases") or {}
-    held = [comps.get("vllm_reserved") for comps in phases.values() if isinstance(comps, dict)]
-    held = [int(x) for x in held if isinstance(x, int | float)]
+    values = [comps.get("vllm_reserved") for comps in phases.values() if isinstance(comps, dict)]
+    held = [int(x) for x in values if isinstance(x, int | float)]
     return max(0, min(held)) if held else 0
 
 

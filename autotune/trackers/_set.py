@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from autotune.errors import UsageError
@@ -78,7 +79,7 @@ class Trackers:
             if self._started:
                 return
             for tracker in self.trackers:
-                self._call(tracker, "opening the study's run", lambda t=tracker: t.start(study))
+                self._call(tracker, "opening the study's run", partial(tracker.start, study))
             self._started = True
 
     def log(self, result: TrialResult) -> None:
@@ -88,7 +89,7 @@ class Trackers:
             if not self._started:
                 return
             for tracker in self.trackers:
-                self._call(tracker, f"logging trial {row.number}", lambda t=tracker: t.log_trial(row))
+                self._call(tracker, f"logging trial {row.number}", partial(tracker.log_trial, row))
 
     def finish(self) -> None:
         """Close every tracker's study run (idempotent)."""

@@ -65,7 +65,11 @@ def test_fixture_export_parses_with_ms_swift(fixture_study: Path) -> None:
     assert ns.tuner_type == "lora" and ns.lora_rank == 16 and ns.beta == 0.04 and ns.max_length == 1536
     assert ns.num_generations == 8 and ns.max_completion_length == 1024
     assert ns.max_steps == -1 and ns.output_dir is None  # trial-only flags are not carried
-    assert script_env(text) == {"NPROC_PER_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert script_env(text) == {
+        "NPROC_PER_NODE": "4",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # NVML's numbering, as the trial had (review #13)
+    }
 
 
 def test_translated_trl_winner_parses_with_ms_swift(tmp_path: Path) -> None:
