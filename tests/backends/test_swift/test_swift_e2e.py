@@ -17,7 +17,7 @@ import pytest
 
 from autotune.backends._base import ModelRef, TrialContext
 from autotune.backends.swift.backend import SwiftBackend
-from autotune.errors import BackendError, UsageError
+from autotune.errors import UsageError
 from autotune.records import TrialSpec, TrialStatus
 from autotune.trial.outcome import classify, health_check
 from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, alive_pids, run_trial
