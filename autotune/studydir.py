@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 from autotune.errors import UsageError, WriteError
 from autotune.records import Hardware, Recommendation, TrialResult
+from autotune.writable import ensure_writable
 
 __all__ = [
     "StudyDir",
@@ -269,20 +270,6 @@ def create_file(path: Path, *, mode: int = 0o644) -> BinaryIO:
         return os.fdopen(fd, "wb", buffering=0)
     except OSError as exc:
         raise WriteError.of(path, exc) from None
-
-
-def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
-    """Create ``directory`` if needed and prove it is writable, or raise a one-line UsageError."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".autotune-write-test-", dir=directory)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
-        raise UsageError(
-            f"cannot write to {flag} {directory}: {reason}", hint=f"Choose a writable directory with {flag}"
-        ) from None
 
 
 def check_creatable(directory: Path, *, flag: str = "--out") -> None:

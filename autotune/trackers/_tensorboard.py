@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.studydir import ensure_writable
 from autotune.trackers._base import StudyPlace, Tracker, TrialPlace, TrialRow, user_env
+from autotune.writable import ensure_writable
 
 __all__ = ["TensorBoardTracker", "STUDY_RUN"]
 
