@@ -13,6 +13,7 @@ export CUDA_DEVICE_ORDER=PCI_BUS_ID
 swift rlhf \
   --rlhf_type grpo \
   --model Qwen/Qwen2-7B \
+  --use_hf true \
   --dataset /data/runs/qwen2-7b-a10/../data/math.jsonl \
   --external_plugins <STUDY>/trials/3/swift_reward_plugin.py \
   --reward_funcs autotune_demo \

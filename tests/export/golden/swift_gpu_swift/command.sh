@@ -11,6 +11,7 @@ export CUDA_DEVICE_ORDER=PCI_BUS_ID
 swift rlhf \
   --rlhf_type grpo \
   --model Qwen/Qwen2.5-1.5B-Instruct \
+  --use_hf true \
   --dataset /data/math/train.parquet \
   --external_plugins <STUDY>/trials/1/swift_reward_plugin.py \
   --reward_funcs autotune_demo \

@@ -12,6 +12,7 @@ export CUDA_DEVICE_ORDER=PCI_BUS_ID
 swift rlhf \
   --rlhf_type grpo \
   --model Qwen/Qwen2.5-1.5B-Instruct \
+  --use_hf true \
   --dataset trl-lib/DeepMath-103K \
   --external_plugins <AUTOTUNE>/assets/swift_reward_plugin.py \
   --reward_funcs autotune_demo \
@@ -30,5 +31,4 @@ swift rlhf \
   --beta 0.04 \
   --learning_rate 1e-06 \
   --logging_steps 10 \
-  --use_hf true \
   "$@"
