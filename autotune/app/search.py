@@ -553,24 +553,25 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     # a shared study hold it together)
     with StudyLock(out, shared=shared), stop_on_signals(stop_event, console):
         try:
-            outcome = run_workers(studies, stop_event)
-        except KeyboardInterrupt:  # a forced stop (second Ctrl-C): the study is still resumable
-            console.print(f"\nresume with: {resume}", markup=False)
-            raise
-        finally:
-            view.close()
-        if shared and req.storage is not None:  # the other workers' trials too, for the report
-            from autotune.study.mirror import pull
+            try:
+                outcome = run_workers(studies, stop_event)
+            finally:
+                view.close()
+            if shared and req.storage is not None:  # the other workers' trials too, for the report
+                from autotune.study.mirror import pull
 
-            pull(req.storage, cfg.name, out, secrets)
-        summary = SearchSummary(
-            out=out,
-            outcome=outcome,
-            searched=space.searched,
-            pinned=dict(space.pinned),
-            command_line=resume,
-        )
-        _finish(console, summary)
+                pull(req.storage, cfg.name, out, secrets)
+            summary = SearchSummary(
+                out=out,
+                outcome=outcome,
+                searched=space.searched,
+                pinned=dict(space.pinned),
+                command_line=resume,
+            )
+            _finish(console, summary)
+        except KeyboardInterrupt:  # a forced stop (second Ctrl-C), in a trial or in the report after it:
+            console.print(f"\nresume with: {resume}", markup=False)  # the study is still resumable
+            raise
     if outcome.stopped == "interrupted":
         console.print(f"resume with: {resume}", markup=False)
     return summary

@@ -140,7 +140,7 @@ def test_report_at_any_moment_and_damaged_files_in_one_line(tmp_path: Path) -> N
     live = _cli("report", str(out), "--no-png", "--out", str(tmp_path / "live-report"))
     assert tuner.wait(timeout=120) == 0
     assert live.returncode in (0, 3) and "Traceback" not in live.stderr, live.stderr
-    assert "not ended" in (tmp_path / "live-report" / "report.md").read_text()
+    assert "running: 0 of 2 trials" in (tmp_path / "live-report" / "report.md").read_text()
     # a study with no outcome (killed), then with an empty study.json: the report says what is missing
     settings = json.loads((out / "study.json").read_text())
     for text in (
