@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -92,6 +93,22 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+def _hub_settings() -> tuple[str, bool]:
+    """The Hugging Face cache and offline mode as the environment says now: huggingface_hub reads
+    ``HF_HUB_CACHE`` / ``HF_HOME`` / ``HF_HUB_OFFLINE`` once, at its import, and a Python caller (or a CLI
+    run in-process) may set them after that."""
+    from huggingface_hub import constants
+
+    env = os.environ
+    home = env.get("HF_HOME")
+    cache = env.get("HF_HUB_CACHE") or (os.path.join(home, "hub") if home else constants.HF_HUB_CACHE)
+    said = env.get("HF_HUB_OFFLINE")
+    offline = (
+        said.strip().upper() in {"1", "ON", "YES", "TRUE"} if said is not None else constants.HF_HUB_OFFLINE
+    )
+    return cache, bool(offline)
+
+
 def _snapshot(name: str, hub_id: str) -> Path:
     """The local snapshot of ``hub_id`` in the user's own Hugging Face cache, downloaded there the first
     time (huggingface_hub's ``snapshot_download``: ``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_TOKEN`` and
@@ -107,8 +124,13 @@ def _snapshot(name: str, hub_id: str) -> Path:
         f"Download it once where the hub can be reached (hf download {hub_id}), "
         "or point --model at a local model folder"
     )
+    cache_dir, offline = _hub_settings()
     try:
-        return Path(snapshot_download(hub_id, ignore_patterns=list(_NOT_LOADED)))
+        return Path(
+            snapshot_download(
+                hub_id, ignore_patterns=list(_NOT_LOADED), cache_dir=cache_dir, local_files_only=offline
+            )
+        )
     except GatedRepoError as exc:
         raise UsageError(
             f"model {_named(name, hub_id)} is gated on the Hugging Face hub ({_first_line(exc)})",
