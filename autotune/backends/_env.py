@@ -22,8 +22,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from autotune import affinity
 from autotune.jobconfig import JobConfig
-from autotune.trial import affinity
 
 __all__ = ["ALLOC_CONF", "TrialEnv", "gpu_trial_env", "usable_cores", "without_expandable_segments"]
 
@@ -41,7 +41,7 @@ class TrialEnv:
 
 
 def usable_cores() -> int:
-    """How many CPU cores this process may run on (its affinity: :func:`autotune.trial.affinity.usable_cores`)."""
+    """How many CPU cores this process may run on (its affinity: :func:`autotune.affinity.usable_cores`)."""
     return len(affinity.usable_cores())
 
 

@@ -141,7 +141,7 @@ def _set_threads() -> None:
     """Pin this rank to its share of the trial's cores (CPU-only trials) and size torch's thread pool."""
     import torch
 
-    from autotune.trial.affinity import parse_cores, pin, rank_cores
+    from autotune.affinity import parse_cores, pin, rank_cores
 
     mine = rank_cores(
         parse_cores(os.environ),

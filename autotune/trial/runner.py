@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
+from autotune.affinity import parse_cores, pin
 from autotune.backends._base import FailurePattern, StepParser
 from autotune.errors import LaunchError, UsageError, WriteError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir, create_file, write_json_atomic, write_text_atomic
-from autotune.trial.affinity import parse_cores, pin
 from autotune.trial.confine import Confinement
 from autotune.trial.early import (
     EarlyCall,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.affinity import CORES_ENV, format_cores, parse_cores, pin, rank_cores, usable_cores
 from autotune.backends.command import CommandParser
 from autotune.records import LaunchPlan
-from autotune.trial.affinity import CORES_ENV, format_cores, parse_cores, pin, rank_cores, usable_cores
 from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 
 FAST = WatchdogConfig(startup_timeout_s=20, hang_k=3, hang_floor_s=0.6, grace_s=0.5, poll_interval_s=0.05)

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.affinity import CORES_ENV, format_cores, usable_cores
 from autotune.backends._base import (
     Backend,
     BackendInfo,
@@ -46,7 +47,6 @@ from autotune.secrets import SecretRule, env_name
 from autotune.space import SearchSpace
 from autotune.studydir import write_text_atomic
 from autotune.tail import FileTail
-from autotune.trial.affinity import CORES_ENV, format_cores, usable_cores
 
 __all__ = ["TrlBackend", "TrlMetricsParser", "ds_config", "MIN_TRL_VERSION"]
 
