@@ -10,11 +10,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
 
 from autotune.plaintext import comment_line, shell_name
+from autotune.probes.summary import TimelineSummary
 from autotune.secrets import SecretRule
 
 __all__ = [
@@ -286,6 +287,18 @@ class TrialCeiling(_Frozen):
         return any(f is not None and f > 1.0 for f in fractions)
 
 
+def _timeline_summary(raw: object) -> TimelineSummary:
+    return raw if isinstance(raw, TimelineSummary) else TimelineSummary.from_json(raw)
+
+
+#: ``result.json``'s ``timeline_summary``: read and written by the record's one reader and writer
+SummaryField = Annotated[
+    TimelineSummary,
+    PlainValidator(_timeline_summary),
+    PlainSerializer(lambda s: s.to_json(), return_type=dict[str, object]),
+]
+
+
 class TrialResult(BaseModel):
     """Everything known about one finished (or never launched) trial. Written as ``result.json``."""
 
@@ -309,7 +322,7 @@ class TrialResult(BaseModel):
     # tells the caching allocator's free cache apart from memory the job needs (None: not reported)
     framework_alloc_peak_bytes: int | None = None
     host_peak_rss_bytes: int | None = None
-    timeline_summary: dict[str, Any] | None = None
+    timeline_summary: SummaryField | None = None
     estimate: dict[str, Any] | None = None  # predicted memory breakdown (bytes per component)
     started_wall_s: float | None = None
     duration_s: float = 0.0

@@ -84,8 +84,9 @@ def run_repeat(args: argparse.Namespace, out: Path, n_configs: int) -> None:
 
 def repeat_record(result: TrialResult, result_path: Path) -> dict[str, Any]:
     """What the table keeps of one trial."""
-    phases = ((result.timeline_summary or {}).get("phases") or {}).get("seconds")
-    steps = ((result.timeline_summary or {}).get("window") or {}).get("steps")
+    summary = result.timeline_summary
+    phases = summary.phases.time_s if summary is not None else None
+    steps = summary.window.steps if summary is not None else None
     per_step = {p: float(s) / steps for p, s in phases.items() if s is not None} if phases and steps else None
     launched = result_path.parent / "launch.json"
     started = launched.stat().st_mtime if launched.exists() else None

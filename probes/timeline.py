@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.probes.phases import PHASES
+from autotune.probes.summary import TimelineSummary
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -843,7 +844,7 @@ def summarize(
     idle_threshold_pct: float = 5.0,
     thresholds: InferenceThresholds | None = None,
     cpu_cores: int | None = None,
-) -> dict[str, Any]:
+) -> TimelineSummary:
     """Summarize one trial's timeline: per GPU, the host, and the phase split.
 
     Args:
@@ -858,7 +859,8 @@ def summarize(
         cpu_cores: cores of the host; read from the timeline's ``cpu_cores`` column when None.
 
     Returns:
-        A JSON-serialisable dict (None where unknown)::
+        The :class:`~autotune.probes.summary.TimelineSummary`, whose JSON (``to_json``) is (None where
+        unknown)::
 
             {"duration_s", "sample_rate_hz", "steps",
              "window": {"t0_mono_s", "t1_mono_s", "steps"},
@@ -925,9 +927,7 @@ def summarize(
         "host": _host_summary(host, win, cpu_cores),
         "phases": _phase_summary(intervals, source, win, gpu, idle_threshold_pct),
     }
-    cleaned = _json_clean(summary)
-    assert isinstance(cleaned, dict)  # a dict in, a dict out: typed for the caller without a cast
-    return cleaned
+    return TimelineSummary.from_json(_json_clean(summary))
 
 
 def _json_clean(obj: Any) -> Any:

@@ -188,9 +188,10 @@ class StudyData:
         if self.hardware is not None and position < len(self.hardware.gpus):
             return self.hardware.gpus[position].memory_total_bytes
         if trial is not None:
-            summary = (trial.result.timeline_summary or {}).get("gpus") or []
-            if position < len(summary) and _num(summary[position].get("mem_total_bytes")):
-                return int(summary[position]["mem_total_bytes"])
+            gpus = trial.result.timeline_summary.gpus if trial.result.timeline_summary is not None else ()
+            total = gpus[position].mem_total_bytes if position < len(gpus) else None
+            if total:
+                return int(total)
             rows = trial.gpu_rows()
             if rows is not None and "mem_total_bytes" in rows:
                 dev = rows[rows["device"] == self.gpu_index(position)]["mem_total_bytes"].dropna()

@@ -184,9 +184,9 @@ def _measured(data: StudyData) -> str:
     """``"GPU"`` or ``"CPU"``: what the trials' timelines measured, which every utilization, memory and
     hours label names. A timeline with GPU samples measured GPUs; one with the host's alone measured the
     CPU (a machine without GPUs, or NVML unavailable). Without any timeline, the hardware decides."""
-    summaries = [r.timeline_summary for r in data.results if r.timeline_summary]
+    summaries = [r.timeline_summary for r in data.results if r.timeline_summary is not None]
     if summaries:
-        return "GPU" if any(s.get("gpus") for s in summaries) else "CPU"
+        return "GPU" if any(s.gpus for s in summaries) else "CPU"
     return "CPU" if data.hardware is not None and not data.hardware.gpus else "GPU"
 
 
@@ -717,10 +717,10 @@ def _util_pct(r: TrialResult, sig: TrialSignals | None) -> float | None:
     """Mean GPU utilisation, else (no GPU rows) the trial's CPU use as a share of all cores."""
     util = sig.util_mean_pct if sig is not None else None
     if util is None:
-        host = (r.timeline_summary or {}).get("host") or {}
-        cores = host.get("cpu_cores")
-        if is_num(host.get("cpu_mean_pct")) and cores:
-            util = float(host["cpu_mean_pct"]) / cores
+        host = r.timeline_summary.host if r.timeline_summary is not None else None
+        cores = host.cpu_cores if host is not None else None
+        if host is not None and host.cpu_mean_pct is not None and cores:
+            util = float(host.cpu_mean_pct) / cores
     return util
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from autotune.probes.phases import PHASES
+from autotune.probes.summary import TimelineSummary
 from autotune.reports._load import StudyData, TrialData
 
 from autotune.study.recommend import allocator_cache_bytes
@@ -132,8 +133,8 @@ def _window(trial: TrialData) -> tuple[float, float] | None:
 def signals(data: StudyData, trial: TrialData) -> TrialSignals:
     """Compute the derived numbers of ``trial``."""
     res = trial.result
-    summary = res.timeline_summary or {}
-    sum_gpus = summary.get("gpus") or []
+    summary = res.timeline_summary if res.timeline_summary is not None else TimelineSummary()
+    sum_gpus = summary.gpus
     gpu = trial.gpu_rows()
     n_gpus = data.gpu_count or len(sum_gpus) or (int(gpu["device"].nunique()) if gpu is not None else 0)
     sig = TrialSignals(number=trial.number, allocator_cache_bytes=allocator_cache_bytes(res))
@@ -141,22 +142,21 @@ def signals(data: StudyData, trial: TrialData) -> TrialSignals:
         sig.capacity_bytes.append(data.capacity_bytes(pos, trial))
         peak = res.peak_mem_bytes[pos] if pos < len(res.peak_mem_bytes) else None
         if peak is None and pos < len(sum_gpus):
-            peak = sum_gpus[pos].get("peak_mem_bytes")
+            peak = _int(sum_gpus[pos].peak_mem_bytes)
         if peak is None and gpu is not None and "mem_used_bytes" in gpu:
             dev = gpu[gpu["device"] == data.gpu_index(pos)]["mem_used_bytes"].dropna()
             peak = int(dev.max()) if len(dev) else None
         sig.peak_bytes.append(int(peak) if peak is not None and _num(peak) is not None else None)
 
-    sig.util_mean_pct = _mean([_num(g.get("util_mean_pct")) for g in sum_gpus])
-    sig.idle_share = _mean([_num(g.get("idle_share")) for g in sum_gpus])
+    sig.util_mean_pct = _mean([g.util_mean_pct for g in sum_gpus])
+    sig.idle_share = _mean([g.idle_fraction for g in sum_gpus])
     util = gpu["gpu_util_pct"].dropna() if gpu is not None and "gpu_util_pct" in gpu else None
     if sig.util_mean_pct is None and util is not None and len(util):
         sig.util_mean_pct = float(util.mean())
         sig.idle_share = float((util < IDLE_PCT).mean())
 
-    host_summary = summary.get("host") or {}
-    sig.host_peak_rss_bytes = res.host_peak_rss_bytes or _int(host_summary.get("peak_rss_bytes"))
-    sig.host_min_available_bytes = _int(host_summary.get("min_available_bytes"))
+    sig.host_peak_rss_bytes = res.host_peak_rss_bytes or _int(summary.host.peak_rss_bytes)
+    sig.host_min_available_bytes = _int(summary.host.min_available_bytes)
     host = trial.host_rows()
     if host is not None and sig.host_min_available_bytes is None and "host_mem_available_bytes" in host:
         avail = host["host_mem_available_bytes"].dropna()
@@ -187,14 +187,14 @@ def _int(value: Any) -> int | None:
 
 
 def _phase_numbers(
-    sig: TrialSignals, trial: TrialData, gpu: pd.DataFrame | None, summary: dict[str, Any]
+    sig: TrialSignals, trial: TrialData, gpu: pd.DataFrame | None, summary: TimelineSummary
 ) -> None:
     window = _window(trial)
-    phases = summary.get("phases") or {}
+    phases = summary.phases
     if trial.spans:
         sig.phase_source = trial.spans[0].source
     else:
-        sig.phase_source = str(phases.get("source") or "none")
+        sig.phase_source = phases.source or "none"
     if window is not None and trial.spans:
         w0, w1 = window
         sig.window_s = w1 - w0
@@ -204,13 +204,12 @@ def _phase_numbers(
             seconds[phase] += max(0.0, min(span.t1_mono_s, w1) - max(span.t0_mono_s, w0))
         seconds["other"] += max(0.0, sig.window_s - sum(seconds.values()))
         sig.phase_seconds = seconds
-    elif isinstance(phases.get("seconds"), dict):
-        sig.phase_seconds = {k: float(v) for k, v in phases["seconds"].items() if _num(v) is not None}
+    elif phases.time_s:
+        sig.phase_seconds = {k: float(v) for k, v in phases.time_s.items() if v is not None}
 
     if gpu is None or window is None or "gpu_util_pct" not in gpu:
-        idle = phases.get("gpu_idle_share_by_phase")
-        if isinstance(idle, dict):
-            sig.idle_share_by_phase = {k: _num(v) for k, v in idle.items()}
+        if phases.gpu_idle_fraction:
+            sig.idle_share_by_phase = dict(phases.gpu_idle_fraction)
         return
     w0, w1 = window
     rows = gpu[(gpu["t_mono_s"] >= w0) & (gpu["t_mono_s"] <= w1)]
@@ -252,7 +251,7 @@ def _host_while_idle(
     window = _window(trial)
     if gpu is None or host is None or window is None or "gpu_util_pct" not in gpu:
         return
-    cores = (trial.result.timeline_summary or {}).get("host", {}).get("cpu_cores")
+    cores = trial.result.timeline_summary.host.cpu_cores if trial.result.timeline_summary else None
     if not cores and data.hardware is not None:
         cores = data.hardware.host.cpu_cores_logical
     cpu = _host_cpu_pct(host, cores if isinstance(cores, int) else None)

@@ -138,7 +138,7 @@ def timeline_series(data: StudyData, trial: TrialData) -> TimelineSeries:
         out.capacity_gib = round(min(caps_known) / GIB, 3) if caps_known else None
     else:
         rows = host.copy() if host is not None else pd.DataFrame()
-        cores = (trial.result.timeline_summary or {}).get("host", {}).get("cpu_cores")
+        cores = trial.result.timeline_summary.host.cpu_cores if trial.result.timeline_summary else None
         if not cores and data.hardware is not None:
             cores = data.hardware.host.cpu_cores_logical
         # The trial's own process tree first: on a shared host the host-wide figure says little.

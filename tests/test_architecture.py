@@ -424,13 +424,9 @@ KEY_READ_BUDGET = {
     "autotune.export._winner": 3,
     "autotune.export.deepspeed": 1,
     "autotune.export.jsonfmt": 7,
-    "autotune.strategy._pool": 1,
-    "autotune.study.ceiling": 1,
     "autotune.study.loop": 2,
     "autotune.study.mirror": 1,
     "autotune.studydir": 1,
-    "autotune.trial.execute": 2,
-    "autotune.reports._signals": 5,
 }
 
 

@@ -209,8 +209,9 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None, echo: bool = 
     )
     verdict = classify(record, health=health, steps_required=False)
     summary = summarize_trial(req.out, steps)
-    peaks = [g.get("peak_mem_bytes") for g in (summary or {}).get("gpus", [])]
-    host_peak = ((summary or {}).get("host") or {}).get("peak_rss_bytes")
+    gpus = summary.gpus if summary is not None else ()
+    peaks = [None if g.peak_mem_bytes is None else int(g.peak_mem_bytes) for g in gpus]
+    host_peak = summary.host.peak_rss_bytes if summary is not None else None
     result = TrialResult(
         number=0,
         params={},

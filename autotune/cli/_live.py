@@ -37,9 +37,10 @@ _STYLE = {
 
 def _rollout_share(result: TrialResult) -> float | None:
     """The share of the step the trial spent generating (its timeline's rollout phase), when measured."""
-    phases = (result.timeline_summary or {}).get("phases") or {}
-    share = (phases.get("share") or {}).get("rollout")
-    return float(share) if isinstance(share, (int, float)) and not isinstance(share, bool) else None
+    if result.timeline_summary is None:
+        return None
+    share = result.timeline_summary.phases.share_fraction.get("rollout")
+    return float(share) if share is not None else None
 
 
 def short_params(params: Mapping[str, Any], limit: int = 6, labels: Mapping[str, str] | None = None) -> str:

@@ -23,13 +23,12 @@ __all__ = ["Block", "Candidate", "CandidatePool", "PriorScale", "observed_phases
 def observed_phases(result: TrialResult) -> np.ndarray | None:
     """Seconds per step of each phase (``PHASE_NAMES`` order) a trial measured, scaled to its steady
     step time; None without a steady estimate or a framework / marker phase split."""
-    if result.steady is None or not result.timeline_summary:
+    if result.steady is None or result.timeline_summary is None:
         return None
-    phases = result.timeline_summary.get("phases") or {}
-    if phases.get("source") not in ("framework", "markers"):
+    phases = result.timeline_summary.phases
+    if not phases.measured:
         return None
-    seconds = phases.get("seconds") or {}
-    values = [seconds.get(p) for p in PHASE_NAMES]
+    values = [phases.time_s.get(p) for p in PHASE_NAMES]
     if any(v is None or not math.isfinite(float(v)) or float(v) < 0 for v in values):
         return None
     total = sum(float(v) for v in values if v is not None)

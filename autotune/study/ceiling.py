@@ -28,17 +28,12 @@ HOST_BENCH_S = 2.0
 def measured_phase_seconds(result: TrialResult) -> dict[str, float]:
     """Seconds per step of each timeline phase a trial measured (its framework's or markers' split,
     scaled to the steady step time); empty without a steady estimate or such a split."""
-    if result.steady is None or not result.timeline_summary:
+    if result.steady is None or result.timeline_summary is None:
         return {}
-    phases = result.timeline_summary.get("phases") or {}
-    if not isinstance(phases, dict) or phases.get("source") not in ("framework", "markers"):
+    phases = result.timeline_summary.phases
+    if not phases.measured:
         return {}
-    seconds = phases.get("seconds") or {}
-    if not isinstance(seconds, dict):
-        return {}
-    values = {
-        str(k): float(x) for k, x in seconds.items() if isinstance(x, (int, float)) and math.isfinite(x)
-    }
+    values = {k: float(x) for k, x in phases.time_s.items() if x is not None and math.isfinite(x)}
     total = sum(x for x in values.values() if x > 0)
     if total <= 0:
         return {}

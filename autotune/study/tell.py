@@ -111,7 +111,7 @@ def trial_attrs(result: TrialResult) -> dict[str, Any]:
     ``failed_phase``.
     """
     attrs: dict[str, Any] = {"status": result.status.value, "reason": result.reason[:500]}
-    gpus = [g for g in (result.timeline_summary or {}).get("gpus") or [] if isinstance(g, dict)]
+    gpus = result.timeline_summary.gpus if result.timeline_summary is not None else ()
     measured: dict[str, Any] = {
         "steps": result.steps,
         "throughput": result.throughput,
@@ -119,8 +119,8 @@ def trial_attrs(result: TrialResult) -> dict[str, Any]:
         "peak_mem_bytes": list(result.peak_mem_bytes)
         if any(p is not None for p in result.peak_mem_bytes)
         else None,
-        "gpu_util_mean_pct": _mean_of(gpus, "util_mean_pct"),
-        "gpu_idle_share": _mean_of(gpus, "idle_share"),
+        "gpu_util_mean_pct": _mean([g.util_mean_pct for g in gpus]),
+        "gpu_idle_share": _mean([g.idle_fraction for g in gpus]),
         "host_peak_rss_bytes": result.host_peak_rss_bytes,
         "failed_phase": result.failed_phase,
     }
@@ -162,12 +162,8 @@ def stored_result(trial: optuna.trial.FrozenTrial) -> TrialResult | None:
     return result if result.number == trial.number else None
 
 
-def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [
-        float(r[key])
-        for r in rows
-        if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)
-    ]
+def _mean(numbers: list[float | None]) -> float | None:
+    values = [float(x) for x in numbers if x is not None]
     return sum(values) / len(values) if values else None
 
 

@@ -112,8 +112,8 @@ def row_of(result: TrialResult) -> TrialRow:
     }
     for i, peak in enumerate(result.peak_mem_bytes):
         metrics[f"peak_mem_bytes_gpu{i}"] = peak
-    phases = (result.timeline_summary or {}).get("phases") or {}
-    for name, seconds in (phases.get("seconds") or {}).items():
+    phase_time_s = result.timeline_summary.phases.time_s if result.timeline_summary is not None else {}
+    for name, seconds in phase_time_s.items():
         metrics[f"phase_{name}_s"] = seconds
     kept = {
         k: float(v)

@@ -18,6 +18,7 @@ from typing import Any
 from autotune.backends import Backend, TrialContext
 from autotune.errors import LaunchError
 from autotune.plaintext import plain
+from autotune.probes.summary import GpuSummary, TimelineSummary
 from autotune.records import Hardware, LaunchPlan, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
@@ -83,7 +84,7 @@ def summarize_trial(
     *,
     model_flops_per_step: float | None = None,
     peak_flops: float | None = None,
-) -> dict[str, Any] | None:
+) -> TimelineSummary | None:
     """Timeline summary of a trial directory (None when it has no timeline)."""
     from autotune.probes.phases import read_phases
     from autotune.probes.timeline import read_timeline, summarize
@@ -242,17 +243,16 @@ class Executor:
                 ctx.trial_dir, steps, model_flops_per_step=flops, peak_flops=self.peak_flops
             )
         except (OSError, ValueError) as exc:  # a broken timeline must not lose the trial's result
-            summary = {"error": f"timeline unreadable: {exc}"}
+            summary = TimelineSummary.unreadable(f"timeline unreadable: {exc}")
         peaks: list[int | None] = []
-        if summary and summary.get("gpus"):
-            by_index = {g["index"]: g for g in summary["gpus"]}
-            peaks = [by_index.get(g.index, {}).get("peak_mem_bytes") for g in self.hardware.gpus]
-        host_peak = (summary or {}).get("host", {}).get("peak_rss_bytes") if summary else None
+        if summary is not None and summary.gpus:
+            peaks = [_peak(summary.gpu(g.index)) for g in self.hardware.gpus]
+        host_peak = summary.host.peak_rss_bytes if summary is not None else None
         reason = verdict.reason
         if status is TrialStatus.HOST_OOM:  # the figures must not contradict the reason
             reason = host_oom_reason(
                 reason,
-                (summary or {}).get("host", {}).get("min_available_bytes") if summary else None,
+                _bytes(summary.host.min_available_bytes) if summary is not None else None,
                 self.hardware.host.ram_total_bytes,
             )
         fw_mem = [s.values["memory_gib"] for s in steps if s.values.get("memory_gib") is not None]
@@ -336,6 +336,15 @@ def _tracked(ctx: TrialContext, trackers: Trackers) -> tuple[TrialContext, dict[
 
 #: the longest single argument or variable Linux passes to a program (MAX_ARG_STRLEN: 32 pages)
 MAX_ARG_BYTES = 32 * 4096
+
+
+def _bytes(value: float | None) -> int | None:
+    return int(value) if value is not None else None
+
+
+def _peak(gpu: GpuSummary | None) -> int | None:
+    """A GPU's peak memory from the summary (None: the timeline did not sample that GPU)."""
+    return _bytes(gpu.peak_mem_bytes) if gpu is not None else None
 
 
 def argv_too_long(argv: Sequence[str], env: Mapping[str, str]) -> str | None:

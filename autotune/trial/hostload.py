@@ -9,9 +9,9 @@ module judges.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from autotune.probes.summary import TimelineSummary
 
 __all__ = ["LOADED_MIN_CORES", "LOADED_MIN_SHARE", "HostLoad", "host_load"]
 
@@ -44,16 +44,13 @@ class HostLoad:
         )
 
 
-def host_load(summary: Mapping[str, Any] | None) -> HostLoad | None:
+def host_load(summary: TimelineSummary | None) -> HostLoad | None:
     """The host load of a trial from its timeline summary, or None when it was not measured (a timeline
     recorded before the probe measured it, or no timeline)."""
-    host = (summary or {}).get("host")
-    if not isinstance(host, Mapping):
+    if summary is None or summary.host.other_busy_cores_mean is None:
         return None
-    other = host.get("other_busy_cores_mean")
-    if isinstance(other, bool) or not isinstance(other, int | float):
-        return None
-    cores = host.get("host_cpu_count") or host.get("cpu_cores")
-    n = int(cores) if isinstance(cores, int | float) and not isinstance(cores, bool) and cores > 0 else None
+    other = float(summary.host.other_busy_cores_mean)
+    cores = summary.host.host_cpu_count or summary.host.cpu_cores
+    n = int(cores) if cores is not None and cores > 0 else None
     threshold = max(LOADED_MIN_CORES, LOADED_MIN_SHARE * n) if n else LOADED_MIN_CORES
-    return HostLoad(other_busy_cores=float(other), host_cores=n, loaded=float(other) >= threshold)
+    return HostLoad(other_busy_cores=other, host_cores=n, loaded=other >= threshold)

@@ -140,8 +140,8 @@ def test_recorded_verl_console_lines() -> None:
         ],
         [],
     )
-    assert summary["phases"]["source"] == "framework"
-    assert summary["phases"]["seconds"]["rollout"] > 0 and summary["phases"]["seconds"]["weight_sync"] > 0
+    assert summary.phases.source == "framework" and summary.phases.measured
+    assert (summary.phases.time_s["rollout"] or 0) > 0 and (summary.phases.time_s["weight_sync"] or 0) > 0
 
 
 def test_a_verl_line_is_not_read_twice_and_nan_survives() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from autotune.probes.summary import TimelineSummary
 
 from autotune.records import SteadyEstimate, TrialResult, TrialStatus
 from autotune.space import load_space
@@ -70,5 +71,8 @@ def test_observed_phases_are_scaled_to_the_steady_step_and_need_a_real_split() -
     assert got is not None
     assert got.sum() == pytest.approx(2.0) and got[0] == pytest.approx(1.5)
     inferred = {**summary, "phases": {**summary["phases"], "source": "inferred"}}
-    assert observed_phases(r.model_copy(update={"timeline_summary": inferred})) is None
+    assert (
+        observed_phases(r.model_copy(update={"timeline_summary": TimelineSummary.from_json(inferred)}))
+        is None
+    )
     assert observed_phases(r.model_copy(update={"steady": None})) is None

@@ -3,7 +3,7 @@ step (and phases, where split) against it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,9 @@ def test_no_ceiling_without_architecture_or_steps() -> None:
 def test_phase_split_only_from_the_framework_or_markers() -> None:
     inferred = _result(4.0, phases={"rollout": 1.0})
     assert inferred.timeline_summary is not None
-    inferred.timeline_summary["phases"]["source"] = "inferred"
+    inferred.timeline_summary = replace(
+        inferred.timeline_summary, phases=replace(inferred.timeline_summary.phases, source="inferred")
+    )
     assert measured_phase_seconds(inferred) == {}
     assert measured_phase_seconds(_result(4.0, phases={"rollout": 3.0, "train": 1.0, "other": 0.0})) == {
         "rollout": 3.0,

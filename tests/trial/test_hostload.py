@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from autotune.probes.summary import TimelineSummary
 
 from autotune.trial.hostload import HostLoad, host_load
 
 
 def _summary(other: float | None, cores: int | None = 2) -> dict:
     return {"host": {"cpu_mean_pct": 90.0, "other_busy_cores_mean": other, "host_cpu_count": cores}}
+
+
+def _load(summary: dict | None) -> HostLoad | None:
+    """The flag of a summary as ``result.json`` holds it (read by the record's one reader)."""
+    return host_load(TimelineSummary.from_json(summary) if summary is not None else None)
 
 
 @pytest.mark.parametrize(
@@ -26,13 +32,13 @@ def _summary(other: float | None, cores: int | None = 2) -> dict:
 def test_a_trial_is_flagged_when_other_processes_take_a_real_share_of_the_host(
     other: float, cores: int | None, loaded: bool
 ) -> None:
-    load = host_load(_summary(other, cores))
+    load = _load(_summary(other, cores))
     assert load is not None and load.loaded is loaded
     assert load.other_busy_cores == pytest.approx(other)
 
 
 def test_the_flag_reads_as_the_report_shows_it() -> None:
-    load = host_load(_summary(1.34, 2))
+    load = _load(_summary(1.34, 2))
     assert load == HostLoad(other_busy_cores=1.34, host_cores=2, loaded=True)
     assert (
         load.text()
@@ -56,4 +62,4 @@ def test_the_flag_reads_as_the_report_shows_it() -> None:
 )
 def test_no_measurement_no_flag(summary: dict | None) -> None:
     # timelines recorded before the probe measured other processes, or none at all
-    assert host_load(summary) is None
+    assert _load(summary) is None
