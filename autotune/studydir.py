@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from autotune.errors import UsageError, WriteError
-from autotune.records import Hardware, Recommendation, TrialResult
+from autotune.records import Hardware, Recommendation, StudySettings, TrialResult
 from autotune.writable import ensure_writable
 
 __all__ = [
@@ -534,8 +534,9 @@ class StudyDir:
     def exists(self) -> bool:
         return self.study_json.exists()
 
-    def read_settings(self) -> dict[str, Any]:
-        """``study.json`` as a mapping.
+    def read_settings(self) -> StudySettings:
+        """``study.json``, the one way it is read (:func:`read_json_guarded`: no link, no FIFO or device,
+        size and depth bounded), as :class:`~autotune.records.StudySettings`.
 
         Raises:
             UsageError: it is missing, unreadable, not JSON, or not a JSON object (one line naming it).
@@ -551,10 +552,10 @@ class StudyDir:
                 f"{self.study_json} does not hold a JSON object (it holds {_json_kind(data)})",
                 hint="Restore it or start a new study with another --out",
             )
-        return data
+        return StudySettings.from_json(data)
 
-    def write_settings(self, data: dict[str, Any]) -> None:
-        write_json_atomic(self.study_json, data)
+    def write_settings(self, data: StudySettings | dict[str, Any]) -> None:
+        write_json_atomic(self.study_json, data.to_json() if isinstance(data, StudySettings) else data)
 
     def write_result(self, result: TrialResult) -> None:
         """Store a trial's ``result.json`` (its directory is checked: never a link, see :meth:`own_dir`)."""
@@ -603,10 +604,10 @@ class StudyDir:
                     out.append(result)
         return sorted(out, key=lambda r: r.number)
 
-    def hardware(self, settings: dict[str, Any] | None = None) -> Hardware | None:
+    def hardware(self, settings: StudySettings | None = None) -> Hardware | None:
         """The study's hardware from ``study.json`` (None when it lacks it or cannot be read)."""
-        data = (settings if settings is not None else self.read_settings()).get("hardware")
-        if not isinstance(data, dict):
+        data = (settings if settings is not None else self.read_settings()).hardware
+        if data is None:
             return None
         try:
             return Hardware.model_validate(data)
@@ -614,7 +615,7 @@ class StudyDir:
             return None
 
     def recommendation(
-        self, settings: dict[str, Any] | None = None, results: list[TrialResult] | None = None
+        self, settings: StudySettings | None = None, results: list[TrialResult] | None = None
     ) -> Recommendation | None:
         """The study's recommendation as stored in ``study.json`` when it ended.
 
@@ -622,8 +623,8 @@ class StudyDir:
         the results on disk by the same rule, :func:`autotune.study.recommend.recommend`.
         """
         settings = settings if settings is not None else self.read_settings()
-        if "recommendation" in settings:
-            stored = settings["recommendation"]
+        if settings.stored_recommendation:
+            stored = settings.recommendation
             if stored is None:
                 return None
             try:

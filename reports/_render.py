@@ -27,7 +27,7 @@ from autotune.reports.insight import best_so_far, param_importances, pareto_poin
 from autotune.reports.limits import fraction_text, limit_section
 
 from autotune.errors import UsageError
-from autotune.records import Recommendation, TrialResult, TrialStatus
+from autotune.records import Recommendation, StudySettings, TrialResult, TrialStatus
 from autotune.study.verdict import headline, speedup_text
 from autotune.studydir import StudyDir, TrialDir, ensure_writable, write_text_atomic
 from autotune.trial.hostload import host_load
@@ -70,14 +70,15 @@ def pick_winner(data: StudyData) -> Recommendation | None:
     and decided from the results the same way.
     """
     study_dir = StudyDir(data.root)
+    settings = StudySettings.from_json(data.meta)
     try:
-        return study_dir.recommendation(data.meta, data.results)
+        return study_dir.recommendation(settings, data.results)
     except UsageError:  # StudyDir's guarded read: the stored one is not a recommendation
         data.problems.append(
             f"{StudyDir.SETTINGS}: the recommendation is unreadable; decided again from the trial results"
         )
-    settings = {k: v for k, v in data.meta.items() if k != "recommendation"}
-    return study_dir.recommendation(settings, data.results)
+    without = StudySettings.from_json({k: v for k, v in data.meta.items() if k != "recommendation"})
+    return study_dir.recommendation(without, data.results)
 
 
 # ------------------------------------------------------------------------------------------- escaping

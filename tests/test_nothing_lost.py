@@ -10,7 +10,7 @@ import pytest
 
 from autotune.errors import SpaceError, StudyError, UsageError, WriteError
 from autotune.plaintext import plain
-from autotune.records import StepMetrics, TrialResult, TrialStatus
+from autotune.records import StepMetrics, StudySettings, TrialResult, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.space import load_space
 from autotune.study.binding import UID_ATTR, bind_storage, bound_name, claim_number, study_uid
@@ -94,13 +94,13 @@ def test_a_number_whose_directory_holds_a_result_is_never_written(tmp_path: Path
 
 def test_the_recorded_name_and_uid_are_kept(tmp_path: Path) -> None:
     sd = StudyDir(tmp_path / "renamed")
-    assert bound_name(sd, {"name": "a"}, None) == "a"
-    assert bound_name(sd, {"name": "a"}, "a") == "a"
+    assert bound_name(sd, StudySettings(name="a"), None) == "a"
+    assert bound_name(sd, StudySettings(name="a"), "a") == "a"
     assert bound_name(sd, None, "x") == "x"
     with pytest.raises(UsageError, match="is the study 'a'"):
-        bound_name(sd, {"name": "a"}, "b")
-    assert study_uid({"uid": "abc"}) == "abc"
-    assert study_uid({}) != study_uid({})
+        bound_name(sd, StudySettings(name="a"), "b")
+    assert study_uid(StudySettings(uid="abc")) == "abc"
+    assert study_uid(StudySettings()) != study_uid(None)
 
 
 # -- --out --------------------------------------------------------------------------------------------

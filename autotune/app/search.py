@@ -631,7 +631,7 @@ def _memory_gate(hardware, model, req, fixed_args, backend, out):  # noqa: ANN00
     ctx = _context(req, out, model, hardware, fixed_args)
     job = _job(req, fixed_args)
     sd = StudyDir(out)
-    calibration = sd.read_settings().get("calibration") if sd.exists() else None
+    calibration = sd.read_settings().calibration if sd.exists() else None
     return EstimatorGate.build(
         hardware, model, req.backend, job, lambda p: backend.derive(p, ctx), calibration
     )

@@ -25,7 +25,7 @@ DEMO_PROMPTS = "prompts.jsonl"
 
 def user_dataset(w: Winner, fixed: dict[str, Any]) -> Any:
     """The dataset the user named (``--dataset`` or a fixed ``dataset``), or None for autotune's prompts."""
-    return fixed.get("dataset") or w.settings.get("dataset") or None
+    return fixed.get("dataset") or w.settings.dataset or None
 
 
 def demo_prompts(w: Winner, fixed: dict[str, Any]) -> Path | None:
@@ -77,7 +77,7 @@ def trial_environment(w: Winner) -> dict[str, str]:
 
 def header(w: Winner, fmt: str) -> list[str]:
     """Comment lines that open every exported text file: the marker, the trial, what was measured."""
-    name = w.setting("name", w.study_dir.name)
+    name = w.study_name
     lines = [f"{MARKER} (--format {fmt}) from study {name}, trial {w.number}: {w.why}."]
     r = w.result
     measured = []
@@ -92,9 +92,9 @@ def header(w: Winner, fmt: str) -> list[str]:
     if w.hardware is not None and w.hardware.gpus:
         names = sorted({g.name for g in w.hardware.gpus})
         where = f"{len(w.hardware.gpus)}x {' / '.join(names)}"
-    gb = w.setting("global_batch")
-    g = w.setting("num_generations")
-    version = w.setting("backend_version")
+    gb = w.settings.global_batch
+    g = w.settings.num_generations
+    version = w.settings.backend_version
     label = w.backend_class.display_name
     ran = f"{label} {version}" if version else label
     lines.append(

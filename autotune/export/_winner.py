@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import NothingToRecommend, UsageError
 from autotune.jobconfig import JobConfig
-from autotune.records import Hardware, LaunchPlan, Recommendation, TrialResult, TrialStatus
+from autotune.records import Hardware, LaunchPlan, Recommendation, StudySettings, TrialResult, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.studydir import StudyDir, read_json_guarded, regular_file
 
@@ -29,7 +29,7 @@ class Winner:
 
     Attributes:
         study_dir: the study directory, where it is now (trial files are referenced from here).
-        settings: ``study.json`` as written by the study.
+        settings: ``study.json`` (:class:`~autotune.records.StudySettings`).
         result: the trial's ``result.json``.
         recommended: True when the trial is the study's recommendation (not picked with ``--trial``).
         launch: the trial's ``launch.json`` when it exists (None for trials never launched).
@@ -40,7 +40,7 @@ class Winner:
     """
 
     study_dir: Path
-    settings: dict[str, Any]
+    settings: StudySettings
     result: TrialResult
     recommended: bool
     launch: LaunchPlan | None = None
@@ -53,18 +53,21 @@ class Winner:
     def secrets(self) -> SecretRule:
         """The secret rule of this export: the built-in one, the names the study declared secret
         (``study.json``'s ``secret_args``) and :attr:`secret_names`."""
-        declared = self.settings.get("secret_args")
-        names = [str(n) for n in declared] if isinstance(declared, list) else []
         env = [self.launch.env] if self.launch is not None else []
-        return SecretRule.for_environment((*names, *self.secret_names), env, environ={})
+        return SecretRule.for_environment((*self.settings.secret_args, *self.secret_names), env, environ={})
 
     @property
     def number(self) -> int:
         return self.result.number
 
     @property
+    def study_name(self) -> str:
+        """The study's recorded name, else its directory's."""
+        return self.settings.name or self.study_dir.name
+
+    @property
     def backend(self) -> str:
-        return str(self.settings.get("backend") or "")
+        return self.settings.backend or ""
 
     @property
     def backend_class(self) -> type[Backend]:
@@ -99,18 +102,13 @@ class Winner:
     def gpu_indices(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.hardware.gpus) if self.hardware is not None else ()
 
-    def setting(self, name: str, default: Any = None) -> Any:
-        value = self.settings.get(name)
-        return default if value is None else value
-
     @property
     def fixed(self) -> dict[str, Any]:
         """The study's fixed arguments, names normalised (``--lora-rank`` → ``lora_rank``) and spelled
         as the study's backend spells them today."""
         from autotune.fixed import flag_name
 
-        raw = self.settings.get("fixed") or {}
-        out = {flag_name(str(k)): v for k, v in raw.items()} if isinstance(raw, dict) else {}
+        out = {flag_name(str(k)): v for k, v in self.settings.fixed.items()}
         try:
             return self.backend_class.canonical_args(out)
         except UsageError:  # a study of a backend this version does not know: its names as they are
@@ -124,9 +122,9 @@ class Winner:
             UsageError: the study's backend is unknown here, or a value means nothing.
         """
         job = {
-            "global_batch": self.setting("global_batch", 16),
-            "num_generations": self.setting("num_generations", 4),
-            "max_completion_length": self.setting("max_completion_length", 16),
+            "global_batch": self.settings.global_batch or 16,
+            "num_generations": self.settings.num_generations or 4,
+            "max_completion_length": self.settings.max_completion_length or 16,
             **self.fixed,
         }
         n_gpus = len(self.hardware.gpus) if self.hardware is not None else 0
@@ -162,11 +160,7 @@ def load_winner(study_dir: Path, *, trial: int | None = None, secret_names: tupl
         raise UsageError(
             f"{sd.root} is not a directory", hint="Pass the runs/<study> directory autotune search wrote"
         )
-    settings = sd.read_settings()  # raises a one-line UsageError without study.json
-    if not isinstance(settings, dict):
-        raise UsageError(
-            f"{sd.study_json} does not hold a JSON object", hint="Start a new study with another --out"
-        )
+    settings = sd.read_settings()  # raises a one-line UsageError without study.json (or not an object)
     try:
         results = sd.results()
     except ValueError as exc:

@@ -121,8 +121,8 @@ def config_for(w: Winner, fmt: str, *, instead: str | None) -> dict[str, Any]:
         )
     fixed = w.fixed
     bf16, fp16 = precision(w, fixed)
-    hidden = (w.settings.get("model") or {}).get("facts", {}).get("hidden")
-    name = w.setting("name", w.study_dir.name)
+    hidden = w.settings.model.facts.get("hidden")
+    name = w.study_name
     return ds_config(
         k,
         bf16=bf16,

@@ -52,7 +52,7 @@ def summary(w: Winner) -> dict[str, Any]:
             verdict = headline(rec)
         elif rec.baseline_throughput and r.throughput:
             speedup = r.throughput / rec.baseline_throughput
-    model = w.settings.get("model") or {}
+    model = w.settings.model
     hardware = None
     if w.hardware is not None and w.hardware.gpus:
         hardware = {
@@ -61,7 +61,7 @@ def summary(w: Winner) -> dict[str, Any]:
                 for g in w.hardware.gpus
             ]
         }
-    name = w.setting("name", w.study_dir.name)
+    name = w.study_name
     return {
         "_comment": f"{MARKER} from study {name}, trial {r.number}",
         "study": name,
@@ -69,15 +69,15 @@ def summary(w: Winner) -> dict[str, Any]:
         "recommended": w.recommended,
         "why": w.why,
         "backend": w.backend,
-        "backend_version": w.settings.get("backend_version"),
+        "backend_version": w.settings.backend_version,
         "params": dict(r.params),
         "derived": dict(r.derived),
         "fixed": fixed,
-        "model": model.get("path_or_id") or model.get("name"),
-        "dataset": w.settings.get("dataset"),
-        "global_batch": w.settings.get("global_batch"),
-        "num_generations": w.settings.get("num_generations"),
-        "max_completion_length": w.settings.get("max_completion_length"),
+        "model": model.path_or_id or model.name,
+        "dataset": w.settings.dataset,
+        "global_batch": w.settings.global_batch,
+        "num_generations": w.settings.num_generations,
+        "max_completion_length": w.settings.max_completion_length,
         "hardware": hardware,
         "throughput_completions_per_s": r.throughput,
         "tokens_per_s": r.steady.tokens_per_s if r.steady else None,
@@ -93,7 +93,7 @@ def summary(w: Winner) -> dict[str, Any]:
         "headroom_bytes": headroom_bytes(r, w.hardware),
         "framework_peak_mem_bytes": r.framework_peak_mem_bytes,
         "host_peak_rss_bytes": r.host_peak_rss_bytes,
-        "versions": dict(w.settings.get("versions") or {}),
+        "versions": dict(w.settings.versions),
     }
 
 

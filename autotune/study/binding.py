@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 
 from autotune.errors import StudyError, UsageError
-from autotune.records import TrialResult, TrialStatus
+from autotune.records import StudySettings, TrialResult, TrialStatus
 from autotune.space import SearchSpace
 from autotune.studydir import StudyDir
 
@@ -49,20 +49,20 @@ class Bound:
     rebuilt: int = 0
 
 
-def study_uid(old: Mapping[str, Any] | None) -> str:
+def study_uid(old: StudySettings | None) -> str:
     """The study's uid: the one ``study.json`` recorded, or a new one for a new study."""
-    recorded = (old or {}).get("uid")
-    return recorded if isinstance(recorded, str) and recorded else uuid.uuid4().hex
+    recorded = old.uid if old is not None else None
+    return recorded or uuid.uuid4().hex
 
 
-def bound_name(sd: StudyDir, old: Mapping[str, Any] | None, requested: str | None) -> str | None:
+def bound_name(sd: StudyDir, old: StudySettings | None, requested: str | None) -> str | None:
     """The Optuna study name a run on ``sd`` must use (None: the caller's default, for a new study).
 
     Raises:
         UsageError: ``requested`` (``--study-name``) names another study than the one recorded.
     """
-    recorded = (old or {}).get("name")
-    if not isinstance(recorded, str) or not recorded:
+    recorded = old.name if old is not None else None
+    if not recorded:
         return requested
     if requested is not None and requested != recorded:
         raise UsageError(

@@ -35,7 +35,7 @@ import optuna
 
 from autotune.backends import Backend
 from autotune.errors import UsageError, WriteError
-from autotune.records import TrialResult, TrialSpec, TrialStatus
+from autotune.records import StudySettings, TrialResult, TrialSpec, TrialStatus
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import BaseStrategy, Collaborators, StrategySettings, build_strategy
 from autotune.study.ask import Asker
@@ -251,11 +251,11 @@ class Study(StudyPart):
             backend_args,
         )
 
-    def _check_compatible(self) -> dict[str, Any] | None:
+    def _check_compatible(self) -> StudySettings | None:
         if not self.dir.exists():
             return None
         old = self.dir.read_settings()
-        differences = identity_differences(old.get("identity") or {}, self.identity())
+        differences = identity_differences(old.identity, self.identity())
         if differences:
             raise UsageError(
                 f"{self.dir.root} holds a different study: {'; '.join(differences)}",
@@ -403,11 +403,13 @@ class Study(StudyPart):
         old = self._check_compatible()
         # a renamed or copied directory resumes under the name it recorded (see autotune.study.binding)
         self.cfg = replace(self.cfg, study_name=bound_name(self.dir, old, self.cfg.study_name))
-        settings = {**self.settings(), "uid": study_uid(old)}
+        uid = study_uid(old)
+        settings = {**self.settings(), "uid": uid}
         if old is not None:
-            settings["created_wall_s"] = old.get("created_wall_s", settings["created_wall_s"])
-            if "calibration" in old:
-                settings["calibration"] = old["calibration"]
+            if "created_wall_s" in old.model_fields_set:
+                settings["created_wall_s"] = old.created_wall_s
+            if "calibration" in old.model_fields_set:
+                settings["calibration"] = old.calibration
         try:
             self.dir.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -418,7 +420,7 @@ class Study(StudyPart):
         bound = bind_storage(
             study,
             self.dir,
-            settings["uid"],
+            uid,
             shared=self.cfg.shared,
             own=self.cfg.storage_url is None,
             space=self.space,

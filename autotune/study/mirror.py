@@ -11,7 +11,6 @@ trials that ran elsewhere.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,11 @@ from typing import Any
 import optuna
 
 from autotune.errors import UsageError
-from autotune.records import TrialResult, TrialStatus
+from autotune.records import StudySettings, TrialResult, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.study.optuna_view import MachineAttrs
 from autotune.study.storage import open_storage, workers_of
-from autotune.studydir import StudyDir, ensure_writable, write_json_atomic, write_text_atomic
+from autotune.studydir import StudyDir, ensure_writable, write_text_atomic
 
 __all__ = ["Pulled", "pull"]
 
@@ -121,11 +120,12 @@ def _result_of(t: optuna.trial.FrozenTrial) -> TrialResult | None:
 
 def _write_settings(sd: StudyDir, settings: dict[str, Any]) -> None:
     """The storage's settings, unless the directory's own are as new (a worker's own --out)."""
+    theirs = StudySettings.from_json(settings)
     if sd.study_json.exists():
         try:
-            mine = json.loads(sd.study_json.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            mine = {}
-        if float(mine.get("finished_wall_s") or 0) >= float(settings.get("finished_wall_s") or 0):
+            mine = sd.read_settings()
+        except UsageError:  # unreadable, not an object, a link: the storage's replace it
+            mine = StudySettings()
+        if (mine.finished_wall_s or 0) >= (theirs.finished_wall_s or 0):
             return
-    write_json_atomic(sd.study_json, settings)
+    sd.write_settings(theirs)

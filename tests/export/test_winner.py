@@ -85,8 +85,7 @@ def test_the_verdict_and_interval_travel_with_the_export(fixture_study: Path) ->
     judged = judge(rec, Confirmation(rounds=2, runs=runs), {r.number: r for r in results}, sd.hardware())
     assert judged.measurable is False
     settings = sd.read_settings()
-    settings["recommendation"] = judged.model_dump(mode="json")
-    sd.write_settings(settings)
+    sd.write_settings(settings.model_copy(update={"recommendation": judged.model_dump(mode="json")}))
     knobs = json.loads(export_study(fixture_study, "json").files["knobs.json"])
     assert knobs["speedup_over_baseline"] == pytest.approx(judged.speedup)
     assert (knobs["speedup_low"], knobs["speedup_high"]) == (judged.speedup_low, judged.speedup_high)

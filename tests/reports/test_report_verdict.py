@@ -60,8 +60,7 @@ def _study(
     ]
     conf = Confirmation(rounds=2, runs=runs, duration_s=1200.0, gpu_seconds=4800.0, method=METHOD)
     judged = judge(rec, conf, {r.number: r for r in results}, sd.hardware(settings))
-    settings["recommendation"] = judged.model_dump(mode="json")
-    sd.write_settings(settings)
+    sd.write_settings(settings.model_copy(update={"recommendation": judged.model_dump(mode="json")}))
     five = sd.trial(5).result_json
     data = json.loads(five.read_text())
     data["timeline_summary"]["host"] |= {"other_busy_cores_mean": 12.4, "host_cpu_count": 48}

@@ -179,10 +179,9 @@ def test_auto_finds_the_fastest_fitting_configuration_and_reports_an_early_stop(
     assert outcome.recommendation is not None and outcome.recommendation.throughput >= 0.97 * best
     # the pre-screen kept it off what the gate predicted would not fit: OOMs are rare
     assert sum(memory_gib(p) > 24 for p in ex.ran) <= 2
-    settings = study.dir.read_settings()
+    stored = study.dir.read_settings().outcome
     assert (
-        settings["outcome"]["stopped"] == "converged"
-        and settings["outcome"]["trials_run"] == outcome.trials_run
+        stored is not None and stored["stopped"] == "converged" and stored["trials_run"] == outcome.trials_run
     )
 
 

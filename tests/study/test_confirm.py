@@ -102,12 +102,13 @@ def test_the_winner_and_the_baseline_are_re_measured_interleaved_beside_the_tria
     assert rec.speedup_low is not None and rec.speedup_high is not None and rec.measurable is True
     assert rec.verdict is not None and rec.verdict.startswith("speedup over the baseline (trial 0):")
     # the re-measurement's cost counts in the study's accounting
-    outcome_json = sd.read_settings()["outcome"]
+    outcome_json = sd.read_settings().outcome
+    assert outcome_json is not None
     assert outcome_json["confirm_seconds"] == pytest.approx(3.0 * len(names))
     assert outcome_json["gpu_seconds"] == pytest.approx(
         sum(r.gpu_seconds for r in outcome.results) + 3.0 * len(names)
     )
-    assert sd.read_settings()["confirm_runs"] == 2
+    assert sd.read_settings().confirm_runs == 2
 
 
 def test_noise_found_by_the_re_measurement_is_not_called_a_win(tmp_path: Path) -> None:

@@ -264,7 +264,7 @@ def test_the_recommendation_is_stored_in_study_json_with_the_outcome(tmp_path: P
     study, _ = make(tmp_path, n_trials=4)
     outcome = study.run()
     stored = StudyDir(tmp_path / "s")
-    settings = stored.read_settings()
+    settings = stored.read_settings().to_json()
     assert outcome.recommendation is not None
     assert stored.recommendation() == outcome.recommendation
     assert settings["outcome"]["recommended_trial"] == outcome.recommendation.trial

@@ -23,7 +23,7 @@ from __future__ import annotations
 from importlib.resources import files
 from typing import Any
 
-from autotune.backends._base import ModelRef, TrialContext
+from autotune.backends._base import TrialContext
 from autotune.backends._vocab import SHARED_ARGS
 from autotune.backends.swift.config import TRL_NAMES, preset_for
 from autotune.errors import UsageError
@@ -80,24 +80,19 @@ def swift_preset(k: JobConfig, fmt: str, instead: str | None) -> str | None:
 
 
 def _context(w: Winner, fixed: dict[str, Any]) -> TrialContext:
-    model = w.settings.get("model") or {}
+    s = w.settings
     return TrialContext(
         study_dir=w.study_dir,
         trial_dir=w.trial_dir,
-        model=ModelRef(
-            name=str(model.get("name") or model.get("path_or_id") or ""),
-            path_or_id=str(model.get("path_or_id") or model.get("name") or ""),
-            local=bool(model.get("local", False)),
-            facts=dict(model.get("facts") or {}),
-        ),
+        model=s.model.ref(),
         gpus=w.hardware.gpus if w.hardware is not None else (),
-        global_batch=int(w.setting("global_batch", 16)),
-        num_generations=int(w.setting("num_generations", 4)),
-        max_steps=int(w.setting("max_steps", 20)),
-        max_completion_length=int(w.setting("max_completion_length", 16)),
+        global_batch=s.global_batch or 16,
+        num_generations=s.num_generations or 4,
+        max_steps=s.max_steps or 20,
+        max_completion_length=s.max_completion_length or 16,
         fixed=fixed,
-        dataset=w.settings.get("dataset"),
-        seed=int(w.setting("seed", 0)),
+        dataset=s.dataset,
+        seed=s.seed or 0,
     )
 
 
@@ -151,8 +146,7 @@ def _from_trl(w: Winner, k: JobConfig, fixed: dict[str, Any]) -> tuple[dict[str,
             hint="Run the study with --dataset, or use --format trl",
         )
     out["dataset"] = dataset
-    model = (w.settings.get("model") or {}).get("local")
-    if not model:
+    if not w.settings.model.local:
         out["use_hf"] = True  # a TRL study's model and data ids are Hugging Face Hub ids
     return params, out
 
@@ -174,14 +168,12 @@ def export_swift(w: Winner) -> Export:
     if w.backend == "swift":
         params = dict(w.result.params)
         swift_fixed = fixed
-        version = str(
-            w.setting("backend_version") or (w.settings.get("versions") or {}).get("ms-swift") or ""
-        )
+        version = w.settings.backend_version or str(w.settings.versions.get("ms-swift") or "")
         version = version or DEFAULT_SWIFT_VERSION
         exe = w.launch.argv[0] if w.launch is not None and w.launch.argv else "swift"
     else:
         params, swift_fixed = _from_trl(w, k, fixed)
-        version = str((w.settings.get("versions") or {}).get("ms-swift") or DEFAULT_SWIFT_VERSION)
+        version = str(w.settings.versions.get("ms-swift") or DEFAULT_SWIFT_VERSION)
         exe = "swift"
         comments.append(
             "Translated from a TRL trial; arguments not written here take ms-swift's defaults, which differ "

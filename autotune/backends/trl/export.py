@@ -288,12 +288,11 @@ def export_trl(w: Winner) -> Export:
     k = w.config
     _check_knobs(k)
     bf16, fp16 = precision(w, fixed)
-    model = w.settings.get("model") or {}
     data_fields, data_notes = _dataset_fields(w, fixed)
     reward_fields, reward_notes = _reward_fields(w, fixed)
     user = _user_fields(w, fixed)
 
-    job: dict[str, Any] = {"model_name_or_path": str(model.get("path_or_id") or model.get("name") or "")}
+    job: dict[str, Any] = {"model_name_or_path": w.settings.model.loaded}
     job.update(data_fields)
     job.update(reward_fields)
     tuned: dict[str, Any] = {
@@ -311,8 +310,8 @@ def export_trl(w: Winner) -> Export:
             vllm_enable_sleep_mode=k.sleep_level == 2,
         )
     study = {
-        "num_generations": int(w.setting("num_generations", 4)),
-        "max_completion_length": int(w.setting("max_completion_length", 16)),
+        "num_generations": w.settings.num_generations or 4,
+        "max_completion_length": w.settings.max_completion_length or 16,
     }
     machine: dict[str, Any] = {"bf16": bf16, "fp16": fp16}
     if w.cpu_only:
@@ -320,7 +319,7 @@ def export_trl(w: Winner) -> Export:
     machine["accelerate_config"] = ACCELERATE
 
     comments = header(w, "trl")
-    version = w.setting("backend_version") if w.backend == "trl" else None
+    version = w.settings.backend_version if w.backend == "trl" else None
     comments.append(
         f"For trl {version or '>= 1.0'}; run from this directory: trl grpo --config {CONFIG}   (or ./{SCRIPT})"
     )
@@ -341,9 +340,9 @@ def export_trl(w: Winner) -> Export:
 
     files = {CONFIG: text}
     accel = _accelerate(k, w, bf16, fp16)
-    files[ACCELERATE] = _yaml_comment(
-        f"{MARKER} from study {w.setting('name', w.study_dir.name)}, trial {w.number}."
-    ) + (yaml.safe_dump(accel, sort_keys=False, default_flow_style=False))
+    files[ACCELERATE] = _yaml_comment(f"{MARKER} from study {w.study_name}, trial {w.number}.") + (
+        yaml.safe_dump(accel, sort_keys=False, default_flow_style=False)
+    )
     if k.sharding_stage is not None:
         files[DS_CONFIG] = json_text(config_for(w, "trl", instead="json"))
     env: dict[str, str] = {}
@@ -355,7 +354,7 @@ def export_trl(w: Winner) -> Export:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in w.gpu_indices)
     env.update(trial_environment(w))  # the thread counts and devices the trial ran with
     if (
-        model.get("local")
+        w.settings.model.local
         and data_fields.get("datasets")
         and not reward_fields.get("reward_model_name_or_path")
     ):

@@ -200,13 +200,12 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
     secret = [k for k, v in fixed.items() if MASK in str(v)]
     notes = [f"--{k} left out: a secret verl has no setting for" for k in secret]
     fixed = {k: v for k, v in fixed.items() if k not in secret}
-    model = w.settings.get("model") or {}
-    gb = int(w.setting("global_batch", 16))
-    g = int(w.setting("num_generations", 4))
+    gb = w.settings.global_batch or 16
+    g = w.settings.num_generations or 4
     prompts_per_step = gb // g
     out: list[tuple[str, Any]] = [
         ("algorithm.adv_estimator", "grpo"),
-        (f"{_AR}.model.path", str(model.get("path_or_id") or model.get("name") or "")),
+        (f"{_AR}.model.path", w.settings.model.loaded),
     ]
     comments: list[str] = []
     dataset = user_dataset(w, fixed)
@@ -235,7 +234,7 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
     )
     out += [
         ("data.train_batch_size", prompts_per_step),
-        ("data.max_response_length", int(w.setting("max_completion_length", 16))),
+        ("data.max_response_length", w.settings.max_completion_length or 16),
         ("data.dataloader_num_workers", k.dataloader_num_workers),
         (f"{_AR}.rollout.name", "vllm"),
         (f"{_AR}.rollout.n", g),
