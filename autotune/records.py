@@ -601,6 +601,23 @@ class StudySettings(BaseModel):
         return {**{k: out.pop(k) for k in self._order if k in out}, **out}
 
     @property
+    def job_sizes(self) -> dict[str, int]:
+        """The job's sizes the study recorded: ``global_batch``, ``num_generations``,
+        ``max_completion_length`` (each when recorded), in the words a backend's ``describe`` reads."""
+        sizes = {
+            "global_batch": self.global_batch,
+            "num_generations": self.num_generations,
+            "max_completion_length": self.max_completion_length,
+        }
+        return {k: v for k, v in sizes.items() if v is not None}
+
+    @property
+    def knobs(self) -> list[dict[str, Any]]:
+        """The search space as recorded, one mapping per knob (``name``, ``values``, ``default``,
+        ``pinned``, ``memory``, ...); empty when the study recorded none."""
+        return [k for k in self.space if isinstance(k, dict)] if isinstance(self.space, list) else []
+
+    @property
     def stored_recommendation(self) -> bool:
         """The study ended and stored its recommendation (null when there was none to make)."""
         return "recommendation" in self.model_fields_set

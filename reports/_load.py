@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from autotune.probes.timeline import phase_intervals
 from pydantic import ValidationError
 
 from autotune.errors import UsageError
-from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
+from autotune.records import Hardware, StepMetrics, StudySettings, TrialResult, TrialStatus
 from autotune.study.recommend import baseline_of
 from autotune.studydir import (
     StudyDir,
@@ -133,7 +134,7 @@ class StudyData:
 
     Attributes:
         kind: "study" for ``autotune search`` output, "profile" for ``autotune profile``.
-        meta: ``study.json`` (or ``profile.json``) as written.
+        meta: ``study.json`` (or ``profile.json``) as written; :attr:`settings` reads it.
         roots: absolute directories that stand for this study (where it is and where it was written).
         env_maps: the extra environments of the trials' launch plans (to know their secrets).
         secret_names: argument names the study declared secret (``--secret-arg``, in ``study.json``).
@@ -151,6 +152,12 @@ class StudyData:
     env_maps: list[dict[str, str]] = field(default_factory=list)
     secret_names: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @cached_property
+    def settings(self) -> StudySettings:
+        """:attr:`meta` as the study's settings record (a profile's ``profile.json`` shares its fields:
+        ``command``, ``secret_args``, ``hardware``; its own are kept as extra)."""
+        return StudySettings.from_json(self.meta)
 
     def trial(self, number: int | None) -> TrialData | None:
         """The trial with this number, if it is on disk."""
@@ -515,7 +522,7 @@ def _load_study(study_dir: Path) -> StudyData:
         root=root.resolve(),
         kind="study",
         meta=meta,
-        hardware=_hardware(meta.get("hardware"), problems),
+        hardware=_hardware(StudySettings.from_json(meta).hardware, problems),
         trials=trials,
         best_command=_read_text(best_dir / StudyDir.BEST_COMMAND),
         best_knobs=knobs if isinstance(knobs, dict) else None,
@@ -523,14 +530,8 @@ def _load_study(study_dir: Path) -> StudyData:
     )
     data.roots = sorted({str(root.resolve()), str(root.absolute()), *_original_roots(trials)})
     data.env_maps = _env_maps(trials)
-    data.secret_names = secret_names(meta)
+    data.secret_names = list(data.settings.secret_args)
     return data
-
-
-def secret_names(meta: dict[str, Any]) -> list[str]:
-    """The argument names a study or profile declared secret (``--secret-arg``), from its settings."""
-    names = meta.get("secret_args")
-    return [str(n) for n in names] if isinstance(names, list) else []
 
 
 def load_profile(out_dir: Path) -> StudyData:
@@ -581,11 +582,11 @@ def _load_profile(out_dir: Path) -> StudyData:
         root=root.resolve(),
         kind="profile",
         meta=meta,
-        hardware=_hardware(meta.get("hardware"), problems),
+        hardware=_hardware(StudySettings.from_json(meta).hardware, problems),
         trials=trials,
         problems=problems,
     )
     data.roots = sorted({str(root.resolve()), str(root.absolute())})
     data.env_maps = _env_maps(trials)
-    data.secret_names = secret_names(meta)
+    data.secret_names = list(data.settings.secret_args)
     return data

@@ -35,13 +35,12 @@ def _holder(data: StudyData) -> dict[str, Any]:
 
 def running_text(data: StudyData) -> str | None:
     """``running: 5 of 12 trials`` for a study a live run is still writing; None for any other."""
-    if data.kind != "study" or isinstance(data.meta.get("outcome"), dict):
+    if data.kind != "study" or data.settings.outcome is not None:
         return None
     holder = _holder(data)
     if not holder.get("pid") or holder_alive(holder) is False:
         return None
     done = sum(1 for t in data.trials if t.result.status is not TrialStatus.RUNNING)
-    budget = data.meta.get("budget")
-    total = budget.get("trials") if isinstance(budget, dict) else None
-    of = f" of {total}" if isinstance(total, int) and not isinstance(total, bool) and total > 0 else ""
+    total = data.settings.budget.trials
+    of = f" of {total}" if total is not None and total > 0 else ""
     return f"running: {done}{of} trials"

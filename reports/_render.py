@@ -70,9 +70,8 @@ def pick_winner(data: StudyData) -> Recommendation | None:
     and decided from the results the same way.
     """
     study_dir = StudyDir(data.root)
-    settings = StudySettings.from_json(data.meta)
     try:
-        return study_dir.recommendation(settings, data.results)
+        return study_dir.recommendation(data.settings, data.results)
     except UsageError:  # StudyDir's guarded read: the stored one is not a recommendation
         data.problems.append(
             f"{StudyDir.SETTINGS}: the recommendation is unreadable; decided again from the trial results"
@@ -210,7 +209,7 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
     launched = sum(
         1 for t in data.trials if t.steps or t.files.get(TrialDir.LAUNCH) or t.files.get(TrialDir.STDOUT)
     )
-    name = str(data.meta.get("name") or data.root.name)
+    name = data.settings.name or data.root.name
     return {
         "kind": data.kind,
         "title": clean.clean(
@@ -219,8 +218,8 @@ def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
         "name": clean.clean(name),
         "gpus": clean.clean(_gpu_summary(data) + _vllm_on_cpu(data)),
         "host": clean.clean(_host_summary(data)),
-        "meta": _meta_pairs(data.meta, clean),
-        "search": clean.clean(str(data.meta.get("search") or DASH)),
+        "meta": _meta_pairs(data.settings, clean),
+        "search": clean.clean(data.settings.search or DASH),
         "outcome": _outcome_view(data, outcome, clean),
         "trials_total": len(data.trials),
         "trials_launched": launched,
@@ -253,8 +252,7 @@ def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) ->
 
 
 def _outcome(data: StudyData) -> dict[str, Any]:
-    outcome = data.meta.get("outcome")
-    return outcome if isinstance(outcome, dict) else {}
+    return dict(data.settings.outcome or {})
 
 
 #: what the trials with vLLM measured on a CPU-only run, and what only GPUs show
@@ -308,32 +306,33 @@ def _host_summary(data: StudyData) -> str:
     return f"{h.hostname}: {cores}, {gib(h.ram_total_bytes, 0)} RAM, {h.platform}"
 
 
-def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
-    model = meta.get("model") or {}
+def _meta_pairs(settings: StudySettings, clean: Sanitizer) -> dict[str, Any]:
+    model = settings.model
     model_text = DASH
-    if isinstance(model, dict) and (model.get("name") or model.get("path_or_id")):
-        name = str(model.get("name") or "")
-        ident = str(model.get("path_or_id") or "")
+    if model.name or model.path_or_id:
+        name = model.name or ""
+        ident = model.path_or_id or ""
         model_text = name if not ident or ident == name else f"{name} ({ident})"
-        facts = model.get("facts") or {}
-        if isinstance(facts, dict) and is_num(facts.get("params")):
-            model_text += f", {_count(facts['params'])} parameters"
-    backend = str(meta.get("backend") or DASH)
-    if meta.get("backend_version"):
-        backend += f" {meta['backend_version']}"
-    fixed: list[tuple[str, str]] = []
-    for key in ("global_batch", "num_generations", "max_completion_length", "max_steps"):
-        if key in meta and meta[key] is not None:
-            fixed.append((key, clean.clean(knob_value(meta[key]))))
-    if isinstance(meta.get("fixed"), dict):
-        fixed += [(str(k), clean.clean(knob_value(v))) for k, v in meta["fixed"].items()]
-    versions: dict[str, Any] = meta["versions"] if isinstance(meta.get("versions"), dict) else {}
-    dropped: dict[str, Any] = meta["dropped_knobs"] if isinstance(meta.get("dropped_knobs"), dict) else {}
-    space = meta["space"] if isinstance(meta.get("space"), list) else []
+        params = model.facts.get("params")
+        if params is not None and is_num(params):
+            model_text += f", {_count(params)} parameters"
+    backend = settings.backend or DASH
+    if settings.backend_version:
+        backend += f" {settings.backend_version}"
+    job = {
+        "global_batch": settings.global_batch,
+        "num_generations": settings.num_generations,
+        "max_completion_length": settings.max_completion_length,
+        "max_steps": settings.max_steps,
+    }
+    fixed = [(key, clean.clean(knob_value(value))) for key, value in job.items() if value is not None]
+    fixed += [(str(k), clean.clean(knob_value(v))) for k, v in settings.fixed.items()]
+    versions = settings.versions
+    dropped = settings.dropped_knobs or {}
     pinned = [
         (str(k["name"]), knob_value(k.get("default")))
-        for k in space
-        if isinstance(k, dict) and k.get("pinned") and "name" in k
+        for k in settings.knobs
+        if k.get("pinned") and "name" in k
     ]
     return {
         "model": clean.clean(model_text),
@@ -342,8 +341,8 @@ def _meta_pairs(meta: dict[str, Any], clean: Sanitizer) -> dict[str, Any]:
         "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
         "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
         "pinned": [(clean.clean(k), clean.clean(v)) for k, v in pinned],
-        "command": clean.clean_command(command_text(meta.get("command"))),
-        "dataset": clean.clean(meta.get("dataset") or ""),
+        "command": clean.clean_command(command_text(settings.command)),
+        "dataset": clean.clean(settings.dataset or ""),
     }
 
 
@@ -521,7 +520,7 @@ def _run_summary(data: StudyData, rows: Sequence[dict[str, Any]], clean: Sanitiz
         "util_text": row["util_text"],
         "idle_text": row["idle_text"],
         "steps_text": row["steps_text"],
-        "command": clean.clean(command_text(data.meta.get("command")) or (data.trials[0].command or "")),
+        "command": clean.clean(command_text(data.settings.command) or (data.trials[0].command or "")),
     }
 
 
@@ -750,10 +749,7 @@ def _truncate(text: str | None, limit: int = EVIDENCE_CHARS) -> str:
 
 
 def knob_names(data: StudyData) -> list[str]:
-    order: list[str] = []
-    space = data.meta.get("space")
-    if isinstance(space, list):
-        order = [k["name"] for k in space if isinstance(k, dict) and isinstance(k.get("name"), str)]
+    order = [k["name"] for k in data.settings.knobs if isinstance(k.get("name"), str)]
     seen = {k for t in data.trials for k in t.params}
     return [k for k in order if k in seen] + sorted(seen - set(order))
 

@@ -135,13 +135,12 @@ class Context:
     clean: Callable[[str], str] = str
 
     def fixed(self) -> dict[str, Any]:
-        fixed = self.data.meta.get("fixed")
-        return dict(fixed) if isinstance(fixed, dict) else {}
+        return dict(self.data.settings.fixed)
 
     def backend(self) -> type[Backend] | None:
         """The class of the study's backend (None for a profiled run or a backend unknown here)."""
-        name = self.data.meta.get("backend")
-        if not isinstance(name, str):
+        name = self.data.settings.backend
+        if name is None:
             return None
         try:
             return backend_class(name)
@@ -171,10 +170,7 @@ class Context:
         backend = self.backend()
         if backend is None:
             return None
-        job = dict(self.fixed())
-        for key in ("global_batch", "num_generations", "max_completion_length"):
-            if key in self.data.meta and key not in job:
-                job[key] = self.data.meta[key]
+        job = {**self.data.settings.job_sizes, **self.fixed()}
         n_gpus = len(self.data.hardware.gpus) if self.data.hardware is not None else 0
         try:
             return backend.describe(params, {}, job, n_gpus)
@@ -200,18 +196,16 @@ class Context:
 
     def memory_knobs(self) -> set[str] | None:
         """Knobs the search space marks as affecting memory (None when the space does not say)."""
-        space = self.data.meta.get("space")
-        if not isinstance(space, list):
+        if not isinstance(self.data.settings.space, list):
             return None
-        names = {k["name"] for k in space if isinstance(k, dict) and k.get("memory") and "name" in k}
+        names = {k["name"] for k in self.data.settings.knobs if k.get("memory") and "name" in k}
         return names or None
 
     def space_values(self, name: str) -> list[Any] | None:
-        space = self.data.meta.get("space")
-        if not isinstance(space, list):
+        if not isinstance(self.data.settings.space, list):
             return None
-        for k in space:
-            if isinstance(k, dict) and k.get("name") == name and isinstance(k.get("values"), list):
+        for k in self.data.settings.knobs:
+            if k.get("name") == name and isinstance(k.get("values"), list):
                 return k["values"]
         return None
 
@@ -894,10 +888,9 @@ def estimate_without_offload(data: StudyData, trial: TrialData, params: dict[str
         from autotune.estimate import estimate_memory, find_gpu, find_model
     except ImportError:
         return "the memory estimate is unavailable"
-    model_meta = data.meta.get("model") or {}
     model = None
-    for name in (model_meta.get("name"), model_meta.get("path_or_id")):
-        if isinstance(name, str) and model is None:
+    for name in (data.settings.model.name, data.settings.model.path_or_id):
+        if name is not None and model is None:
             model = find_model(name)
     if model is None:
         return "the model is not in the estimator's catalog"
@@ -906,13 +899,10 @@ def estimate_without_offload(data: StudyData, trial: TrialData, params: dict[str
     gpu = find_gpu(data.hardware.gpus[0].name)
     if gpu is None:
         return f"the GPU type {data.hardware.gpus[0].name} is not in the estimator's catalog"
-    fixed = dict(data.meta.get("fixed") or {})
-    for key in ("global_batch", "num_generations", "max_completion_length"):
-        if key in data.meta and key not in fixed:
-            fixed[key] = data.meta[key]
+    fixed = {**data.settings.job_sizes, **data.settings.fixed}
     try:
         shape = job_shape(
-            str(data.meta.get("backend") or "trl"),
+            data.settings.backend or "trl",
             params,
             trial.result.derived,
             fixed,

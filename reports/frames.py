@@ -19,7 +19,7 @@ from autotune.reports._render import knob_names, pick_winner, trial_rows
 from autotune.reports._safety import Sanitizer
 from autotune.reports._signals import signals
 
-from autotune.records import Recommendation
+from autotune.records import Recommendation, StudySettings
 
 __all__ = ["StudyFrames", "load_frames", "TRIAL_COLUMNS"]
 
@@ -112,8 +112,8 @@ class StudyFrames:
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display: the study's headline and its trials table."""
-        meta = self.settings
-        model = (meta.get("model") or {}).get("name", "?")
+        settings = StudySettings.from_json(self.settings)
+        model = settings.model.name or "?"
         rec = self.recommendation
         headline = (
             f"recommends trial {rec.trial} at {rec.throughput:.3g} completions/s"
@@ -123,7 +123,7 @@ class StudyFrames:
         pinned = ", ".join(f"{k}={v!r}" for k, v in self.pinned.items())
         lines = [
             f"<b>autotune study</b> <code>{html.escape(str(self.path))}</code><br>",
-            html.escape(f"{meta.get('backend', '?')} · {model} · {len(self.trials)} trials · {headline}"),
+            html.escape(f"{settings.backend or '?'} · {model} · {len(self.trials)} trials · {headline}"),
         ]
         if pinned:
             lines.append(f"<br>pinned: {html.escape(pinned)}")
@@ -140,11 +140,7 @@ def load_frames(study_dir: Path | str) -> StudyFrames:
         UsageError: ``study_dir`` is not a study directory.
     """
     data = load_study(Path(study_dir))
-    raw = data.meta.get("space")
-    space: list[Any] = raw if isinstance(raw, list) else []
-    pinned = {
-        k["name"]: k["default"] for k in space if isinstance(k, dict) and k.get("pinned") and "name" in k
-    }
+    pinned = {k["name"]: k["default"] for k in data.settings.knobs if k.get("pinned") and "name" in k}
     return StudyFrames(
         path=data.root,
         settings=data.meta,

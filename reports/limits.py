@@ -210,8 +210,8 @@ def _micro_batch_knob(data: StudyData) -> str | None:
     """The study's backend's knob for the per-device micro-batch (its ``per_device_batch`` role)."""
     from autotune.backends import backend_class
 
-    name = data.meta.get("backend")
+    name = data.settings.backend
     try:
-        return backend_class(name).knob_roles().get("per_device_batch") if isinstance(name, str) else None
+        return backend_class(name).knob_roles().get("per_device_batch") if name is not None else None
     except UsageError:
         return None
