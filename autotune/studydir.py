@@ -554,8 +554,9 @@ class StudyDir:
             )
         return StudySettings.from_json(data)
 
-    def write_settings(self, data: StudySettings | dict[str, Any]) -> None:
-        write_json_atomic(self.study_json, data.to_json() if isinstance(data, StudySettings) else data)
+    def write_settings(self, settings: StudySettings) -> None:
+        """Store ``study.json`` (:meth:`StudySettings.to_json`: the shape it was read or built in)."""
+        write_json_atomic(self.study_json, settings.to_json())
 
     def write_result(self, result: TrialResult) -> None:
         """Store a trial's ``result.json`` (its directory is checked: never a link, see :meth:`own_dir`)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from autotune.records import Confirmation, TrialResult, TrialSpec, TrialStatus
+from autotune.records import Confirmation, StudySettings, TrialResult, TrialSpec, TrialStatus
 from autotune.study.config import StudyOutcome, free_port
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.optuna_view import MachineAttrs
@@ -66,7 +66,7 @@ class Finisher(StudyPart):
         settings["recommendation"] = rec.model_dump(mode="json") if rec is not None else None
         if self.memory_gate is not None:
             settings["calibration"] = self.memory_gate.state()
-        self.dir.write_settings(settings)
+        self.dir.write_settings(StudySettings.from_json(settings))
         if final:
             MachineAttrs(loop.study).set("settings", settings)
         return StudyOutcome(

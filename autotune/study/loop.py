@@ -431,7 +431,7 @@ class Study(StudyPart):
         if bound.rebuilt:
             self.view.notice(f"the study storage was rebuilt from {bound.rebuilt} trial directories")
         self.dir.own_dir(self.dir.trials_dir)
-        self.dir.write_settings(settings)
+        self.dir.write_settings(StudySettings.from_json(settings))
         machine = MachineAttrs(study)
         if machine.get("settings") is None:  # what `autotune report --storage` shows before the end
             machine.set("settings", settings)
