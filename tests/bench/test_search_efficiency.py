@@ -100,8 +100,9 @@ def test_the_simulated_executor_reports_what_the_surface_says(table: RawTable) -
     assert result.throughput == pytest.approx(truth.throughput, rel=0.06)  # ±2 % noise per step
     assert result.gpu_seconds == pytest.approx(result.duration_s * surface.setting.n_gpus)
     assert result.duration_s > truth.startup_s
-    phases = result.timeline_summary["phases"]  # type: ignore[index]
-    assert phases["source"] == "framework" and set(phases["seconds"]) == set(STEP_PHASES)
+    assert result.timeline_summary is not None
+    phases = result.timeline_summary.phases
+    assert phases.source == "framework" and set(phases.time_s) == set(STEP_PHASES)
     assert result.failed_phase is None
     oom_params = by_status[TrialStatus.OOM]
     oom, _ = _run(surface, oom_params)
