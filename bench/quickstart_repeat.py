@@ -62,20 +62,24 @@ def read_study(
     loads: tuple[float | None, float | None] = (None, None),
 ) -> QuickStart:
     """A finished quick start as its own ``study.json`` records it (the recommendation and its verdict)."""
-    settings = json.loads((out / "study.json").read_text())
-    rec = settings.get("recommendation") or {}
-    outcome = settings.get("outcome") or {}
-    if not wall_s and settings.get("finished_wall_s") and settings.get("created_wall_s"):
-        wall_s = float(settings["finished_wall_s"]) - float(settings["created_wall_s"])
+    from autotune.records import Recommendation
+    from autotune.studydir import StudyDir
+
+    settings = StudyDir(out).read_settings()
+    stored = settings.recommendation
+    rec = Recommendation.model_validate(stored) if stored is not None else None
+    detail = (settings.outcome or {}).get("detail")
+    if not wall_s and settings.finished_wall_s and settings.created_wall_s:
+        wall_s = float(settings.finished_wall_s - settings.created_wall_s)
     return QuickStart(
         exit_code=exit_code,
         wall_s=wall_s,
         load_before=loads[0],
         load_after=loads[1],
-        winner=rec.get("trial"),
-        winner_knobs=_knobs(out, rec.get("trial")),
-        measurable=rec.get("measurable"),
-        verdict=rec.get("verdict") or outcome.get("detail") or "no recommendation",
+        winner=rec.trial if rec is not None else None,
+        winner_knobs=_knobs(out, rec.trial if rec is not None else None),
+        measurable=rec.measurable if rec is not None else None,
+        verdict=(rec.verdict if rec is not None else None) or str(detail or "no recommendation"),
     )
 
 
