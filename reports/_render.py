@@ -907,7 +907,10 @@ def _insight(
     draw_progress = partial(charts.progress_chart, progress, hours_label=_hours_label(data))
     insight = {
         "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
+        # optuna-dashboard's fANOVA beside it, in the same knob order, where the two methods disagree
+        "fanova": [imp.fanova.get(k, 0.0) for k in imp.values] if imp.fanova else [],
         "importance_note": clean.clean(imp.note),
+        "importance_method": imp.method,
         "importance_chart": figures.add("chart-importance", partial(charts.importance_chart, imp))
         if imp.values
         else None,
