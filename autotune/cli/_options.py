@@ -22,7 +22,7 @@ from autotune.backends import BACKENDS, planned_backends
 from autotune.strategy import search_help
 from autotune.trackers import TRACKERS, trackers_help
 
-__all__ = ["PANELS", "OTHER_PANEL", "PanelledCommand", "panel_of"]
+__all__ = ["ARGUMENTS_PANEL", "OTHER_PANEL", "PANELS", "PanelledCommand", "panel_of"]
 
 WORKLOAD = "Workload"
 HARDWARE = "Hardware"
@@ -34,6 +34,7 @@ STORAGE = "Storage and workers"
 PANELS: tuple[str, ...] = (WORKLOAD, HARDWARE, SEARCH, TRIALS, OUTPUT, STORAGE)
 #: where an option without a panel (``-h``, a command's own option) is listed
 OTHER_PANEL = "Options"
+ARGUMENTS_PANEL = "Arguments"
 
 
 def _option(flag: str, *, panel: str, help: str, **more: Any) -> Any:  # noqa: A002 - typer's name
@@ -48,19 +49,21 @@ def panel_of(param: Any) -> str:
 class PanelledCommand(TyperCommand):
     """A command whose ``-h`` lists its options under their panels, in :data:`PANELS` order."""
 
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        """Click's plain definition lists, one section per panel (arguments first, ungrouped last)."""
-        sections: dict[str, list[tuple[str, str]]] = {}
+    def panels(self, ctx: Any) -> dict[str, list[Any]]:
+        """The command's listed parameters by section: arguments, :data:`PANELS` in order, the rest."""
+        found: dict[str, list[Any]] = {}
         for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None:
+            if param.get_help_record(ctx) is None:
                 continue
-            name = "Arguments" if param.param_type_name == "argument" else panel_of(param)
-            sections.setdefault(name, []).append(record)
-        for name in ("Arguments", *PANELS, OTHER_PANEL):
-            if name in sections:
-                with formatter.section(name):
-                    formatter.write_dl(sections[name])
+            name = ARGUMENTS_PANEL if param.param_type_name == "argument" else panel_of(param)
+            found.setdefault(name, []).append(param)
+        return {name: found[name] for name in (ARGUMENTS_PANEL, *PANELS, OTHER_PANEL) if name in found}
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        """Click's plain definition lists, one section per panel."""
+        for name, params in self.panels(ctx).items():
+            with formatter.section(name):
+                formatter.write_dl([param.get_help_record(ctx) for param in params])
 
 
 def backend(names: Sequence[str]) -> Any:
