@@ -79,8 +79,8 @@ Model = Annotated[
     _option(
         "--model",
         panel=WORKLOAD,
-        help="tiny-qwen2 / small-qwen2 (built here), a short name (Qwen2-7B), a hub id or a local folder"
-        " (with config.json).",
+        help="A catalog name (Qwen2-7B), a hub id or a folder with config.json; search also takes"
+        " tiny-qwen2 / small-qwen2, built here.",
     ),
 ]
 SearchBackend = Annotated[str, backend(list(BACKENDS))]
