@@ -74,3 +74,11 @@ def test_plan_and_search_share_their_common_options() -> None:
     for flag in common:
         assert plan[flag].help == search[flag].help, flag
         assert o.panel_of(plan[flag]) == o.panel_of(search[flag]), flag
+
+
+def test_every_command_lists_its_options_by_panel() -> None:
+    """A command registered without ``cls=PanelledCommand`` would list its options in one heap (and the
+    CLI reference, which reads ``PanelledCommand.panels``, would fail)."""
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    plain = [name for name, command in commands.items() if not isinstance(command, o.PanelledCommand)]
+    assert plain == []
