@@ -6,25 +6,20 @@ from pathlib import Path
 
 import typer
 
+from autotune.cli import _options as o
 from autotune.export import EXPORT_FORMATS
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``export`` command to the app."""
 
-    @app.command("export")
+    @app.command("export", cls=o.PanelledCommand)
     def export(
         directory: Path = typer.Argument(
             ..., help="A study directory (runs/<study>) written by autotune search."
         ),
-        storage: str | None = typer.Option(
-            None,
-            "--storage",
-            help="Read the study from this Optuna storage (with --study-name) into DIR first: any host, any worker.",
-        ),
-        study_name: str | None = typer.Option(
-            None, "--study-name", help="The study in --storage that autotune search workers joined."
-        ),
+        storage: o.StorageToRead = None,
+        study_name: o.StudyNameToRead = None,
         fmt: str | None = typer.Option(
             None,
             "--format",
@@ -40,12 +35,7 @@ def register(app: typer.Typer) -> None:
             "-o",
             help="Write the files here (a directory for multi-file formats) instead of printing the main file.",
         ),
-        secret_arg: list[str] | None = typer.Option(
-            None,
-            "--secret-arg",
-            help="An argument name whose value is a secret (repeatable), on top of the study's own:"
-            " scripts read it from ${NAME}, other files show ***.",
-        ),
+        secret_arg: o.SecretArg = None,
         as_json: bool = typer.Option(
             False,
             "--json",

@@ -219,6 +219,8 @@ def open_storage(
             if url.startswith("sqlite")
             else {"pool_pre_ping": True, "connect_args": {"connect_timeout": _CONNECT_TIMEOUT_S}}
         )
+        # a loop of our own, not tenacity (no dependency of autotune): one call, five tries, and only the
+        # table-creation race below is retried
         for attempt in range(_CREATE_ATTEMPTS):
             try:
                 with warnings.catch_warnings():
