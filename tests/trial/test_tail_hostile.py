@@ -128,3 +128,32 @@ def test_the_stdout_pump_skips_overlong_lines_and_splits_on_both_separators() ->
     assert segments.splitters["stdout"].overlong_lines == 1
     (note,) = segments.notes()
     assert note.startswith("1 stdout line(s) longer than 1 MiB (3 MiB) were not read")
+
+
+def test_the_output_queue_is_bounded_in_bytes_and_a_waiting_bar_gives_way_to_its_newer_state() -> None:
+    import queue
+
+    from autotune.tail import Line, OutputQueue
+
+    out = OutputQueue(bound_bytes=4096)
+    out.put_lines("stderr", [Line(b"10%", bar=True)], 1.0, 1.0)
+    out.put_lines("stderr", [Line(b"20%", bar=True)], 2.0, 2.0)  # replaces the 10% state still waiting
+    out.put_lines("stdout", [Line(b"a" * 1000) for _ in range(10)], 3.0, 3.0)  # only 3 fit the bound
+    out.end("stdout")
+    got = []
+    while True:
+        try:
+            got.append(out.get_nowait())
+        except queue.Empty:
+            break
+    assert [(s, t if t is None else t[:3]) for s, t, _, _ in got] == [
+        ("stderr", "20%"),
+        ("stdout", "aaa"),
+        ("stdout", "aaa"),
+        ("stdout", "aaa"),
+        ("stdout", None),
+    ]
+    assert out.collapsed_bars == 1 and out.oldest_mono() is None
+    assert out.notes() == [
+        "the trial wrote faster than autotune reads: 7 stdout line(s) (0.0 MiB) were not read; they are in stdout.log"
+    ]
