@@ -289,7 +289,7 @@ class OutputQueue:
                 notes.append(
                     f"{splitter.overlong_lines} {stream} line(s) longer than {splitter.line_bytes >> 20} MiB "
                     f"({splitter.overlong_bytes / 2**20:.0f} MiB) were not read (a step record among them "
-                    f"is not counted); they are in {stream}.log"
+                    f"would not be counted); they are in {stream}.log"
                 )
         for stream, dropped in self.dropped.items():
             notes.append(
