@@ -11,7 +11,7 @@ from autotune.cli import _options as o
 HELP = """Check this machine before tuning on it: the NVIDIA driver and NVML, torch's CUDA against the
 driver (torch as the trials' interpreter has it: --backend, --executable), the GPUs this process may use (CUDA_VISIBLE_DEVICES) and who else is on them, MIG, persistence,
 ECC, clock slowdowns, the frameworks installed and their pins on each other, /dev/shm, the open-file
-limit, free disk under --out, host RAM against what offload needs, and the NCCL environment.
+limit, --out writable with free disk, the cache writable, host RAM against what offload needs, and the NCCL environment.
 
 Exits 0 when nothing fails (warnings included; no GPU is a warning), 1 otherwise.
 --bench measures this machine's peaks (matmul FLOP/s, memory and host-to-device bandwidth, all-reduce

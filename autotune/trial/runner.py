@@ -42,6 +42,7 @@ from autotune.errors import LaunchError, UsageError, WriteError
 from autotune.records import LaunchPlan, SteadyEstimate, StepMetrics
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir, create_file, write_json_atomic, write_text_atomic
+from autotune.tail import OutputQueue, Segment, pump_pipe
 from autotune.trial.confine import Confinement
 from autotune.trial.early import (
     EarlyCall,
@@ -90,11 +91,9 @@ EVIDENCE_LINES = 200  # failure-pattern lines kept in memory (the logs keep ever
 MAX_LINE_CHARS = 4000  # longer lines are cut in memory (not in the logs)
 #: a pause of autotune's own loop this long is noted on the trial (its measurement waited meanwhile)
 _PAUSE_NOTE_S = 5.0
-_MAX_SEGMENT_BYTES = 1 << 20  # a segment without any newline is cut at 1 MiB
 _DESCENDANT_SCAN_S = 1.0  # how often the process tree is walked (psutil, a few ms each)
 _READER_JOIN_S = 5.0
 _LIVE_GPU_READ_S = 0.5  # how often the early calls read the samplers' new GPU rows
-_SPLIT = re.compile(rb"[\r\n]")
 _STOP_FLAGS = {
     "startup_timeout_s": "--startup-timeout",
     "hang_k": "--hang-k",
@@ -266,61 +265,6 @@ class RunRecord:
 # Output pumping
 
 
-# One output segment as the readers queue it: (stream, text, t_mono_s, t_wall_s); text None ends a stream.
-_Segment = tuple[str, str | None, float, float]
-
-
-def _pump(
-    fd: int,
-    stream: str,
-    log: BinaryIO,
-    out: queue.SimpleQueue[_Segment],
-    failed: Callable[[OSError], None],
-) -> None:
-    """Copy a pipe to its log file and put every \\n- or \\r-separated segment on ``out``.
-
-    A write to the log that fails (disk full, read-only) is reported once through ``failed`` and the
-    log is given up, but the pipe is still drained to its end, so the trial never blocks on a full pipe.
-    """
-    # the segment being read (no separator yet), kept as pieces: joining once when it ends keeps a long
-    # line linear in its length (a 1 GiB line without newline was copied again on every 64 KiB read)
-    pending: list[bytes] = []
-    pending_bytes = 0
-    try:
-        while True:
-            try:
-                chunk = os.read(fd, 1 << 20)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            t_mono, t_wall = time.monotonic(), time.time()
-            if not log.closed:
-                try:
-                    log.write(chunk)
-                except OSError as exc:
-                    _close_quietly(log)
-                    failed(exc)
-            parts = _SPLIT.split(chunk)
-            if len(parts) > 1:
-                parts[0] = b"".join([*pending, parts[0]])
-                pending, pending_bytes = [], 0
-                for part in parts[:-1]:
-                    if part:
-                        out.put((stream, part.decode("utf-8", "replace"), t_mono, t_wall))
-            if parts[-1]:
-                pending.append(parts[-1])
-                pending_bytes += len(parts[-1])
-                if pending_bytes > _MAX_SEGMENT_BYTES:  # a segment without any separator is cut
-                    out.put((stream, b"".join(pending).decode("utf-8", "replace"), t_mono, t_wall))
-                    pending, pending_bytes = [], 0
-        if pending:
-            out.put((stream, b"".join(pending).decode("utf-8", "replace"), time.monotonic(), time.time()))
-    finally:
-        _close_quietly(log)
-        out.put((stream, None, time.monotonic(), time.time()))
-
-
 def _close_quietly(fh: Any) -> None:
     """Close a file whose writes already failed (closing may flush and fail again)."""
     try:
@@ -392,7 +336,7 @@ class TrialRun:
 
     :func:`run_trial` makes one and calls :meth:`run`; an object runs one trial, once. Every method
     runs in the calling thread: the two reader threads only copy the pipes to the logs and queue each
-    segment (:func:`_pump`), and the samplers sample on their own.
+    segment (:func:`autotune.tail.pump_pipe`), and the samplers sample on their own.
 
     The stages, in order:
 
@@ -465,7 +409,7 @@ class TrialRun:
         self.confinement: Confinement | None = None  # its cgroup (or subreaper): found whatever it clears
         self.affinity_note: str | None = None  # why a CPU-only trial could not be pinned to its cores
         self.proc_info: dict[str, Any] = {}
-        self.segments: queue.SimpleQueue[_Segment] = queue.SimpleQueue()
+        self.segments = OutputQueue()
         self.readers: list[threading.Thread] = []
         self.active_samplers: list[Sampler] = []
         self.metrics_file: BinaryIO | None = None
@@ -607,7 +551,7 @@ class TrialRun:
         )
         self.readers = [
             threading.Thread(
-                target=_pump,
+                target=pump_pipe,
                 args=(stream.fileno(), name, self.logs[name], self.segments, self._failed_writing(path)),
                 daemon=True,
             )
@@ -722,7 +666,7 @@ class TrialRun:
             except queue.Empty:
                 return
 
-    def _handle_segment(self, item: _Segment, *, deciding: bool) -> None:
+    def _handle_segment(self, item: Segment, *, deciding: bool) -> None:
         """Keep one output segment (tail, evidence), show it to the observer, and feed it to the parser."""
         live = self.live
         stream, text, t_mono, t_wall = item
@@ -823,6 +767,10 @@ class TrialRun:
             return
         if watchdog.early_calls and (self._fatal_output(now) or self._hang_from_evidence(now)):
             return
+        # "no step" is judged on the output read so far (not on autotune's own lag), and not while the
+        # trial writes lines too long to read (a step may be among them: the bound is autotune's)
+        now = self._read_up_to(now)
+        elapsed = now - self.launched_mono
         if live.last_step_mono is None:
             if elapsed >= watchdog.startup_timeout_s:
                 live.stopped_by, live.hang_signal = "startup_timeout", "no_step"
@@ -843,6 +791,18 @@ class TrialRun:
             live.stop_reason = (
                 f"no step for {gap:.1f} s after step {live.steps[-1].step} (limit {allowed:.3g} s = {rule})"
             )
+
+    def _read_up_to(self, now: float) -> float:
+        """The clock of the no-step rules: ``now``, moved back to when the oldest output still waiting
+        was read (autotune's lag is not the trial's), and as if the last step came with the last line
+        too long to read (:mod:`autotune.tail`; a step record may have been among them)."""
+        waiting = self.segments.oldest_mono()
+        seen = now if waiting is None else min(now, waiting)
+        overlong = self.segments.overlong_mono
+        if overlong is not None:
+            last = self.live.last_step_mono if self.live.last_step_mono is not None else self.launched_mono
+            seen = min(seen, now - (overlong - last)) if overlong > last else seen
+        return seen
 
     def _fatal_output(self, now: float) -> bool:
         """Stop a trial that printed a fatal line ``fatal_grace_s`` ago and still runs; True if stopped.
@@ -962,6 +922,7 @@ class TrialRun:
                 stream.close()
         self._handle_steps(self.parser.finish(time.monotonic(), time.time()), deciding=False)
         self._close_metrics()
+        self.notes.extend(self.segments.notes())
 
     def stop_samplers(self) -> list[dict[str, Any]]:
         """Stop the samplers that started and return their rows; one that fails is a note.
