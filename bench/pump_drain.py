@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from autotune.trial.runner import _pump
+from autotune.trial.pump import pump as _pump
 
 
 class _NullLog:

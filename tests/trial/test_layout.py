@@ -13,6 +13,10 @@ from autotune.studydir import StudyDir, TrialDir
 PACKAGE = Path(autotune.__file__).parent
 TRIAL_FILES = [
     "trial/runner.py",
+    "trial/launch.py",
+    "trial/pump.py",
+    "trial/watchdog.py",
+    "trial/run_record.py",
     "trial/execute.py",
     "trial/outcome.py",
     "trial/evidence.py",

@@ -21,7 +21,8 @@ from autotune.backends.command import CommandParser
 from autotune.errors import WriteError
 from autotune.records import LaunchPlan
 from autotune.trial import runner as runner_mod
-from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, _pump, run_trial
+from autotune.trial.pump import pump as _pump
+from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 
 FAULT = Path(__file__).parents[1] / "fixtures" / "faults" / "fault.py"
 FAST = WatchdogConfig(startup_timeout_s=20, hang_k=3, hang_floor_s=30, grace_s=0.5, poll_interval_s=0.05)

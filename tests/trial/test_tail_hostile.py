@@ -101,7 +101,8 @@ def test_the_stdout_pump_cuts_long_segments_and_splits_on_both_separators() -> N
     1 MiB; ``\\r`` and ``\\n`` both end a segment (bench/pump_drain.py gives the drain rate)."""
     import queue
 
-    from autotune.trial.runner import _MAX_SEGMENT_BYTES, _pump
+    from autotune.trial.pump import MAX_SEGMENT_BYTES as _MAX_SEGMENT_BYTES
+    from autotune.trial.pump import pump as _pump
 
     class Log:
         closed = False
