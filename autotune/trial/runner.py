@@ -379,9 +379,16 @@ class TrialRun:
                 self.exited_mono = time.monotonic()
                 return
             if self.live.stopped_by is None:
-                self.rules.check(now, launched_mono=self.launched_mono, write_failure=self.write_failure)
+                self._check_watchdog(now)
             if self.live.stopped_by is not None:
                 return
+
+    def _check_watchdog(self, now: float) -> None:
+        """Ask the stop rules: the limits and early calls first, then whether steps still come."""
+        if not self.rules.check_limits(
+            now, launched_mono=self.launched_mono, write_failure=self.write_failure
+        ):
+            self.rules.check_progress(now, launched_mono=self.launched_mono)
 
     def _note_pause(self, since_mono: float) -> float:
         """Note when this process itself stood still between two turns (stopped, starved of CPU): the
@@ -599,7 +606,7 @@ class TrialRun:
 
     def _failed_writing(self, path: Path) -> Callable[[OSError], None]:
         """What a failed write of ``path`` calls: the first failure is kept, and the watch ends the trial
-        on its next turn (:meth:`StopRules.check`); :meth:`run` raises it once the trial is cleaned up."""
+        on its next turn (:meth:`_check_watchdog`); :meth:`run` raises it once the trial is cleaned up."""
 
         def failed(exc: OSError) -> None:
             if self.write_failure is None:

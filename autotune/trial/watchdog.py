@@ -142,8 +142,8 @@ class LiveState:
 class StopRules:
     """Whether and why to stop a running trial, decided on what the watch has seen.
 
-    The runner asks :meth:`past_max_steps` and :meth:`decide` on every new step, and :meth:`check` on
-    every watchdog turn; :meth:`watch_gpus` once its samplers with live GPU rows started.
+    The runner asks :meth:`past_max_steps` and :meth:`decide` on every new step, and on every watchdog
+    turn :meth:`check_limits`, then (when it set nothing) :meth:`check_progress`; :meth:`watch_gpus` once its samplers with live GPU rows started.
 
     Args:
         live: the watch's state, which the rules read and write their decision into.
@@ -207,25 +207,31 @@ class StopRules:
                 f"± {est.rel_ci95:.1%} (95 % CI, {est.steady_steps} steady steps)"
             )
 
-    def check(self, now: float, *, launched_mono: float, write_failure: WriteError | None) -> None:
-        """Set a stop reason for the user's interrupt, the wall budget, an early call from evidence
-        (:mod:`autotune.trial.early`), the start-up budget or a hang."""
+    def check_limits(self, now: float, *, launched_mono: float, write_failure: WriteError | None) -> bool:
+        """Set a stop reason for a failed write, the user's interrupt, the wall budget or an early call
+        from evidence (:mod:`autotune.trial.early`); True when one is set."""
         live, watchdog = self.live, self.watchdog
         if write_failure is not None:
             live.stopped_by, live.stop_reason = "write_error", write_failure.message
-            return
+            return True
         if self.stop_event is not None and self.stop_event.is_set():
             live.stopped_by, live.stop_reason = "interrupt", "stopped by the user"
-            return
+            return True
         elapsed = now - launched_mono
         if watchdog.trial_timeout_s is not None and elapsed >= watchdog.trial_timeout_s:
             live.stopped_by = "timeout"
             live.stop_reason = (
                 f"trial wall budget of {watchdog.trial_timeout_s:g} s ran out after {len(live.steps)} steps"
             )
-            return
-        if watchdog.early_calls and (self._fatal_output(now) or self._hang_from_evidence(now, launched_mono)):
-            return
+            return True
+        return watchdog.early_calls and (
+            self._fatal_output(now) or self._hang_from_evidence(now, launched_mono)
+        )
+
+    def check_progress(self, now: float, *, launched_mono: float) -> None:
+        """Set a stop reason when no step came within the start-up budget, or for too long (a hang)."""
+        live, watchdog = self.live, self.watchdog
+        elapsed = now - launched_mono
         if live.last_step_mono is None:
             if elapsed >= watchdog.startup_timeout_s:
                 live.stopped_by, live.hang_signal = "startup_timeout", "no_step"
