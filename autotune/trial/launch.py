@@ -3,20 +3,23 @@ session (its own process group, ``pgid == pid``), with a start failure translate
 :class:`~autotune.errors.LaunchError`.
 
 The trial runner (:meth:`autotune.trial.runner.TrialRun.launch`) calls :func:`start_process` once per
-trial; everything after the start (pinning, ``proc.json``, the watch) stays there.
+trial, then writes :func:`proc_info` as ``proc.json``; pinning and the watch stay there.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+from typing import Any
 
+from autotune.affinity import parse_cores
 from autotune.errors import LaunchError
 from autotune.records import LaunchPlan
 from autotune.trial.confine import Confinement
-from autotune.trial.processes import MARKER_ENV
+from autotune.trial.processes import MARKER_ENV, create_time_of
 
-__all__ = ["child_env", "effective_plan", "start_process"]
+__all__ = ["child_env", "effective_plan", "proc_info", "start_process"]
 
 
 def effective_plan(plan: LaunchPlan) -> LaunchPlan:
@@ -64,3 +67,33 @@ def start_process(plan: LaunchPlan, *, marker: str, confinement: Confinement) ->
             hint="Check the command (its first word must be an executable on PATH or a path, "
             "its arguments short enough for the system)",
         ) from None
+
+
+def proc_info(
+    plan: LaunchPlan,
+    pid: int,
+    *,
+    started_wall_s: float,
+    create_time: float | None,
+    marker: str,
+    confinement: Confinement,
+    affinity_note: str | None,
+) -> dict[str, Any]:
+    """What ``proc.json`` says of a started trial (what :func:`~autotune.trial.processes.reap_orphan`
+    reads): its process and group, the autotune run that owns it, its marker, cgroup and cores."""
+    return {
+        "pid": pid,
+        "pgid": pid,  # start_new_session: the child leads its session and group
+        "create_time": create_time,
+        "started_wall_s": started_wall_s,
+        "runner_pid": os.getpid(),
+        "runner_create_time": create_time_of(os.getpid()),
+        "host": socket.gethostname(),
+        "marker": marker,
+        "cgroup": confinement.cgroup_path,
+        "cgroup_note": confinement.note,  # why not, when the trial has none
+        "cpu_cores": list(parse_cores(plan.env)),
+        "affinity_note": affinity_note,
+        "argv0": plan.argv[0],
+        "ended": False,
+    }

@@ -21,10 +21,8 @@ The runner decides *when* to stop; :mod:`autotune.trial.outcome` decides what th
 
 from __future__ import annotations
 
-import os
 import queue
 import re
-import socket
 import statistics
 import subprocess
 import threading
@@ -42,7 +40,7 @@ from autotune.studydir import TrialDir, create_file, write_json_atomic, write_te
 from autotune.trial.confine import Confinement
 from autotune.trial.early import EarlyCallConfig, FatalLines, LiveGpuSamples
 from autotune.trial.evidence import COMMON_PATTERNS, strip_rank_prefix
-from autotune.trial.launch import effective_plan, start_process
+from autotune.trial.launch import effective_plan, proc_info, start_process
 from autotune.trial.processes import (
     alive_pids,
     create_time_of,
@@ -272,22 +270,15 @@ class TrialRun:
         self.affinity_note = pin(self.pid, parse_cores(plan.env))
         confinement.launched(self.pid)
         self.known[self.pid] = create_time_of(self.pid)
-        self.proc_info = {
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "create_time": self.known[self.pid],
-            "started_wall_s": self.started_wall_s,
-            "runner_pid": os.getpid(),
-            "runner_create_time": create_time_of(os.getpid()),
-            "host": socket.gethostname(),
-            "marker": self.marker,
-            "cgroup": confinement.cgroup_path,
-            "cgroup_note": confinement.note,  # why not, when the trial has none
-            "cpu_cores": list(parse_cores(plan.env)),
-            "affinity_note": self.affinity_note,
-            "argv0": plan.argv[0],
-            "ended": False,
-        }
+        self.proc_info = proc_info(
+            plan,
+            self.pid,
+            started_wall_s=self.started_wall_s,
+            create_time=self.known[self.pid],
+            marker=self.marker,
+            confinement=confinement,
+            affinity_note=self.affinity_note,
+        )
         self._write_proc()
 
     def start_readers(self) -> None:
