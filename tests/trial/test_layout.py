@@ -17,6 +17,7 @@ TRIAL_FILES = [
     "trial/pump.py",
     "trial/watchdog.py",
     "trial/run_record.py",
+    "trial/pipeline.py",
     "trial/execute.py",
     "trial/outcome.py",
     "trial/evidence.py",
