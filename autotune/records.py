@@ -8,6 +8,7 @@ the JSON files of a study directory (``launch.json``, ``result.json``, ``study.j
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -325,6 +326,173 @@ class TrialResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
     # the step's physical ceiling and how near the measured step came to it (None: not computed)
     ceiling: TrialCeiling | None = None
+
+    # -- The one way a result is made: every TrialResult of the package comes from one of these named
+    # constructors, or is read back by from_json / from_dict (tests/test_architecture.py refuses a direct
+    # ``TrialResult(...)`` or ``model_validate`` anywhere else). Each says which trials it is for and
+    # keeps what must hold for them.
+
+    @classmethod
+    def running(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+        reason: str = "running",
+    ) -> TrialResult:
+        """The placeholder of a trial that runs now, written as its ``result.json`` until it ends."""
+        return cls._unmeasured(number, params, TrialStatus.RUNNING, reason, derived, is_baseline)
+
+    @classmethod
+    def interrupted(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        reason: str,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+    ) -> TrialResult:
+        """A trial stopped before it said anything about its configuration (it may run again)."""
+        return cls._unmeasured(number, params, TrialStatus.INTERRUPTED, reason, derived, is_baseline)
+
+    @classmethod
+    def not_launched(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        status: TrialStatus,
+        reason: str,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+        estimate: dict[str, Any] | None = None,
+    ) -> TrialResult:
+        """A trial the study refused to start (PRUNED: a rule, an inference, the memory gate, whose
+        predicted ``estimate`` it keeps) or that cannot be started (INVALID).
+
+        Raises:
+            ValueError: any other status (a trial that never ran has no other end).
+        """
+        if status not in (TrialStatus.PRUNED, TrialStatus.INVALID):
+            raise ValueError(f"a trial that was not launched is PRUNED or INVALID, not {status.value}")
+        result = cls._unmeasured(number, params, status, reason, derived, is_baseline)
+        return result if estimate is None else result.model_copy(update={"estimate": estimate})
+
+    @classmethod
+    def outline(
+        cls, number: int, params: Mapping[str, Any], *, status: TrialStatus, reason: str
+    ) -> TrialResult:
+        """A result known only by its status and reason: a run supposed to end so (a strategy's
+        look-ahead), or one whose result file is lost (a profile directory without ``result.json``)."""
+        return cls._unmeasured(number, params, status, reason, None, False)
+
+    @classmethod
+    def measured(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        status: TrialStatus,
+        reason: str,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+        evidence: str | None = None,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        steps: int = 0,
+        steady: SteadyEstimate | None = None,
+        health: Sequence[str] = (),
+        peak_mem_bytes: Sequence[int | None] = (),
+        framework_peak_mem_bytes: int | None = None,
+        framework_alloc_peak_bytes: int | None = None,
+        host_peak_rss_bytes: int | None = None,
+        timeline_summary: dict[str, Any] | None = None,
+        started_wall_s: float | None = None,
+        duration_s: float = 0.0,
+        startup_s: float | None = None,
+        gpu_seconds: float = 0.0,
+        failed_phase: str | None = None,
+        notes: Sequence[str] = (),
+    ) -> TrialResult:
+        """A trial that ran: how it ended and what was measured (the trial pipeline's result,
+        :mod:`autotune.trial.pipeline`).
+
+        Raises:
+            ValueError: a RUNNING status (a measured trial has ended), a negative count of steps or
+                seconds, or a steady-state estimate without a step.
+        """
+        if status is TrialStatus.RUNNING:
+            raise ValueError("a measured trial has ended: its status cannot be RUNNING")
+        if steps < 0 or duration_s < 0 or gpu_seconds < 0:
+            raise ValueError(f"negative steps or seconds: {steps} steps, {duration_s} s, {gpu_seconds} GPU·s")
+        if steady is not None and steps == 0:
+            raise ValueError("a steady-state estimate needs steps")
+        return cls(
+            number=number,
+            params=dict(params),
+            derived=dict(derived or {}),
+            is_baseline=is_baseline,
+            status=status,
+            reason=reason,
+            evidence=evidence,
+            exit_code=exit_code,
+            signal=signal,
+            steps=steps,
+            steady=steady,
+            health=list(health),
+            peak_mem_bytes=list(peak_mem_bytes),
+            framework_peak_mem_bytes=framework_peak_mem_bytes,
+            framework_alloc_peak_bytes=framework_alloc_peak_bytes,
+            host_peak_rss_bytes=host_peak_rss_bytes,
+            timeline_summary=timeline_summary,
+            started_wall_s=started_wall_s,
+            duration_s=duration_s,
+            startup_s=startup_s,
+            gpu_seconds=gpu_seconds,
+            failed_phase=failed_phase,
+            notes=list(notes),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TrialResult:
+        """A result as it was written, from its JSON text (a storage's attribute).
+
+        Raises:
+            pydantic.ValidationError: not a trial result (a ``ValueError``).
+        """
+        return cls.model_validate_json(text)
+
+    @classmethod
+    def from_dict(cls, data: object) -> TrialResult:
+        """A result as it was written, from its parsed JSON (``result.json`` read by a guarded reader).
+
+        Raises:
+            pydantic.ValidationError: not a trial result (a ``ValueError``).
+        """
+        return cls.model_validate(data)
+
+    @classmethod
+    def _unmeasured(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        status: TrialStatus,
+        reason: str,
+        derived: Mapping[str, Any] | None,
+        is_baseline: bool,
+    ) -> TrialResult:
+        """A result without a measurement: no exit code, no step, no time spent."""
+        return cls(
+            number=number,
+            params=dict(params),
+            derived=dict(derived or {}),
+            is_baseline=is_baseline,
+            status=status,
+            reason=reason,
+        )
 
     @property
     def throughput(self) -> float | None:

@@ -527,7 +527,7 @@ class StudyDir:
         if not regular_file(path):
             return None
         try:
-            return TrialResult.model_validate(read_json_guarded(path, fix="it runs again"))
+            return TrialResult.from_dict(read_json_guarded(path, fix="it runs again"))
         except (UsageError, ValueError):  # half a record from an older, killed run: it runs again
             return None
 
@@ -577,7 +577,7 @@ class StudyDir:
             path, fix="Restore it, or move the trial's directory away to run that trial again"
         )
         try:
-            return TrialResult.model_validate(data)
+            return TrialResult.from_dict(data)
         except ValueError:
             raise UsageError(
                 f"{path} is not a trial result (unreadable JSON)",

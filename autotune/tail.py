@@ -39,6 +39,7 @@ __all__ = [
     "LineSplitter",
     "OutputQueue",
     "Segment",
+    "close_quietly",
     "pump_pipe",
 ]
 
@@ -331,7 +332,7 @@ def pump_pipe(
                 try:
                     log.write(chunk)
                 except OSError as exc:
-                    _close_quietly(log)
+                    close_quietly(log)
                     failed(exc)
             skipped = splitter.overlong_bytes
             lines = splitter.feed(chunk)
@@ -343,11 +344,11 @@ def pump_pipe(
         if rest:
             out.put_lines(stream, [Line(rest)], time.monotonic(), time.time())
     finally:
-        _close_quietly(log)
+        close_quietly(log)
         out.end(stream)
 
 
-def _close_quietly(fh: BinaryIO) -> None:
+def close_quietly(fh: BinaryIO) -> None:
     """Close a file whose writes already failed (closing may flush and fail again)."""
     try:
         fh.close()

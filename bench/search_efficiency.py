@@ -180,7 +180,7 @@ class SimulatedExecutor:
         if truth.status in failure_s:
             duration = failure_s[truth.status]
             steps = done if truth.status in (TrialStatus.HANG, TrialStatus.CRASH) else 0
-            return TrialResult(
+            return TrialResult.measured(
                 **base,
                 status=truth.status,
                 reason=truth.reason,
@@ -222,7 +222,7 @@ class SimulatedExecutor:
                 break
             if len(steady_times) >= self.min_steady_steps and ci <= 0.03:
                 break
-        return TrialResult(
+        return TrialResult.measured(
             **base,
             status=status,
             reason=reason,

@@ -7,6 +7,7 @@ Read from the source as text (``ast``): nothing here imports the modules it chec
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -429,7 +430,7 @@ KEY_READ_BUDGET = {
     "autotune.study.loop": 2,
     "autotune.study.mirror": 1,
     "autotune.studydir": 1,
-    "autotune.trial.execute": 2,
+    "autotune.trial.pipeline": 2,
     "autotune.reports._signals": 5,
 }
 
@@ -487,6 +488,72 @@ def test_the_string_key_read_check_can_fail(tmp_path: Path) -> None:
         {"autotune.trial.planted": planted, "autotune.studydir": MODULES["autotune.studydir"]}
     )
     assert len(found) == 1 and found[0].startswith("autotune.trial.planted: 2 string-key reads (budget 0)")
+
+
+# -- a trial result is made one way ------------------------------------------------------------------
+
+#: the module whose named constructors make every TrialResult (running, interrupted, not_launched,
+#: outline, measured) or read one back (from_json, from_dict)
+RESULT_HOME = "autotune.records"
+_RAW_RESULT = re.compile(
+    r"(?:^|\.)TrialResult(?:\.model_(?:validate|validate_json|validate_strings|construct))?$"
+)
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def _raw_results(modules: dict[str, Path]) -> list[str]:
+    """Where a module outside :data:`RESULT_HOME` makes a TrialResult by hand: a call of the class or of
+    pydantic's validators on it, or the class imported under another name (which would hide such a call)."""
+    out = []
+    for name, path in sorted(modules.items()):
+        if name == RESULT_HOME:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and _RAW_RESULT.search(_dotted(node.func)):
+                out.append(f"{name}:{node.lineno}: {_dotted(node.func)}(...)")
+            elif isinstance(node, ast.ImportFrom):
+                out += [
+                    f"{name}:{node.lineno}: TrialResult imported as {a.asname}"
+                    for a in node.names
+                    if a.name == "TrialResult" and a.asname not in (None, "TrialResult")
+                ]
+    return out
+
+
+def test_every_trial_result_is_made_by_its_named_constructors() -> None:
+    assert RESULT_HOME in MODULES
+    assert _raw_results(MODULES) == []
+
+
+def test_the_trial_result_constructor_check_can_fail(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from autotune import records\n"
+        "from autotune.records import TrialResult\n"
+        "from autotune.records import TrialResult as R\n"
+        "def f(raw):\n"
+        "    a = TrialResult(number=1, params={}, status='COMPLETE', reason='')\n"
+        "    b = records.TrialResult.model_validate(raw)\n"
+        "    c = TrialResult.model_validate_json(raw)\n"
+        "    d = TrialResult.running(1, {})\n"  # the named constructors are the way
+        "    e = TrialResult.from_json(raw)\n"
+        "    return a, b, c, d, e, R\n"
+    )
+    home = MODULES[RESULT_HOME]
+    found = _raw_results({"autotune.study.planted": planted, RESULT_HOME: home})
+    assert found == [
+        "autotune.study.planted:3: TrialResult imported as R",
+        "autotune.study.planted:5: TrialResult(...)",
+        "autotune.study.planted:6: records.TrialResult.model_validate(...)",
+        "autotune.study.planted:7: TrialResult.model_validate_json(...)",
+    ], found
 
 
 # -- folders import each other in no circle (imports inside functions included) -----------------------

@@ -538,11 +538,10 @@ class Study(StudyPart):
             cause = (
                 exc.one_line() if isinstance(exc, WriteError) else "the study storage could not be written"
             )
-            result = TrialResult(
-                number=number,
-                params=params,
+            result = TrialResult.interrupted(
+                number,
+                params,
                 is_baseline=is_baseline,
-                status=TrialStatus.INTERRUPTED,
                 reason=f"autotune stopped: {cause.rstrip('.')}; it says nothing about the configuration",
             )
             try:
@@ -597,10 +596,9 @@ class Study(StudyPart):
         self, loop: LoopState, trial: optuna.Trial, key: str, params: dict[str, Any], is_baseline: bool
     ) -> None:
         """A trial stopped by a forced interrupt: INTERRUPTED on disk and FAIL in Optuna, to run again."""
-        result = TrialResult(
-            number=trial.number,
-            params=params,
-            status=TrialStatus.INTERRUPTED,
+        result = TrialResult.interrupted(
+            trial.number,
+            params,
             reason="stopped by a forced interrupt; it says nothing about the configuration",
             is_baseline=is_baseline,
         )
@@ -625,16 +623,7 @@ class Study(StudyPart):
         refusal = self.executor.launch_refusal(spec, ctx) if isinstance(self.executor, LaunchCheck) else None
         if refusal is not None:  # INVALID, and never recorded RUNNING (nothing was started)
             return not_launched(spec, refusal)
-        self.dir.write_result(
-            TrialResult(
-                number=number,
-                params=params,
-                derived=derived,
-                is_baseline=is_baseline,
-                status=TrialStatus.RUNNING,
-                reason="running",
-            )
-        )
+        self.dir.write_result(TrialResult.running(number, params, derived=derived, is_baseline=is_baseline))
         if self.hygiene is not None:
             self.hygiene()
         self.view.trial_started(number, params, is_baseline)

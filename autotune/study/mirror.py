@@ -99,24 +99,21 @@ def _result_of(t: optuna.trial.FrozenTrial) -> TrialResult | None:
     raw = t.user_attrs.get("result")
     if isinstance(raw, str):
         try:
-            result = TrialResult.model_validate_json(raw)
+            result = TrialResult.from_json(raw)
         except ValueError:
             result = None
         if result is not None and result.number == t.number:
             return result
+    is_baseline = bool(t.user_attrs.get("is_baseline"))
     if t.state is optuna.trial.TrialState.RUNNING:
-        status, reason = TrialStatus.RUNNING, "running on another worker"
-    elif t.state is optuna.trial.TrialState.FAIL:
-        status, reason = TrialStatus.INTERRUPTED, "its worker ended before recording it"
-    else:
-        return None
-    return TrialResult(
-        number=t.number,
-        params=dict(t.params),
-        status=status,
-        reason=reason,
-        is_baseline=bool(t.user_attrs.get("is_baseline")),
-    )
+        return TrialResult.running(
+            t.number, t.params, reason="running on another worker", is_baseline=is_baseline
+        )
+    if t.state is optuna.trial.TrialState.FAIL:
+        return TrialResult.interrupted(
+            t.number, t.params, reason="its worker ended before recording it", is_baseline=is_baseline
+        )
+    return None
 
 
 def _write_settings(sd: StudyDir, settings: dict[str, Any]) -> None:
