@@ -86,7 +86,7 @@ from autotune.strategy import AutoSettings, Collaborators, DeepSpeedSweep, Sweep
 from autotune.study.config import StudyOutcome  # noqa: E402
 from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
-from autotune.study.recommend import recommend  # noqa: E402
+from autotune.recommend import recommend  # noqa: E402
 
 STRATEGIES = ("autotune", "autotune-v4", "autotune-v2", "random", "tpe", "gp", "ds-sweep")
 RIVALS = ("random", "tpe", "gp")  # the peers autotune is compared with in the verdict

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from autotune.errors import UsageError
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
-from autotune.study.recommend import baseline_of
+from autotune.recommend import baseline_of
 from autotune.studydir import (
     StudyDir,
     StudyFileError,

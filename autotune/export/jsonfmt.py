@@ -33,7 +33,7 @@ KNOBS_FILE = "knobs.json"
 
 def summary(w: Winner) -> dict[str, Any]:
     """The JSON record of the winner (see the module docstring for its keys)."""
-    from autotune.study.recommend import headroom_bytes
+    from autotune.recommend import headroom_bytes
     from autotune.studydir import StudyDir
 
     r = w.result

@@ -13,7 +13,7 @@ from autotune.errors import UsageError
 from autotune.records import Hardware, TrialResult, TrialSpec
 from autotune.secrets import SecretRule
 from autotune.study.ports import free_port
-from autotune.study.recommend import Recommendation
+from autotune.recommend import Recommendation
 from autotune.study.verdict import headline
 from autotune.studydir import StudyDir
 

@@ -11,7 +11,7 @@ from autotune.study.config import StudyOutcome, free_port
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.optuna_view import MachineAttrs
 from autotune.study.prescreen import Prescreen
-from autotune.study.recommend import Recommendation, recommend
+from autotune.recommend import Recommendation, recommend
 from autotune.study.state import LoopState, Stop, StudyPart, StudyState
 from autotune.study.verdict import METHOD, headline, judge, not_remeasured
 

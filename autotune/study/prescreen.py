@@ -11,7 +11,7 @@ from autotune.backends import TrialContext
 from autotune.records import TrialResult, TrialStatus
 from autotune.strategy import infer_infeasible
 from autotune.study.memory_gate import PROBE_MARGIN
-from autotune.study.recommend import headroom_bytes, required_headroom_bytes
+from autotune.recommend import headroom_bytes, required_headroom_bytes
 from autotune.study.state import StudyPart
 
 __all__ = ["Prescreen"]

@@ -48,7 +48,7 @@ from autotune.records import (
     TrialResult,
     TrialStatus,
 )
-from autotune.study.recommend import headroom_bytes
+from autotune.recommend import headroom_bytes
 from autotune.trial.steady import t_quantile_975
 
 __all__ = [
@@ -188,7 +188,7 @@ def judge(
     """The recommendation once the re-measurement is in: the winner, its interval and the verdict.
 
     Args:
-        rec: what the search alone recommends (:func:`autotune.study.recommend.recommend`).
+        rec: what the search alone recommends (:func:`autotune.recommend.recommend`).
         confirmation: the re-measurement runs (intervals not yet filled in).
         results: the search's trials by number (for the throughput and headroom of a new winner).
         hardware: the study's hardware (headroom).
