@@ -102,7 +102,7 @@ def header(w: Winner, fmt: str) -> list[str]:
         f"({g} per prompt) on {where}, with {ran}."
     )
     if w.recommended and w.recommendation is not None:
-        from autotune.study.verdict import headline
+        from autotune.recommend import headline
 
         lines.append(f"Verdict: {headline(w.recommendation)}.")
     return lines

@@ -38,7 +38,7 @@ def summary(w: Winner) -> dict[str, Any]:
 
     r = w.result
     fixed, _ = mask_secrets(w.fixed, w.secrets)
-    from autotune.study.verdict import headline
+    from autotune.recommend import headline
 
     baseline = None
     speedup = low = high = measurable = verdict = None

@@ -67,8 +67,8 @@ def test_no_recommendation_says_why(fixture_study: Path) -> None:
 
 
 def test_the_verdict_and_interval_travel_with_the_export(fixture_study: Path) -> None:
-    from autotune.records import Confirmation, ConfirmRun, TrialStatus
     from autotune.recommend import recommend
+    from autotune.records import Confirmation, ConfirmRun, TrialStatus
     from autotune.study.verdict import judge
     from autotune.studydir import StudyDir
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.records import GpuInfo, Hardware, HostInfo, SteadyEstimate, TrialResult, TrialStatus
 from autotune.recommend import recommend, vllm_pool_bytes
+from autotune.records import GpuInfo, Hardware, HostInfo, SteadyEstimate, TrialResult, TrialStatus
 
 GIB = 2**30
 HARDWARE = Hardware(
