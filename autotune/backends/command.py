@@ -53,7 +53,6 @@ from autotune.backends._base import (
 )
 from autotune.backends._loglines import TrainerLogParser
 from autotune.backends._phases import MarkerPhases
-from autotune.backends._values import as_number
 from autotune.backends.trl.backend import TrlBackend
 from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
 from autotune.errors import BackendError, SpaceError, UsageError
@@ -62,6 +61,7 @@ from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.space import SearchSpace
 from autotune.studydir import TrialDir
 from autotune.tail import FileTail
+from autotune.values import as_number
 
 __all__ = ["BUILTIN_PLACEHOLDERS", "CommandBackend", "CommandParser", "knob_env_name", "template_fields"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._values import as_bool
 from autotune.export._common import MARKER
 from autotune.export._winner import Winner
+from autotune.values import as_bool
 
 __all__ = [
     "DEMO_PROMPTS",

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.backends._values import as_float
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, json_text, refuse
 from autotune.export._job import precision
 from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
+from autotune.values import as_float
 
 __all__ = ["DS_CONFIG", "ds_config", "export_deepspeed"]
 

@@ -41,7 +41,6 @@ from autotune.backends._base import (
     StepParser,
     TrialContext,
 )
-from autotune.backends._values import as_bool, as_int
 from autotune.backends._versions import installed_versions
 from autotune.backends._vllm import DISTRIBUTIONS as VLLM_DISTRIBUTIONS
 from autotune.backends._vllm import cpu_thread_binding
@@ -61,6 +60,7 @@ from autotune.jobconfig import JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, TrialSpec
 from autotune.studydir import TrialDir
+from autotune.values import as_bool, as_int
 
 __all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
 

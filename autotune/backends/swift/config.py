@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.backends._values import (
+from autotune.errors import UsageError
+from autotune.jobconfig import JobConfig, WeightSync
+from autotune.values import (
     as_bool,
     as_int,
     batch_shape,
@@ -27,8 +29,6 @@ from autotune.backends._values import (
     required_float,
     required_int,
 )
-from autotune.errors import UsageError
-from autotune.jobconfig import JobConfig, WeightSync
 
 __all__ = [
     "LIST_ARGS",

@@ -37,7 +37,6 @@ from typing import Any
 
 import yaml
 
-from autotune.backends._values import typed
 from autotune.backends._vocab import SHARED_ARGS
 from autotune.backends.swift.backend import SwiftBackend
 from autotune.backends.swift.config import TRL_NAMES, list_value
@@ -56,6 +55,7 @@ from autotune.export._winner import Winner
 from autotune.export.deepspeed import DS_CONFIG, config_for
 from autotune.jobconfig import JobConfig
 from autotune.plaintext import comment_line
+from autotune.values import typed
 
 __all__ = ["ACCELERATE", "CONFIG", "DEMO_REWARD_PATH", "SCRIPT", "export_trl"]
 

@@ -1,7 +1,8 @@
 """Reading knob and argument values the way the frameworks' own parsers read them.
 
 A value may arrive typed (from a space file, a trial's params) or as text (from ``--`` flags or a
-fixed-arguments file): ``"true"``, ``"8"``, ``"none"``. Every backend's decoder reads them here.
+fixed-arguments file): ``"true"``, ``"8"``, ``"none"``. Every backend's decoder reads them here, and so do
+the exports (a floor below the backends, so the rule lives in the core).
 """
 
 from __future__ import annotations
