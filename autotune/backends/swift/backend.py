@@ -332,7 +332,7 @@ class SwiftBackend(Backend):
         key = hashlib.sha1(str(Path(python).resolve()).encode()).hexdigest()[:12]
         cache_dir = self._flag_cache_dir
         if cache_dir is None:
-            from autotune.workload.tinymodels import default_cache_dir
+            from autotune.cachedir import default_cache_dir
 
             cache_dir = default_cache_dir() / "swift"
         cache = cache_dir / f"flags-{version}-{key}.json"
