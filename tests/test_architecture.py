@@ -1,5 +1,6 @@
 """The house rules the code keeps, checked on its source: a framework's facts live in its backend,
-imports point one way (probes → core → application/CLI) and never in a circle.
+imports point one way (probes → core → application/CLI, and floor by floor inside the core: FLOORS) and
+never in a circle.
 
 Read from the source as text (``ast``): nothing here imports the modules it checks.
 """
@@ -489,20 +490,48 @@ def test_the_string_key_read_check_can_fail(tmp_path: Path) -> None:
     assert len(found) == 1 and found[0].startswith("autotune.trial.planted: 2 string-key reads (budget 0)")
 
 
-# -- folders import each other in no circle (imports inside functions included) -----------------------
+# -- floors: folders import downward only, and in no circle (imports inside functions included) -------
 
-#: The one circle of folders left today (issue 40 breaks it by moving what the lower floors need down):
-#: it may shrink, never grow, and no other circle may form.
-KNOWN_FOLDER_CIRCLE = frozenset(
-    {
-        "autotune.backends",
-        "autotune.estimate",
-        "autotune.export",
-        "autotune.study",
-        "autotune.studydir",
-        "autotune.trial",
-        "autotune.workload",
-    }
+#: The house's floors, lowest first (docs/architecture.md, "Layers"). A module imports its own floor and
+#: the floors below, never one above; folders that share a floor may import each other, in no circle.
+#: Every folder has a floor (a new one is placed here when it is added).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    # samplers that run beside or inside a trial: nothing of autotune but themselves
+    ("autotune.probes",),
+    # the core's records and rules: one root error, the version, typed records, spaces, values, texts
+    (
+        "autotune.errors",
+        "autotune.version",
+        "autotune.cachedir",
+        "autotune.affinity",
+        "autotune.jobconfig",
+        "autotune.jobsemantics",
+        "autotune.secrets",
+        "autotune.plaintext",
+        "autotune.tail",
+        "autotune.writable",
+        "autotune.yamlfile",
+        "autotune.values",
+        "autotune.space",
+        "autotune.fixed",
+        "autotune.records",
+        "autotune.recommend",
+        "autotune.search_spaces",
+        "autotune.assets",  # plugins that run inside ms-swift's process: they import nothing of ours
+    ),
+    ("autotune.studydir",),  # every file of a study, written and read one way
+    ("autotune.estimate",),  # the memory and step-time model, catalogs, plan
+    ("autotune.workload",),  # models and prompt datasets
+    # the search strategies, the trackers, and what every export format is written with
+    ("autotune.strategy", "autotune.trackers", "autotune.export"),
+    ("autotune.backends",),  # one home per framework (its own export format builds on autotune.export)
+    ("autotune.trial",),  # one trial
+    ("autotune.study",),  # the study loop
+    ("autotune.doctor",),  # the checks (they read the study's hardware)
+    ("autotune.reports",),  # report.html / report.md from a study directory alone
+    ("autotune.app",),  # the search, plan, profile and export jobs
+    ("autotune.cli", "autotune.__main__"),  # one module per command
+    (FACADE,),  # the Python API's façade (autotune.load_study, search, plan; the version)
 )
 
 
@@ -510,6 +539,49 @@ def _folder(module: str) -> str:
     """The folder a module lives in (``autotune.study.loop`` → ``autotune.study``); a top module is its own."""
     head = ".".join(module.split(".")[:2])
     return head if _is_package(head) else module
+
+
+def _floor(module: str) -> int | None:
+    """The floor of ``module``'s folder in :data:`FLOORS` (None: a folder no floor names)."""
+    folder = _folder(module)
+    for i, floor in enumerate(FLOORS):
+        if any(folder == f or (f != FACADE and folder.startswith(f"{f}.")) for f in floor):
+            return i
+    return None
+
+
+def _upward_imports(graph: dict[str, list[str]]) -> list[str]:
+    """``module -> target`` for every import from a lower floor to a higher one."""
+    return [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        for target in targets
+        if (low := _floor(module)) is not None and (high := _floor(target)) is not None and high > low
+    ]
+
+
+def test_every_folder_has_one_floor() -> None:
+    placed = [f for floor in FLOORS for f in floor]
+    assert len(placed) == len(set(placed))
+    assert [m for m in MODULES if _floor(m) is None] == []
+
+
+def test_no_import_from_a_lower_floor_to_a_higher_one() -> None:
+    assert _upward_imports(GRAPH) == []
+
+
+def test_the_floor_check_can_fail_on_an_import_inside_a_function(tmp_path: Path) -> None:
+    # studydir (a floor below the study) reaching the study's recommendation inside a function, as it did
+    planted = tmp_path / "studydir.py"
+    planted.write_text(
+        "def recommendation(sd):\n    from autotune.study.finish import Finisher\n    return Finisher\n"
+    )
+    edges = list(_imports("autotune.studydir", planted))
+    assert edges == ["autotune.study.finish"]
+    graph = {**GRAPH, "autotune.studydir": sorted({*GRAPH["autotune.studydir"], *edges})}
+    assert _upward_imports(graph) == ["autotune.studydir -> autotune.study.finish"]
+    # the same import the other way (the study reading the study directory) points down: allowed
+    assert _upward_imports({"autotune.study.finish": ["autotune.studydir"]}) == []
 
 
 def _folder_graph(graph: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -520,12 +592,8 @@ def _folder_graph(graph: dict[str, list[str]]) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def _new_folder_circles(graph: dict[str, list[str]]) -> list[list[str]]:
-    return [c for c in _cycles(_folder_graph(graph)) if not set(c) <= KNOWN_FOLDER_CIRCLE]
-
-
-def test_no_new_circle_between_folders() -> None:
-    assert _new_folder_circles(GRAPH) == []
+def test_no_circle_between_folders() -> None:
+    assert _cycles(_folder_graph(GRAPH)) == []
 
 
 def test_the_folder_circle_check_can_fail(tmp_path: Path) -> None:
@@ -533,7 +601,7 @@ def test_the_folder_circle_check_can_fail(tmp_path: Path) -> None:
     planted = tmp_path / "nvml.py"
     planted.write_text("def f():\n    from autotune.cli import app\n    return app\n")
     assert list(_imports("autotune.probes.nvml", planted)) == ["autotune.cli.app"]
-    # the probes (below everything) importing the CLI, which reaches them: a new circle of folders
+    # the probes (below everything) importing the CLI, which reaches them: a circle of folders
     graph = {**GRAPH, "autotune.probes.nvml": [*GRAPH["autotune.probes.nvml"], "autotune.cli.app"]}
-    circles = _new_folder_circles(graph)
+    circles = _cycles(_folder_graph(graph))
     assert any("autotune.probes" in c and "autotune.cli" in c for c in circles), circles
