@@ -156,7 +156,7 @@ def start_rules(
 
 def fixed_flag_notices(
     flags: SwiftFlags,
-    accepted: Callable[[], frozenset[str]],
+    accepted_names: Callable[[], frozenset[str]],
     params: Mapping[str, Any],
     fixed: Mapping[str, Any],
     ctx: TrialContext | None = None,
@@ -165,7 +165,7 @@ def fixed_flag_notices(
 
     Args:
         flags: the flag vocabulary of the ms-swift version trials are rendered for.
-        accepted: every flag the installed ``swift rlhf`` accepts (asked after the version's refusals).
+        accepted_names: every flag the installed ``swift rlhf`` accepts (asked after the version's refusals).
         params: knob values (any trial's; only the names matter).
         fixed: the user's fixed flags.
         ctx: the study context, to compare fixed values with the study's own (num_generations ...).
@@ -213,7 +213,7 @@ def fixed_flag_notices(
         refusal = flags.refusal(name)
         if refusal:
             raise BackendError(refusal, hint="Fix the flag in the fixed arguments or upgrade ms-swift")
-    accepted = accepted()
+    accepted = accepted_names()
     for name in sorted(names):
         if flags.translate(name) not in accepted:  # the user's own flag: name ms-swift's nearest field
             raise UnknownFlag(
