@@ -44,6 +44,7 @@ from autotune.backends._base import (
 from autotune.backends._versions import installed_versions
 from autotune.backends._vllm import DISTRIBUTIONS as VLLM_DISTRIBUTIONS
 from autotune.backends._vllm import cpu_thread_binding
+from autotune.backends._vocab import SWIFT_KNOBS
 from autotune.backends.swift._args import (
     MIN_VERSION,
     SwiftFlags,
@@ -76,25 +77,6 @@ _ASSETS = {
     SYNC_SHIM: files("autotune.backends") / SYNC_SHIM,
     PHASE_PLUGIN: files("autotune") / "assets" / PHASE_PLUGIN,
 }
-
-#: knob order of search_spaces/swift.yaml; ``num_processes`` is not an ms-swift flag.
-_KNOBS: tuple[str, ...] = (
-    "per_device_train_batch_size",
-    "gradient_checkpointing",
-    "dataloader_num_workers",
-    "num_processes",
-    "deepspeed",
-    "use_vllm",
-    "vllm_mode",
-    "vllm_gpu_memory_utilization",
-    "vllm_tensor_parallel_size",
-    "vllm_max_num_seqs",
-    "vllm_enforce_eager",
-    "sleep_level",
-    "offload_optimizer",
-    "offload_model",
-    "move_model_batches",
-)
 
 #: flags that only mean something with vLLM; dropped from a trial that runs without it.
 VLLM_ONLY_FLAGS: frozenset[str] = frozenset(
@@ -148,7 +130,7 @@ class SwiftBackend(Backend):
     name: ClassVar[str] = "swift"
     display_name: ClassVar[str] = "ms-swift"
     space_name: ClassVar[str | None] = "swift"
-    knob_names: ClassVar[frozenset[str] | None] = frozenset(_KNOBS)
+    knob_names: ClassVar[frozenset[str] | None] = frozenset(SWIFT_KNOBS)
     knob_fields = KNOB_FIELDS
     # ms-swift's GRPO arguments (swift/llm/argument/rlhf_args.py, GRPOArgumentsMixin / RLHFArguments):
     # num_generations 8, max_completion_length 512, per_device_train_batch_size 1, and
@@ -493,7 +475,7 @@ class SwiftBackend(Backend):
             add("use_cpu", True)
         add("num_generations", ctx.num_generations)
         add("max_completion_length", ctx.max_completion_length)
-        for name in _KNOBS:
+        for name in SWIFT_KNOBS:
             if name == "num_processes" or name not in params:
                 continue
             if not use_vllm and _is_vllm_only(name):

@@ -46,7 +46,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.swift.config import TRL_NAMES
+from autotune.backends._vocab import TRL_NAMES
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, ShellWord, mask_secrets, refuse, shell_script
 from autotune.export._job import header, trial_environment, user_dataset, uses_demo_reward
