@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.backends._vocab import batch_shape
 from autotune.errors import UsageError
 from autotune.jobconfig import JobConfig, WeightSync
 from autotune.values import (
     as_bool,
     as_int,
-    batch_shape,
     none_like,
     pick,
     required_float,
