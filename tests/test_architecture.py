@@ -240,6 +240,42 @@ def test_the_backend_name_check_can_fail() -> None:
     assert flagged == [1]
 
 
+def _backend_home(module: str, names: set[str]) -> str | None:
+    """The backend whose home ``module`` is in (``autotune.backends.swift.config`` → ``swift``), or None
+    for the backends' shared modules (the contract, the registry, the shared vocabulary, ...)."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == ["autotune", "backends"] and parts[2] in names:
+        return parts[2]
+    return None
+
+
+def _cross_backend_imports(graph: dict[str, list[str]], names: set[str]) -> list[str]:
+    return [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        if (home := _backend_home(module, names)) is not None
+        for target in targets
+        if (other := _backend_home(target, names)) is not None and other != home
+    ]
+
+
+def test_no_backend_imports_another_backends_modules() -> None:
+    """What two frameworks share lives in a shared module under ``backends/`` (``_vocab``, ``_values``)
+    or goes through the registry and the backend contract, never through another backend's modules."""
+    assert _cross_backend_imports(GRAPH, _backend_names()) == []
+
+
+def test_the_cross_backend_check_can_fail() -> None:
+    names = _backend_names()
+    graph = {
+        "autotune.backends.command": ["autotune.backends.trl.config", "autotune.backends._registry"],
+        "autotune.backends.trl.export": ["autotune.backends._vocab", "autotune.backends.trl.aliases"],
+    }
+    assert _cross_backend_imports(graph, names) == [
+        "autotune.backends.command -> autotune.backends.trl.config"
+    ]
+
+
 def _packaged_knobs() -> dict[str, str]:
     """Knob name → the backend whose packaged space defines it."""
     out: dict[str, str] = {}
