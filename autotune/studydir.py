@@ -619,7 +619,7 @@ class StudyDir:
         """The study's recommendation as stored in ``study.json`` when it ended.
 
         A study that has not ended (still running, or killed) has none stored: it is then decided from
-        the results on disk by the same rule, :func:`autotune.study.recommend.recommend`.
+        the results on disk by the same rule, :func:`autotune.recommend.recommend`.
         """
         settings = settings if settings is not None else self.read_settings()
         if "recommendation" in settings:
@@ -635,6 +635,6 @@ class StudyDir:
                     hint='Restore study.json, or delete its "recommendation" entry so that it is decided '
                     "again from the trials on disk",
                 ) from None
-        from autotune.study.recommend import recommend
+        from autotune.recommend import recommend
 
         return recommend(self.results() if results is None else results, self.hardware(settings))

@@ -22,8 +22,8 @@ from autotune.probes.timeline import phase_intervals
 from pydantic import ValidationError
 
 from autotune.errors import UsageError
+from autotune.recommend import baseline_of
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
-from autotune.study.recommend import baseline_of
 from autotune.studydir import (
     StudyDir,
     StudyFileError,

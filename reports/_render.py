@@ -27,8 +27,8 @@ from autotune.reports.insight import best_so_far, param_importances, pareto_poin
 from autotune.reports.limits import fraction_text, limit_section
 
 from autotune.errors import UsageError
+from autotune.recommend import headline, speedup_text
 from autotune.records import Recommendation, TrialResult, TrialStatus
-from autotune.study.verdict import headline, speedup_text
 from autotune.studydir import StudyDir, TrialDir, ensure_writable, write_text_atomic
 from autotune.trial.hostload import host_load
 

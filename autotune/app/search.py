@@ -141,9 +141,9 @@ def collect_versions(backend: str) -> dict[str, str]:
     """Versions of the packages that matter for a study (for study.json and the report)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    import autotune
+    from autotune.version import __version__
 
-    out = {"autotune": autotune.__version__, "python": sys.version.split()[0]}
+    out = {"autotune": __version__, "python": sys.version.split()[0]}
     for dist in (
         "torch",
         "transformers",

@@ -47,10 +47,10 @@ def register(app: typer.Typer) -> None:
         Exits 3 when the study has nothing to recommend (and no --trial is given)."""
         import json
 
-        from autotune.app.export import default_format, export_winner
+        from autotune.app.export import default_format, export_winner, load_study_winner
         from autotune.cli._console import notice, say
         from autotune.errors import UsageError
-        from autotune.export import EXPORT_FORMATS, load_winner, write_export
+        from autotune.export import EXPORT_FORMATS, write_export
 
         if fmt is not None and fmt not in EXPORT_FORMATS:
             raise UsageError(
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
                 f"{directory} is not a directory",
                 hint="Pass the runs/<study> directory autotune search wrote",
             )
-        winner = load_winner(directory, trial=trial, secret_names=tuple(secret_arg or ()))
+        winner = load_study_winner(directory, trial=trial, secret_names=tuple(secret_arg or ()))
         result = export_winner(winner, fmt or default_format(winner.backend))
         if as_json:
             written = [str(p) for p in write_export(result, out)] if out is not None else None

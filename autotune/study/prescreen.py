@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import TrialContext
+from autotune.recommend import headroom_bytes, required_headroom_bytes
 from autotune.records import TrialResult, TrialStatus
 from autotune.strategy import infer_infeasible
 from autotune.study.memory_gate import PROBE_MARGIN
-from autotune.study.recommend import headroom_bytes, required_headroom_bytes
 from autotune.study.state import StudyPart
 
 __all__ = ["Prescreen"]
