@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # the Python API (autotune.app.api), imported on first use so that `import autotune` loads nothing
 _API = ("load_study", "search", "plan", "StudyFrames", "SearchSummary")
 
@@ -24,9 +22,14 @@ __all__ = ["__version__", "load_study", "search", "plan", "StudyFrames", "Search
 
 if TYPE_CHECKING:
     from autotune.app.api import SearchSummary, StudyFrames, load_study, plan, search
+    from autotune.version import __version__
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the version lives on the lowest floor (autotune.version)
+        from autotune.version import __version__
+
+        return __version__
     if name in _API:
         from autotune.app import api
 
@@ -35,4 +38,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_API})
+    return sorted({*globals(), *_API, "__version__"})

@@ -8,7 +8,7 @@ the JSON files of a study directory (``launch.json``, ``result.json``, ``study.j
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Annotated, Any
@@ -19,8 +19,6 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
-    PrivateAttr,
-    ValidationError,
 )
 
 from autotune.plaintext import comment_line, shell_name
@@ -43,9 +41,6 @@ __all__ = [
     "ConfirmRun",
     "Confirmation",
     "Recommendation",
-    "StudyBudget",
-    "StudyModel",
-    "StudySettings",
     "INFEASIBLE_STATUSES",
 ]
 
@@ -351,6 +346,173 @@ class TrialResult(BaseModel):
     # the step's physical ceiling and how near the measured step came to it (None: not computed)
     ceiling: TrialCeiling | None = None
 
+    # -- The one way a result is made: every TrialResult of the package comes from one of these named
+    # constructors, or is read back by from_json / from_dict (tests/test_architecture.py refuses a direct
+    # ``TrialResult(...)`` or ``model_validate`` anywhere else). Each says which trials it is for and
+    # keeps what must hold for them.
+
+    @classmethod
+    def running(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+        reason: str = "running",
+    ) -> TrialResult:
+        """The placeholder of a trial that runs now, written as its ``result.json`` until it ends."""
+        return cls._unmeasured(number, params, TrialStatus.RUNNING, reason, derived, is_baseline)
+
+    @classmethod
+    def interrupted(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        reason: str,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+    ) -> TrialResult:
+        """A trial stopped before it said anything about its configuration (it may run again)."""
+        return cls._unmeasured(number, params, TrialStatus.INTERRUPTED, reason, derived, is_baseline)
+
+    @classmethod
+    def not_launched(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        status: TrialStatus,
+        reason: str,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+        estimate: dict[str, Any] | None = None,
+    ) -> TrialResult:
+        """A trial the study refused to start (PRUNED: a rule, an inference, the memory gate, whose
+        predicted ``estimate`` it keeps) or that cannot be started (INVALID).
+
+        Raises:
+            ValueError: any other status (a trial that never ran has no other end).
+        """
+        if status not in (TrialStatus.PRUNED, TrialStatus.INVALID):
+            raise ValueError(f"a trial that was not launched is PRUNED or INVALID, not {status.value}")
+        result = cls._unmeasured(number, params, status, reason, derived, is_baseline)
+        return result if estimate is None else result.model_copy(update={"estimate": estimate})
+
+    @classmethod
+    def outline(
+        cls, number: int, params: Mapping[str, Any], *, status: TrialStatus, reason: str
+    ) -> TrialResult:
+        """A result known only by its status and reason: a run supposed to end so (a strategy's
+        look-ahead), or one whose result file is lost (a profile directory without ``result.json``)."""
+        return cls._unmeasured(number, params, status, reason, None, False)
+
+    @classmethod
+    def measured(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        *,
+        status: TrialStatus,
+        reason: str,
+        derived: Mapping[str, Any] | None = None,
+        is_baseline: bool = False,
+        evidence: str | None = None,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        steps: int = 0,
+        steady: SteadyEstimate | None = None,
+        health: Sequence[str] = (),
+        peak_mem_bytes: Sequence[int | None] = (),
+        framework_peak_mem_bytes: int | None = None,
+        framework_alloc_peak_bytes: int | None = None,
+        host_peak_rss_bytes: int | None = None,
+        timeline_summary: TimelineSummary | None = None,
+        started_wall_s: float | None = None,
+        duration_s: float = 0.0,
+        startup_s: float | None = None,
+        gpu_seconds: float = 0.0,
+        failed_phase: str | None = None,
+        notes: Sequence[str] = (),
+    ) -> TrialResult:
+        """A trial that ran: how it ended and what was measured (the trial pipeline's result,
+        :mod:`autotune.trial.pipeline`).
+
+        Raises:
+            ValueError: a RUNNING status (a measured trial has ended), a negative count of steps or
+                seconds, or a steady-state estimate without a step.
+        """
+        if status is TrialStatus.RUNNING:
+            raise ValueError("a measured trial has ended: its status cannot be RUNNING")
+        if steps < 0 or duration_s < 0 or gpu_seconds < 0:
+            raise ValueError(f"negative steps or seconds: {steps} steps, {duration_s} s, {gpu_seconds} GPU·s")
+        if steady is not None and steps == 0:
+            raise ValueError("a steady-state estimate needs steps")
+        return cls(
+            number=number,
+            params=dict(params),
+            derived=dict(derived or {}),
+            is_baseline=is_baseline,
+            status=status,
+            reason=reason,
+            evidence=evidence,
+            exit_code=exit_code,
+            signal=signal,
+            steps=steps,
+            steady=steady,
+            health=list(health),
+            peak_mem_bytes=list(peak_mem_bytes),
+            framework_peak_mem_bytes=framework_peak_mem_bytes,
+            framework_alloc_peak_bytes=framework_alloc_peak_bytes,
+            host_peak_rss_bytes=host_peak_rss_bytes,
+            timeline_summary=timeline_summary,
+            started_wall_s=started_wall_s,
+            duration_s=duration_s,
+            startup_s=startup_s,
+            gpu_seconds=gpu_seconds,
+            failed_phase=failed_phase,
+            notes=list(notes),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TrialResult:
+        """A result as it was written, from its JSON text (a storage's attribute).
+
+        Raises:
+            pydantic.ValidationError: not a trial result (a ``ValueError``).
+        """
+        return cls.model_validate_json(text)
+
+    @classmethod
+    def from_dict(cls, data: object) -> TrialResult:
+        """A result as it was written, from its parsed JSON (``result.json`` read by a guarded reader).
+
+        Raises:
+            pydantic.ValidationError: not a trial result (a ``ValueError``).
+        """
+        return cls.model_validate(data)
+
+    @classmethod
+    def _unmeasured(
+        cls,
+        number: int,
+        params: Mapping[str, Any],
+        status: TrialStatus,
+        reason: str,
+        derived: Mapping[str, Any] | None,
+        is_baseline: bool,
+    ) -> TrialResult:
+        """A result without a measurement: no exit code, no step, no time spent."""
+        return cls(
+            number=number,
+            params=dict(params),
+            derived=dict(derived or {}),
+            is_baseline=is_baseline,
+            status=status,
+            reason=reason,
+        )
+
     @property
     def throughput(self) -> float | None:
         return self.steady.throughput if self.steady else None
@@ -488,136 +650,3 @@ class Recommendation(_Frozen):
     host_load: str | None = None
     host_noise: str | None = None
     confirmation: Confirmation | None = None
-
-
-class StudyModel(BaseModel):
-    """``study.json``'s ``model``: what the study trains (:class:`ModelRef` as written)."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    name: str | None = None
-    path_or_id: str | None = None
-    local: bool | str | None = None  # true: path_or_id is a local folder
-    facts: dict[str, Any] = Field(default_factory=dict)  # params, layers, hidden, vocab, ...
-
-    @property
-    def loaded(self) -> str:
-        """What the framework loads: the path or hub id, else the name the user typed ("" if neither)."""
-        return self.path_or_id or self.name or ""
-
-    def ref(self) -> ModelRef:
-        """The study's :class:`ModelRef` as written."""
-        return ModelRef(
-            name=self.name or self.path_or_id or "",
-            path_or_id=self.loaded,
-            local=bool(self.local),
-            facts=dict(self.facts),
-        )
-
-
-class StudyBudget(BaseModel):
-    """``study.json``'s ``budget``: the trials and seconds the search may spend (None: no limit)."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    trials: int | None = None
-    time_s: float | int | None = None
-
-
-class StudySettings(BaseModel):
-    """``study.json``: what a study is (its backend, model, job, space, budget) and how it ended.
-
-    Read only through :meth:`autotune.studydir.StudyDir.read_settings` (the guarded reader) and
-    :meth:`from_json`; written by :meth:`to_json` in the shape it was read. Every field is optional: a
-    file of an older version lacks the later ones, and a key left out stays out when written back
-    (``model_fields_set``); a key this version does not know is kept (extra). A value of the wrong type
-    reads as missing (the readers before this record skipped it too) and is written back as it was.
-
-    The nested documents that have their own reader stay JSON here: ``hardware``
-    (:meth:`~autotune.studydir.StudyDir.hardware`), ``recommendation``
-    (:meth:`~autotune.studydir.StudyDir.recommendation`), ``identity``
-    (:func:`autotune.study.identity.identity_differences`), ``outcome``, ``space``, ``calibration``.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    name: str | None = None
-    uid: str | None = None
-    created_wall_s: float | int | None = None
-    finished_wall_s: float | int | None = None
-    backend: str | None = None
-    backend_version: str | None = None
-    command: str | list[str] | None = None
-    model: StudyModel = Field(default_factory=StudyModel)
-    hardware: dict[str, object] | None = None
-    global_batch: int | None = None
-    num_generations: int | None = None
-    max_steps: int | None = None
-    max_completion_length: int | None = None
-    semantics: dict[str, object] | None = None
-    fixed: dict[str, object] = Field(default_factory=dict)
-    dataset: str | None = None
-    seed: int | None = None
-    confirm_runs: int | None = None
-    space: list[object] | dict[str, object] | None = None
-    space_source: str | None = None
-    dropped_knobs: dict[str, object] | None = None
-    versions: dict[str, object] = Field(default_factory=dict)
-    search: str | None = None
-    budget: StudyBudget = Field(default_factory=StudyBudget)
-    storage: str | None = None
-    secret_args: list[str] = Field(default_factory=list)
-    identity: dict[str, object] = Field(default_factory=dict)
-    outcome: dict[str, object] | None = None
-    recommendation: object = None  # any JSON: its reader says in one line when it is not one
-    calibration: dict[str, object] | None = None
-
-    #: entries of the wrong type, kept aside to be written back as they were
-    _damaged: dict[str, object] = PrivateAttr(default_factory=dict)
-    #: the keys in the order the file held them (written back in that order)
-    _order: tuple[str, ...] = PrivateAttr(default=())
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, object]) -> StudySettings:
-        """The settings from ``study.json``'s object; an entry of the wrong type reads as missing."""
-        data = {str(k): v for k, v in raw.items()}
-        damaged: dict[str, object] = {}
-        while True:
-            try:
-                settings = cls.model_validate(data)
-                break
-            except ValidationError as exc:
-                bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"] and str(e["loc"][0]) in data}
-                if not bad:  # pragma: no cover - every error of a top-level model names its key
-                    raise
-                damaged.update({k: data.pop(k) for k in bad})
-        settings._damaged = damaged
-        settings._order = tuple(str(k) for k in raw)
-        return settings
-
-    def to_json(self) -> dict[str, object]:
-        """``study.json``'s object: the keys read, and only those (an entry of the wrong type as it was)."""
-        out = {**self.model_dump(mode="json", exclude_unset=True), **self._damaged}
-        return {**{k: out.pop(k) for k in self._order if k in out}, **out}
-
-    @property
-    def job_sizes(self) -> dict[str, int]:
-        """The job's sizes the study recorded: ``global_batch``, ``num_generations``,
-        ``max_completion_length`` (each when recorded), in the words a backend's ``describe`` reads."""
-        sizes = {
-            "global_batch": self.global_batch,
-            "num_generations": self.num_generations,
-            "max_completion_length": self.max_completion_length,
-        }
-        return {k: v for k, v in sizes.items() if v is not None}
-
-    @property
-    def knobs(self) -> list[dict[str, Any]]:
-        """The search space as recorded, one mapping per knob (``name``, ``values``, ``default``,
-        ``pinned``, ``memory``, ...); empty when the study recorded none."""
-        return [k for k in self.space if isinstance(k, dict)] if isinstance(self.space, list) else []
-
-    @property
-    def stored_recommendation(self) -> bool:
-        """The study ended and stored its recommendation (null when there was none to make)."""
-        return "recommendation" in self.model_fields_set

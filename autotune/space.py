@@ -39,44 +39,15 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from autotune.errors import SpaceError
+from autotune.spacefile import NEEDS, CpuValues, KnobFields, KnobType, validated
 from autotune.yamlfile import read_yaml
 
 __all__ = ["NEEDS", "Knob", "Platform", "SearchSpace", "load_space", "canonical_key", "Suggester"]
 
-KnobType = Literal["int", "float", "bool", "str"]
-_TYPES: tuple[str, ...] = ("int", "float", "bool", "str")
-_KNOB_FIELDS = {
-    "type",
-    "choices",
-    "low",
-    "high",
-    "step",
-    "log",
-    "default",
-    "when",
-    "applies",
-    "cpu",
-    "memory",
-    "help",
-    "label",
-}
 #: the most choices a knob may list (a longer list is a range: the search samples it)
 MAX_CHOICES = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _GRID_LIMIT = 64  # values a continuous knob may expand to for grid search / dedupe
-#: the value fields a knob's ``cpu:`` block may replace on a CPU-only run
-_CPU_FIELDS = frozenset({"choices", "low", "high", "step", "log", "default"})
-
-#: what a knob may need of the machine its trials run on (its ``applies:``); a :class:`Platform` says
-#: which of them it cannot give, and why.
-NEEDS: Mapping[str, str] = {
-    "any": "nothing: it applies everywhere",
-    "gpu": "a GPU",
-    "cpu": "a CPU-only run",
-    "vllm": "the vLLM engine, in the trials' interpreter, built for this machine's platform",
-    "vllm_sleep": "vLLM's sleep mode (memory released between rollouts)",
-    "vllm_server": "training against a vLLM server (the trainer sends it the weights)",
-}
 
 
 @dataclass(frozen=True)
@@ -512,24 +483,14 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
     here = f"{where}: knob {name!r}"
     if not isinstance(spec, dict):
         raise SpaceError(f"{here} must be a mapping", hint="Give it type, choices or low/high, and default")
-    extra = set(spec) - _KNOB_FIELDS
-    if extra:
-        raise SpaceError(
-            f"{here} has unknown field {sorted(extra)[0]!r}",
-            hint=f"Fields: {', '.join(sorted(_KNOB_FIELDS))}",
-        )
-    typ = spec.get("type")
-    if typ not in _TYPES:
-        raise SpaceError(f"{here} has type {typ!r}", hint=f"Use one of: {', '.join(_TYPES)}")
-    choices = spec.get("choices")
-    low, high = spec.get("low"), spec.get("high")
+    fields: KnobFields = validated(KnobFields, spec, here)
+    typ = fields.type
+    choices, low, high = fields.choices, fields.low, fields.high
     if typ == "bool" and choices is None and low is None:
         choices = [False, True]
     if choices is not None:
         if low is not None or high is not None:
             raise SpaceError(f"{here} has both choices and low/high", hint="Keep one of them")
-        if not isinstance(choices, list) or not choices:
-            raise SpaceError(f"{here}: choices must be a non-empty list", hint="Write choices: [a, b, c]")
         if len(choices) > MAX_CHOICES:
             raise SpaceError(
                 f"{here} has {len(choices)} choices, more than {MAX_CHOICES}",
@@ -546,26 +507,16 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         if low > high:
             raise SpaceError(f"{here}: low {low} is above high {high}", hint="Swap them")
         choices_t = None
-    step = spec.get("step")
+    step = fields.step
     if step is not None:
         step = _finite(
             _coerce(step, typ if typ in ("int", "float") else "float", f"{here} step"), f"{here} step"
         )
         if step <= 0:
             raise SpaceError(f"{here}: step must be positive", hint="Use a step above 0")
-    log = spec.get("log", False)
-    if not isinstance(log, bool):
-        raise SpaceError(f"{here}: log must be true or false", hint="Write log: true")
-    if "default" not in spec:
-        raise SpaceError(f"{here} has no default", hint="Give the framework's default as default:")
-    default = _coerce(spec["default"], typ, f"{here} default")
-    when_raw = spec.get("when") or {}
-    if not isinstance(when_raw, dict):
-        raise SpaceError(
-            f"{here}: when must map earlier knobs to lists of values", hint="Write when: {knob: [v1, v2]}"
-        )
+    default = _coerce(fields.default, typ, f"{here} default")
     when: dict[str, tuple[Any, ...]] = {}
-    for other, allowed in when_raw.items():
+    for other, allowed in (fields.when or {}).items():
         if other not in earlier:
             raise SpaceError(
                 f"{here}: condition names {other!r}, which is not an earlier knob",
@@ -573,13 +524,7 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
             )
         allowed_l = allowed if isinstance(allowed, list) else [allowed]
         when[other] = tuple(_coerce(a, earlier[other].type, f"{here} when {other}") for a in allowed_l)
-    applies = spec.get("applies", "any")
-    if applies not in NEEDS:
-        raise SpaceError(f"{here}: applies is {applies!r}", hint=f"Use one of: {', '.join(NEEDS)}")
-    cpu = _parse_cpu_values(name, spec, earlier, where)
-    memory = spec.get("memory")
-    if memory not in (None, "increasing", "decreasing"):
-        raise SpaceError(f"{here}: memory is {memory!r}", hint="Use increasing or decreasing")
+    cpu = _parse_cpu_values(name, fields, earlier, where)
     knob = Knob(
         name=name,
         type=typ,
@@ -588,13 +533,13 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
         low=low if choices_t is None else None,
         high=high if choices_t is None else None,
         step=step,
-        log=log,
+        log=fields.log,
         when=when,
-        applies=applies,
+        applies=fields.applies,
         cpu=cpu,
-        memory=memory,
-        help=str(spec.get("help", "")),
-        label=str(spec.get("label", "")),
+        memory=fields.memory,
+        help=fields.help,
+        label=fields.label,
     )
     if default is not None and not knob.contains(default):
         raise SpaceError(
@@ -603,18 +548,18 @@ def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> K
     return knob
 
 
-def _parse_cpu_values(name: str, spec: dict[str, Any], earlier: dict[str, Knob], where: str) -> Knob | None:
+def _parse_cpu_values(name: str, fields: KnobFields, earlier: dict[str, Knob], where: str) -> Knob | None:
     """The knob of a ``cpu:`` block: the file's knob with the block's values (checked the same way)."""
-    block = spec.get("cpu")
-    if block is None:
+    if fields.cpu is None:
         return None
     here = f"{where}: knob {name!r} cpu"
-    if not isinstance(block, dict) or not block or set(block) - _CPU_FIELDS:
+    block = validated(CpuValues, fields.cpu, here).model_dump(exclude_unset=True)
+    if not block:
         raise SpaceError(
-            f"{here} must map some of {', '.join(sorted(_CPU_FIELDS))} to its values on a CPU-only run",
+            f"{here} must map some of {', '.join(CpuValues.model_fields)} to its values on a CPU-only run",
             hint="Write cpu: {high: 0.2, default: 0.1}",
         )
-    merged = {k: v for k, v in spec.items() if k != "cpu"}
+    merged = fields.model_dump(exclude_unset=True, exclude={"cpu"})
     if "choices" in block:
         merged = {k: v for k, v in merged.items() if k not in ("low", "high", "step", "log")}
     elif "low" in block or "high" in block:

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from autotune.errors import UsageError, WriteError
-from autotune.records import Hardware, Recommendation, StudySettings, TrialResult
+from autotune.records import Hardware, Recommendation, TrialResult
+from autotune.studysettings import StudySettings
 from autotune.writable import ensure_writable
 
 __all__ = [
@@ -527,7 +528,7 @@ class StudyDir:
         if not regular_file(path):
             return None
         try:
-            return TrialResult.model_validate(read_json_guarded(path, fix="it runs again"))
+            return TrialResult.from_dict(read_json_guarded(path, fix="it runs again"))
         except (UsageError, ValueError):  # half a record from an older, killed run: it runs again
             return None
 
@@ -579,7 +580,7 @@ class StudyDir:
             path, fix="Restore it, or move the trial's directory away to run that trial again"
         )
         try:
-            return TrialResult.model_validate(data)
+            return TrialResult.from_dict(data)
         except ValueError:
             raise UsageError(
                 f"{path} is not a trial result (unreadable JSON)",
@@ -621,7 +622,7 @@ class StudyDir:
         """The study's recommendation as stored in ``study.json`` when it ended.
 
         A study that has not ended (still running, or killed) has none stored: it is then decided from
-        the results on disk by the same rule, :func:`autotune.study.recommend.recommend`.
+        the results on disk by the same rule, :func:`autotune.recommend.recommend`.
         """
         settings = settings if settings is not None else self.read_settings()
         if settings.stored_recommendation:
@@ -637,6 +638,6 @@ class StudyDir:
                     hint='Restore study.json, or delete its "recommendation" entry so that it is decided '
                     "again from the trials on disk",
                 ) from None
-        from autotune.study.recommend import recommend
+        from autotune.recommend import recommend
 
         return recommend(self.results() if results is None else results, self.hardware(settings))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autotune.errors import UsageError
 
-__all__ = ["ensure_writable"]
+__all__ = ["ensure_writable", "unwritable_reason"]
 
 
 def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
@@ -25,3 +25,25 @@ def ensure_writable(directory: Path, *, flag: str = "--out") -> None:
         raise UsageError(
             f"cannot write to {flag} {directory}: {reason}", hint=f"Choose a writable directory with {flag}"
         ) from None
+
+
+def unwritable_reason(directory: Path) -> str | None:
+    """Why ``directory`` could not be made or written by this user, naming the folder that stops it
+    (``/data/runs: Permission denied``); None when it could. Nothing is left behind: a folder is made
+    and removed in ``directory``, or in its nearest existing parent when it does not exist yet."""
+    directory = directory.absolute()
+    for place in (directory, *directory.parents):
+        try:
+            place.stat()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # a parent that cannot be searched: the folder below it cannot be reached
+            return f"{place.parent}: {exc.strerror or type(exc).__name__}"
+        if not place.is_dir():
+            return f"{place}: not a directory"
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".autotune-write-test-", dir=place))
+        except OSError as exc:
+            return f"{place}: {exc.strerror or type(exc).__name__}"
+        return None
+    return None

@@ -82,7 +82,15 @@ TARGETS: tuple[Target, ...] = (
         ("autotune/secrets.py",),
         ("tests/test_secrets.py", "tests/test_secrets_rules.py", "tests/reports/test_report_safety.py"),
     ),
-    Target("verdict", ("autotune/study/verdict.py",), ("tests/study/test_verdict.py",)),
+    Target(
+        "verdict",
+        ("autotune/study/verdict.py", "autotune/recommend.py"),  # the verdict's sentences live in recommend
+        (
+            "tests/study/test_verdict.py",
+            "tests/study/test_recommend_need.py",
+            "tests/study/test_recommend_headroom.py",
+        ),
+    ),
     Target("blame", ("autotune/strategy/_blame.py",), ("tests/strategy/test_blame.py",)),
     Target("inference", ("autotune/strategy/_inference.py",), ("tests/strategy/test_inference.py",)),
     Target(
@@ -92,7 +100,7 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "memory",
-        ("autotune/estimate/memory.py",),
+        ("autotune/estimate/memory.py", "autotune/estimate/states.py"),  # states: memory's model states
         (
             "tests/estimate/test_memory_exact.py",
             "tests/estimate/test_memory.py",

@@ -6,12 +6,11 @@ Usage: python bench/pump_drain.py [MiB]   (prints MB/s for each shape; no assert
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 import time
 
-from autotune.trial.runner import _pump
+from autotune.tail import OutputQueue, pump_pipe
 
 
 class _NullLog:
@@ -27,11 +26,11 @@ class _NullLog:
 def drain(total_bytes: int, block: bytes) -> tuple[float, int]:
     """Seconds to pump ``total_bytes`` of ``block`` repeated, and the segments produced."""
     read_fd, write_fd = os.pipe()
-    segments: queue.SimpleQueue = queue.SimpleQueue()
-    pump = threading.Thread(target=_pump, args=(read_fd, "stdout", _NullLog(), segments, print))
+    segments = OutputQueue()
+    pump = threading.Thread(target=pump_pipe, args=(read_fd, "stdout", _NullLog(), segments, print))
     began = time.perf_counter()
     pump.start()
-    data = block * (1 << 20 // len(block) or 1)
+    data = block * max(1, (1 << 20) // len(block))  # about 1 MiB per write
     written = 0
     while written < total_bytes:
         written += os.write(write_fd, data)

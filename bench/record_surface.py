@@ -110,7 +110,7 @@ def collect(study_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for study in study_dirs:
         for path in sorted((study / "trials").glob("*/result.json")):
-            result = TrialResult.model_validate_json(path.read_text())
+            result = TrialResult.from_json(path.read_text())
             key = json.dumps(result.params, sort_keys=True)
             rows.setdefault(key, {"params": result.params, "repeats": []})["repeats"].append(
                 repeat_record(result, path)

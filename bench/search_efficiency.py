@@ -80,13 +80,13 @@ from _surfaces import RawTable, Surface  # noqa: E402
 
 from autotune.backends import Backend, TrialContext, job_shape  # noqa: E402
 from autotune.estimate import estimate_memory  # noqa: E402
+from autotune.recommend import recommend  # noqa: E402
 from autotune.records import SteadyEstimate, TrialResult, TrialSpec, TrialStatus  # noqa: E402
 from autotune.space import SearchSpace, canonical_key  # noqa: E402
 from autotune.strategy import AutoSettings, Collaborators, DeepSpeedSweep, SweepSettings, launched  # noqa: E402
 from autotune.study.config import StudyOutcome  # noqa: E402
 from autotune.study.loop import Study, StudyConfig  # noqa: E402
 from autotune.study.memory_gate import EstimatorGate  # noqa: E402
-from autotune.study.recommend import recommend  # noqa: E402
 
 STRATEGIES = ("autotune", "autotune-v4", "autotune-v2", "random", "tpe", "gp", "ds-sweep")
 RIVALS = ("random", "tpe", "gp")  # the peers autotune is compared with in the verdict
@@ -180,7 +180,7 @@ class SimulatedExecutor:
         if truth.status in failure_s:
             duration = failure_s[truth.status]
             steps = done if truth.status in (TrialStatus.HANG, TrialStatus.CRASH) else 0
-            return TrialResult(
+            return TrialResult.measured(
                 **base,
                 status=truth.status,
                 reason=truth.reason,
@@ -222,7 +222,7 @@ class SimulatedExecutor:
                 break
             if len(steady_times) >= self.min_steady_steps and ci <= 0.03:
                 break
-        return TrialResult(
+        return TrialResult.measured(
             **base,
             status=status,
             reason=reason,

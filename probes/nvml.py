@@ -1,12 +1,8 @@
 """GPU detection and sampling through NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
-Every NVML call of the sampler goes through one gate, :class:`NvmlGate`: a metric the GPU or driver
-does not support becomes None and is reported once in ``warnings``; a lost GPU stops being asked and
-its later rows are empty; any other failed read is None for that sample only. Nothing raised by a read
-can end the sampling thread. Initialisation failures (no library, no driver, a GPU index that does not
-exist) raise one :class:`NvmlUnavailable` at ``start()``, whose ``str()`` the CLI prints as one line.
-
-GPU indices are NVML indices (the order of ``nvidia-smi``), not indices inside ``CUDA_VISIBLE_DEVICES``.
+Every NVML call of the sampler goes through one gate, :class:`NvmlGate` (:mod:`autotune.probes._nvml_gate`,
+with the library's loading, GPU detection and the one-shot queries, all exported here); a GPU's own
+state between reads is :class:`~autotune.probes._nvml_device.Device`.
 
 Cadence (``NvmlSampler``), per GPU, chosen to keep 8 GPUs at 10 Hz near 1 % of one core
 (``bench/probe_overhead.py``):
@@ -47,16 +43,28 @@ holds the rows, warnings and calls of a scripted run recorded before these chang
 from __future__ import annotations
 
 import ctypes
-import logging
 import math
 import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from autotune.probes._nvml_device import GPM_METRICS, VALUE_FIELDS, Device, buffer_overflowed
+from autotune.probes._nvml_gate import (
+    DeviceFacts,
+    GpuDetection,
+    NvmlGate,
+    NvmlUnavailable,
+    detect_gpus,
+    device_handles,
+    gpu_processes,
+    load_nvml,
+    memory_used,
+    nvml_init,
+    nvml_shutdown,
+)
 from autotune.probes._threads import join_or_abandon
 from autotune.probes.timeline import GPU_METRICS, RowBuffer
 
@@ -72,7 +80,6 @@ __all__ = [
     "load_nvml",
 ]
 
-log = logging.getLogger(__name__)
 
 _PCIE_UNIT_BYTES = 1024  # NVML reports PCIe throughput in KB/s; nvitop and nvidia-smi read KiB
 # column -> NVML field id of the counter read in one nvmlDeviceGetFieldValues call on slow reads
@@ -86,303 +93,6 @@ _BUFFER_PROBE_US = 2_000_000  # at start, ask the driver's buffers for the last 
 _RATE_COLUMNS = frozenset({"pcie_tx_bytes_s", "pcie_rx_bytes_s"})  # counters stored as bytes per second
 
 
-class NvmlUnavailable(Exception):
-    """NVML cannot be used here (no library, no driver, init failed). ``str()`` says why."""
-
-
-@dataclass(frozen=True)
-class DeviceFacts:
-    """One GPU as NVML reports it. ``nvidia-smi --query-gpu=index,name,uuid,memory.total,compute_cap``."""
-
-    index: int
-    name: str
-    uuid: str | None
-    memory_total_bytes: int
-    compute_capability: str | None
-
-
-@dataclass(frozen=True)
-class GpuDetection:
-    driver_version: str | None
-    cuda_driver_version: str | None
-    devices: tuple[DeviceFacts, ...]
-
-
-def load_nvml() -> ModuleType:
-    """Import the ``pynvml`` module of ``nvidia-ml-py``."""
-    try:
-        import pynvml  # provided by nvidia-ml-py
-    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a core dependency
-        raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from exc
-    module: ModuleType = pynvml  # the import is untyped (Any): the annotation states what it is
-    return module
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _init(nvml: ModuleType) -> None:
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        raise NvmlUnavailable(
-            f"NVML could not start: {exc}; install or load the NVIDIA driver, or run on CPU"
-        ) from exc
-
-
-def _shutdown(nvml: ModuleType) -> None:
-    try:
-        nvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - nothing useful to do when shutdown fails
-        pass
-
-
-def detect_gpus(nvml: ModuleType | None = None) -> GpuDetection:
-    """Initialise NVML and list the GPUs. Raises :class:`NvmlUnavailable` with the reason."""
-    nvml = nvml or load_nvml()
-    _init(nvml)
-    try:
-        driver = _safe(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
-        cuda = _safe(lambda: nvml.nvmlSystemGetCudaDriverVersion_v2())
-        cuda_s = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) else None
-        devices = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-            cc = _safe(lambda h=handle: nvml.nvmlDeviceGetCudaComputeCapability(h))
-            devices.append(
-                DeviceFacts(
-                    index=i,
-                    name=_text(nvml.nvmlDeviceGetName(handle)),
-                    uuid=_safe(lambda h=handle: _text(nvml.nvmlDeviceGetUUID(h))),
-                    memory_total_bytes=int(mem.total),
-                    compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
-                )
-            )
-        return GpuDetection(driver_version=driver, cuda_driver_version=cuda_s, devices=tuple(devices))
-    except nvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML failed while listing GPUs: {exc}") from exc
-    finally:
-        _shutdown(nvml)
-
-
-def _safe(fn: Any) -> Any:
-    try:
-        return fn()
-    except Exception:  # noqa: BLE001 - an optional fact; detection goes on without it
-        return None
-
-
-def _handles(nvml: ModuleType, indices: Sequence[int]) -> dict[int, Any]:
-    """Handles of the requested GPUs; NvmlUnavailable naming the visible range when one is missing."""
-    out: dict[int, Any] = {}
-    for index in indices:
-        try:
-            out[index] = nvml.nvmlDeviceGetHandleByIndex(index)
-        except nvml.NVMLError as exc:
-            count = _safe(nvml.nvmlDeviceGetCount)
-            seen = f"NVML sees {count} GPU(s)" if isinstance(count, int) else "NVML lists no GPUs"
-            raise NvmlUnavailable(
-                f"GPU {index} cannot be opened ({exc}); {seen}: pick indices from 0"
-            ) from exc
-    return out
-
-
-def _binding_errors(nvml: ModuleType) -> tuple[type[BaseException], ...]:
-    """NVML errors plus the binding's own: ``nvmlDeviceGetComputeRunningProcesses`` raises
-    ``NVMLLibraryMismatchError`` (not an NVMLError) when the driver lacks the versioned function."""
-    return (nvml.NVMLError, _error_class(nvml, "NVMLLibraryMismatchError"), AttributeError)
-
-
-def gpu_processes(
-    indices: Sequence[int], nvml: ModuleType | None = None
-) -> dict[int, list[tuple[int, int | None]]]:
-    """The compute processes on each GPU: ``{index: [(pid, used_bytes or None), ...]}``.
-
-    ``used_bytes`` is None where the driver cannot attribute memory (MIG, some containers). Used by
-    the study to prove a GPU is free before the next trial.
-
-    Raises:
-        NvmlUnavailable: NVML cannot start, a GPU cannot be opened, or its process list cannot be read
-            (a hygiene check must not pass on a GPU it could not look at).
-    """
-    nvml = nvml or load_nvml()
-    _init(nvml)
-    try:
-        out: dict[int, list[tuple[int, int | None]]] = {}
-        for index, handle in _handles(nvml, indices).items():
-            try:
-                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except _binding_errors(nvml) as exc:
-                raise NvmlUnavailable(f"GPU {index}: cannot list its processes ({exc})") from exc
-            out[index] = [
-                (int(p.pid), int(p.usedGpuMemory) if p.usedGpuMemory is not None else None) for p in procs
-            ]
-        return out
-    finally:
-        _shutdown(nvml)
-
-
-def memory_used(indices: Sequence[int], nvml: ModuleType | None = None) -> dict[int, int]:
-    """Device memory in use on each GPU, in bytes (``nvidia-smi --query-gpu=memory.used``).
-
-    Raises:
-        NvmlUnavailable: NVML cannot start, or a GPU cannot be opened or read.
-    """
-    nvml = nvml or load_nvml()
-    _init(nvml)
-    try:
-        out: dict[int, int] = {}
-        for index, handle in _handles(nvml, indices).items():
-            try:
-                out[index] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
-            except _binding_errors(nvml) as exc:
-                raise NvmlUnavailable(f"GPU {index}: cannot read its memory ({exc})") from exc
-        return out
-    finally:
-        _shutdown(nvml)
-
-
-# ----------------------------------------------------------------------------------------- gate
-def _error_class(nvml: ModuleType, name: str) -> type[BaseException]:
-    cls = getattr(nvml, name, None)
-    if isinstance(cls, type) and issubclass(cls, BaseException):
-        return cls
-
-    class _Never(Exception):  # a binding without this error class: nothing matches it
-        pass
-
-    return _Never
-
-
-class NvmlGate:
-    """The one place NVML reads pass through. Never raises.
-
-    * NotSupported, FunctionNotFound, NoPermission, or any non-NVML exception (a binding mismatch
-      such as ``NVMLLibraryMismatchError``, a function this ``nvidia-ml-py`` lacks, a wrong call): the
-      (GPU, metric) pair is switched off - later reads return None without calling NVML - and one
-      warning per metric and reason is recorded;
-    * GpuIsLost: the GPU is marked lost, every later read on it returns None, one warning;
-    * NotFound where ``missing_ok`` (the driver's sample buffer has nothing new): None, no warning;
-    * any other NVMLError (Unknown, Timeout, ...): None for this read only, one warning per metric.
-
-    Thread safety: used by one sampling thread; ``warnings`` may be read from others (appends only).
-    ``lost`` (GPU indices) is for reading only.
-
-    Args:
-        nvml: the ``pynvml`` module (or a fake built from it).
-    """
-
-    def __init__(self, nvml: ModuleType) -> None:
-        self.nvml = nvml
-        self.warnings: list[str] = []
-        self.lost: set[int] = set()
-        self._off: set[tuple[int, str]] = set()
-        self._warned: set[tuple[Any, ...]] = set()
-        self._nvml_error = _error_class(nvml, "NVMLError")
-        self._gpu_lost = _error_class(nvml, "NVMLError_GpuIsLost")
-        self._not_found = _error_class(nvml, "NVMLError_NotFound")
-        self._permanent = (
-            _error_class(nvml, "NVMLError_NotSupported"),
-            _error_class(nvml, "NVMLError_FunctionNotFound"),
-            _error_class(nvml, "NVMLError_NoPermission"),
-        )
-
-    def warn_once(self, key: tuple[Any, ...], message: str) -> None:
-        """Record ``message`` unless a warning with the same ``key`` was recorded before."""
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        self.warnings.append(message)
-        log.warning("%s", message)
-
-    def enabled(self, device: int, metric: str) -> bool:
-        """False once the metric is off for this GPU or the GPU is lost."""
-        return device not in self.lost and (device, metric) not in self._off
-
-    def disable(self, device: int, metric: str) -> None:
-        """Stop asking for ``metric`` on ``device`` (e.g. GPM on a pre-Hopper GPU)."""
-        self._off.add((device, metric))
-
-    def call(
-        self,
-        device: int,
-        metric: str,
-        fn_name: str,
-        *args: Any,
-        missing_ok: bool = False,
-        fallback: str | None = None,
-    ) -> Any:
-        """``nvml.<fn_name>(*args)`` or None; see the class docstring for what each failure does.
-
-        The function is looked up inside the gate, so one missing from an older ``nvidia-ml-py``
-        switches its metric off like a function missing from the driver. ``fallback`` is what the
-        warning says happens instead when the metric is switched off (default: the column stays empty).
-        """
-        if (self._off or self.lost) and (device in self.lost or (device, metric) in self._off):
-            return None
-        try:
-            return getattr(self.nvml, fn_name)(*args)
-        except Exception as exc:  # noqa: BLE001 - sorted out by failed(); nothing ends sampling
-            self.failed(device, metric, exc, missing_ok=missing_ok, fallback=fallback)
-        return None
-
-    def failed(
-        self,
-        device: int,
-        metric: str,
-        exc: Exception,
-        *,
-        missing_ok: bool = False,
-        fallback: str | None = None,
-    ) -> None:
-        """Record what a failed read of ``metric`` on ``device`` means (see the class docstring).
-
-        :meth:`call` uses it; so does a caller that binds an NVML function once and calls it itself
-        on its hot path (the same outcome as going through :meth:`call`, without the lookup).
-        """
-        if isinstance(exc, self._gpu_lost):
-            self.lost.add(device)
-            self.warn_once(("lost", device), f"GPU {device} was lost ({exc}); its later samples are empty")
-        elif isinstance(exc, self._permanent):
-            self._off.add((device, metric))
-            consequence = fallback or (
-                "only polled values are recorded" if metric.endswith("_samples") else "the column stays empty"
-            )
-            self.warn_once(
-                (metric, type(exc).__name__),
-                f"{metric}: not available on GPU {device} ({exc}); {consequence}",
-            )
-        elif isinstance(exc, self._not_found):
-            if not missing_ok:
-                self.warn_once(
-                    (metric, "NotFound"), f"{metric}: GPU {device} returned Not Found; read skipped"
-                )
-        elif isinstance(exc, self._nvml_error):
-            self.warn_once(
-                (metric, "transient", type(exc).__name__),
-                f"{metric}: read failed on GPU {device} ({exc}); that sample is empty, sampling goes on",
-            )
-        else:  # a binding mismatch or a bug: switched off, it would fail again
-            self._off.add((device, metric))
-            self.warn_once(
-                (metric, "error", type(exc).__name__),
-                f"{metric}: unexpected {type(exc).__name__} on GPU {device} ({exc}); "
-                f"{fallback or 'the column stays empty'}",
-            )
-
-
-def _overflowed(last_us: int, stamps: list[int]) -> bool:
-    """True when the oldest new sample is much later than the last one taken: the driver's ring buffer
-    wrapped between two reads and samples were lost (needs >= 3 new samples to know their spacing)."""
-    if len(stamps) < 3:
-        return False
-    gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
-    spacing = gaps[len(gaps) // 2]
-    return spacing > 0 and stamps[0] - last_us > 3 * spacing
-
-
 # ----------------------------------------------------------------------------------------- sampler
 _COL = {name: i + 3 for i, name in enumerate(GPU_METRICS)}  # offset past t_mono_s, t_wall_s, device
 _MEM_USED, _MEM_TOTAL = _COL["mem_used_bytes"], _COL["mem_total_bytes"]
@@ -392,46 +102,6 @@ _SLEEP_MAX_S = 0.1  # waits up to this long between ticks sleep; longer ones wai
 # turning bytes into str, never applies to a number); for other objects the same lookup as ``getattr``
 # minus ``__getattr__`` fallbacks. The hot paths use it; a value it cannot read goes the checked way.
 _field = object.__getattribute__
-_GPM_METRICS = (
-    ("gpm_sm_util_pct", "NVML_GPM_METRIC_SM_UTIL"),
-    ("gpm_sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
-    ("gpm_tensor_util_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
-)
-_VALUE_FIELDS = {  # nvmlValueType_t -> field of c_nvmlValue_t
-    0: "dVal",
-    1: "uiVal",
-    2: "ulVal",
-    3: "ullVal",
-    4: "sllVal",
-    5: "siVal",
-    6: "usVal",
-}
-
-
-@dataclass
-class _Device:
-    index: int
-    handle: Any
-    slow_phase: int  # this GPU's slow reads happen on ticks where tick % slow_every == slow_phase
-    gpm: list[Any] = field(default_factory=list)  # two GPM sample buffers when GPM is on
-    gpm_have_prev: bool = False
-    last_sample_us: dict[int, int] = field(default_factory=dict)  # sampling type -> newest timestamp
-    power_from_buffer: bool = False  # the driver's power buffer delivered at the last slow read
-    util_from_buffer: bool = False  # the driver's utilization buffer delivered at the last slow read
-    counters_off: set[str] = field(default_factory=set)  # columns read by their own call instead
-    counter_prev: dict[str, tuple[int, float]] = field(default_factory=dict)  # column -> (t_us, bytes)
-    state_cursor: int = 0  # position in the rotation of state reads
-    slow_count: int = 0  # slow reads so far
-    buffer_every: int = 2  # slow reads between two reads of the driver's buffers (1 after an overflow)
-    # every metric NaN, ``device`` set: a tick's rows are copies (an array row is stored by one memcpy)
-    blank_row: array[float] = field(default_factory=lambda: array("d"))
-
-    def new_row(self, t_mono: float, t_wall: float) -> array[float]:
-        """A blank row of this GPU at the given time."""
-        row = self.blank_row[:]
-        row[0] = t_mono
-        row[1] = t_wall
-        return row
 
 
 class NvmlSampler:
@@ -484,7 +154,7 @@ class NvmlSampler:
         self._ticks = array("d")
         self._gate: NvmlGate | None = None
         self._nvml: ModuleType | None = None
-        self._devices: list[_Device] = []
+        self._devices: list[Device] = []
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
         self._state = "new"  # new -> running -> stopped
@@ -543,11 +213,11 @@ class NvmlSampler:
         if self._state != "new":
             raise RuntimeError("an NvmlSampler can be started once; create a new one")
         nvml = self._nvml_arg or load_nvml()
-        _init(nvml)
+        nvml_init(nvml)
         try:
-            handles = _handles(nvml, self.indices)
+            handles = device_handles(nvml, self.indices)
         except NvmlUnavailable:
-            _shutdown(nvml)
+            nvml_shutdown(nvml)
             raise
         self._nvml = nvml
         self._gate = NvmlGate(nvml)
@@ -580,7 +250,7 @@ class NvmlSampler:
         )
         n = max(1, len(self.indices))
         self._devices = [
-            _Device(
+            Device(
                 index=i,
                 handle=handles[i],
                 slow_phase=(k * self.slow_every) // n,
@@ -648,13 +318,13 @@ class NvmlSampler:
             for sample in dev.gpm:
                 gate.call(dev.index, "gpm_free", "nvmlGpmSampleFree", sample)
             dev.gpm = []
-        _shutdown(nvml)
+        nvml_shutdown(nvml)
 
-    def _setup_gpm(self, dev: _Device) -> None:
+    def _setup_gpm(self, dev: Device) -> None:
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
-        needed = ("c_nvmlGpmMetricsGet_t", "NVML_GPM_METRICS_GET_VERSION", *(c for _, c in _GPM_METRICS))
+        needed = ("c_nvmlGpmMetricsGet_t", "NVML_GPM_METRICS_GET_VERSION", *(c for _, c in GPM_METRICS))
         if not all(hasattr(nvml, name) for name in needed):
             gate.disable(dev.index, "gpm_sm_util_pct")
             gate.warn_once(
@@ -760,13 +430,13 @@ class NvmlSampler:
         if out:
             self._buffer.extend(out)
 
-    def _store_memory(self, dev: _Device, row: array[float], mem: Any) -> None:
+    def _store_memory(self, dev: Device, row: array[float], mem: Any) -> None:
         if mem is not None:
             self._put(row, dev.index, "mem_used_bytes", getattr(mem, "used", None))
             self._put(row, dev.index, "mem_total_bytes", getattr(mem, "total", None))
 
     def _read(
-        self, dev: _Device, t_mono: float, t_wall: float, slow: bool, tick: int, out: list[array[float]]
+        self, dev: Device, t_mono: float, t_wall: float, slow: bool, tick: int, out: list[array[float]]
     ) -> None:
         """Every read of one GPU on one tick, in the general case; the rows go to ``out`` in order."""
         nvml, gate = self._nvml, self._gate
@@ -794,7 +464,7 @@ class NvmlSampler:
         if self._driver_samples and i not in gate.lost and dev.slow_count % dev.buffer_every == 0:
             self._read_driver_samples(dev, out)
 
-    def _read_counters(self, dev: _Device, row: array[float], t_wall: float) -> None:
+    def _read_counters(self, dev: Device, row: array[float], t_wall: float) -> None:
         """Energy and PCIe bytes from the driver's counters in one call; refused fields by their own call."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
@@ -822,8 +492,8 @@ class NvmlSampler:
             if column not in by_counter:
                 self._put(row, i, column, gate.call(i, column, fn_name, h, *extra), scale)
 
-    def _store_counter(self, dev: _Device, row: array[float], column: str, value: Any, t_wall: float) -> None:
-        attr = _VALUE_FIELDS.get(int(value.valueType))
+    def _store_counter(self, dev: Device, row: array[float], column: str, value: Any, t_wall: float) -> None:
+        attr = VALUE_FIELDS.get(int(value.valueType))
         if int(value.nvmlReturn) != 0 or attr is None:  # no such counter here: its own call from now on
             dev.counters_off.add(column)
             return
@@ -837,7 +507,7 @@ class NvmlSampler:
         if prev is not None and t_us > prev[0] and number >= prev[1]:  # a wrapped counter gives no rate
             self._put(row, dev.index, column, (number - prev[1]) * 1e6 / (t_us - prev[0]))
 
-    def _read_state(self, dev: _Device, row: array[float], tick: int) -> None:
+    def _read_state(self, dev: Device, row: array[float], tick: int) -> None:
         """One read of the rotation: process memory, GPM, then the slow-changing settings and states."""
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
@@ -865,7 +535,7 @@ class NvmlSampler:
                     self._put(row, i, column, gate.call(i, column, fn_name, h, *extra), scale)
                     return
 
-    def _read_utilization(self, dev: _Device, row: array[float]) -> None:
+    def _read_utilization(self, dev: Device, row: array[float]) -> None:
         gate = self._gate
         if gate is None:
             return
@@ -902,7 +572,7 @@ class NvmlSampler:
                     )
         return self._pid_cache
 
-    def _read_process_memory(self, dev: _Device, row: array[float], tick: int) -> None:
+    def _read_process_memory(self, dev: Device, row: array[float], tick: int) -> None:
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
@@ -927,7 +597,7 @@ class NvmlSampler:
             return
         self._put(row, dev.index, "proc_mem_bytes", total)
 
-    def _read_gpm(self, dev: _Device, row: array[float]) -> None:
+    def _read_gpm(self, dev: Device, row: array[float]) -> None:
         nvml, gate = self._nvml, self._gate
         if nvml is None or gate is None:
             return
@@ -939,14 +609,14 @@ class NvmlSampler:
         if dev.gpm_have_prev:
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(_GPM_METRICS)
+            request.numMetrics = len(GPM_METRICS)
             request.sample1 = previous
             request.sample2 = current
-            for k, (_, const) in enumerate(_GPM_METRICS):
+            for k, (_, const) in enumerate(GPM_METRICS):
                 request.metrics[k].metricId = getattr(nvml, const)
             result = gate.call(i, "gpm_sm_util_pct", "nvmlGpmMetricsGet", request)
             if result is not None:
-                for k, (column, _) in enumerate(_GPM_METRICS):
+                for k, (column, _) in enumerate(GPM_METRICS):
                     metric = result.metrics[k]
                     if metric.nvmlReturn == 0:
                         self._put(row, i, column, metric.value)
@@ -958,9 +628,7 @@ class NvmlSampler:
         dev.gpm.reverse()  # the current sample becomes the previous one
         dev.gpm_have_prev = True
 
-    def _read_driver_samples(
-        self, dev: _Device, out: list[array[float]], since_us: int | None = None
-    ) -> None:
+    def _read_driver_samples(self, dev: Device, out: list[array[float]], since_us: int | None = None) -> None:
         """Rows (appended to ``out``) from the driver's buffers newer than the last ones taken;
         ``since_us`` widens the query (not the rows kept) to learn at start whether a buffer delivers."""
         nvml, gate = self._nvml, self._gate
@@ -994,7 +662,7 @@ class NvmlSampler:
             if not got:
                 continue
             value_type, samples = got
-            attr = _VALUE_FIELDS.get(int(value_type))
+            attr = VALUE_FIELDS.get(int(value_type))
             if attr is None:
                 gate.disable(dev.index, metric)
                 gate.warn_once((metric, "type"), f"{metric}: unknown sample value type {value_type}; ignored")
@@ -1014,5 +682,5 @@ class NvmlSampler:
                 out.append(row)
             if stamps:
                 dev.last_sample_us[kind] = max(stamps)
-                if since_us is None and _overflowed(last, sorted(stamps)):
+                if since_us is None and buffer_overflowed(last, sorted(stamps)):
                     dev.buffer_every = 1  # the driver's buffer is shorter than our reading interval

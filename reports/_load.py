@@ -23,8 +23,8 @@ from autotune.probes.timeline import phase_intervals
 from pydantic import ValidationError
 
 from autotune.errors import UsageError
-from autotune.records import Hardware, StepMetrics, StudySettings, TrialResult, TrialStatus
-from autotune.study.recommend import baseline_of
+from autotune.recommend import baseline_of
+from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
 from autotune.studydir import (
     StudyDir,
     StudyFileError,
@@ -35,6 +35,7 @@ from autotune.studydir import (
     read_study_bytes,
     regular_file,
 )
+from autotune.studysettings import StudySettings
 
 __all__ = [
     "PhaseSpan",
@@ -398,7 +399,7 @@ def _load_trial(
                 problems.append(f"{_rel(directory, root)}: no {TrialDir.RESULT} (the trial did not finish)")
             return None
         try:
-            result = TrialResult.model_validate(raw)
+            result = TrialResult.from_dict(raw)
         except ValidationError as exc:
             problems.append(
                 f"{_rel(files.result_json, root)}: not a trial result ({exc.error_count()} error(s))"
@@ -565,14 +566,14 @@ def _load_profile(out_dir: Path) -> StudyData:
     raw = _read_json(run.result_json, problems, root)
     if raw is not None:
         try:
-            result = TrialResult.model_validate(raw)
+            result = TrialResult.from_dict(raw)
         except ValidationError as exc:
             problems.append(f"{TrialDir.RESULT}: not a run result ({exc.error_count()} error(s))")
     if result is None:
         status = meta.get("status")
-        result = TrialResult(
-            number=0,
-            params={},
+        result = TrialResult.outline(
+            0,
+            {},
             status=TrialStatus(status) if status in TrialStatus.__members__ else TrialStatus.COMPLETE,
             reason=str(meta.get("reason") or f"profiled run (no {TrialDir.RESULT})"),
         )

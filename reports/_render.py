@@ -27,9 +27,10 @@ from autotune.reports.insight import best_so_far, param_importances, pareto_poin
 from autotune.reports.limits import fraction_text, limit_section
 
 from autotune.errors import UsageError
-from autotune.records import Recommendation, StudySettings, TrialResult, TrialStatus
-from autotune.study.verdict import headline, speedup_text
+from autotune.recommend import headline, speedup_text
+from autotune.records import Recommendation, TrialResult, TrialStatus
 from autotune.studydir import StudyDir, TrialDir, ensure_writable, write_text_atomic
+from autotune.studysettings import StudySettings
 from autotune.trial.hostload import host_load
 
 __all__ = ["ReportPaths", "render_study", "render_profile", "pick_winner", "md_cell", "md_text"]
@@ -904,7 +905,10 @@ def _insight(
     draw_progress = partial(charts.progress_chart, progress, hours_label=_hours_label(data))
     insight = {
         "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
+        # optuna-dashboard's fANOVA beside it, in the same knob order, where the two methods disagree
+        "fanova": [imp.fanova.get(k, 0.0) for k in imp.values] if imp.fanova else [],
         "importance_note": clean.clean(imp.note),
+        "importance_method": imp.method,
         "importance_chart": figures.add("chart-importance", partial(charts.importance_chart, imp))
         if imp.values
         else None,

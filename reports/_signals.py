@@ -17,7 +17,7 @@ from autotune.probes.phases import PHASES
 from autotune.probes.summary import TimelineSummary
 from autotune.reports._load import StudyData, TrialData
 
-from autotune.study.recommend import allocator_cache_bytes
+from autotune.recommend import allocator_cache_bytes
 
 __all__ = ["IDLE_PCT", "HOST_BUSY_PCT", "TrialSignals", "signals"]
 

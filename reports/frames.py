@@ -19,7 +19,8 @@ from autotune.reports._render import knob_names, pick_winner, trial_rows
 from autotune.reports._safety import Sanitizer
 from autotune.reports._signals import signals
 
-from autotune.records import Recommendation, StudySettings
+from autotune.records import Recommendation
+from autotune.studysettings import StudySettings
 
 __all__ = ["StudyFrames", "load_frames", "TRIAL_COLUMNS"]
 

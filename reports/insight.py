@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.records import TrialResult, TrialStatus
@@ -25,6 +25,9 @@ class Importance:
     values: dict[str, float]
     note: str
     method: str = "PED-ANOVA"
+    #: optuna-dashboard's fANOVA over the same trials, shown beside ``values`` when the two methods order
+    #: the knobs differently (empty when they agree, or when scikit-learn, which fANOVA needs, is missing)
+    fanova: dict[str, float] = field(default_factory=dict)
 
 
 def _num(value: Any) -> float | None:
@@ -85,22 +88,50 @@ def param_importances(results: Sequence[TrialResult]) -> Importance:
                     params=params, distributions=dists, value=float(r.throughput or 0.0)
                 )
             )
-        values = get_param_importances(study, evaluator=_evaluator(len(done)))
+        ordered = _ordered(get_param_importances(study, evaluator=_evaluator(len(done))))
+        fanova, fanova_says = _fanova(study) if _evaluator(len(done)) is not None else ({}, "")
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         return Importance({}, f"Optuna could not compute importances ({exc.__class__.__name__}: {exc})")
     finally:
         optuna.logging.set_verbosity(verbosity)
-    ordered = dict(sorted(((k, float(v)) for k, v in values.items()), key=lambda kv: -kv[1]))
     method = "PED-ANOVA" if _evaluator(len(done)) is not None else "fANOVA"
     note = f"Optuna's {method} importance over {len(done)} completed trials"
     if method == "PED-ANOVA":
         note += (
             " (how much each knob separates the fastest trials from the rest; optuna-dashboard shows"
-            " fANOVA, the share of throughput variance over all trials, which can order knobs differently)"
+            " fANOVA, the share of throughput variance over all trials"
         )
+        agree = bool(fanova) and list(fanova) == list(ordered)
+        note += (
+            f"{fanova_says})"
+            if not fanova
+            else ", which orders the knobs the same here)"
+            if agree
+            else ", which orders the knobs differently here: both are shown)"
+        )
+        fanova = {} if agree else fanova
     if len(done) < 10:
         note += "; with fewer than 10, read it as a rough hint"
-    return Importance(ordered, note, method)
+    return Importance(ordered, note, method, fanova)
+
+
+def _ordered(values: Mapping[str, float]) -> dict[str, float]:
+    return dict(sorted(((k, float(v)) for k, v in values.items()), key=lambda kv: -kv[1]))
+
+
+def _fanova(study: Any) -> tuple[dict[str, float], str]:
+    """optuna-dashboard's method over the same study, and what to say when it cannot be computed.
+
+    Optuna's fANOVA fits a random forest from scikit-learn, an optional package here (PED-ANOVA needs
+    none); seeded, so the same trials always give the same values.
+    """
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+
+    try:
+        import sklearn  # noqa: F401  (fANOVA's own import is lazy: fail here with a clear note)
+    except ImportError:
+        return {}, "; install scikit-learn to see it beside this one"
+    return _ordered(get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0))), ""
 
 
 def _evaluator(n_trials: int) -> Any:

@@ -15,6 +15,7 @@ import random
 import shutil
 import signal
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -241,3 +242,66 @@ def resume_reads(study: Path) -> None:
         assert "\n" not in exc.one_line()
     except NothingToRecommend:
         pass
+
+
+# -- resume through the CLI ------------------------------------------------------------------------
+
+FAULT = Path(__file__).resolve().parent / "fixtures" / "faults" / "fault.py"
+RESUME_BOUND_S = 240  # a resume that has not ended by then hung
+
+
+def _search_args(space: Path, out: Path) -> list[str]:
+    from tests.cli.conftest import autotune_exe
+
+    return [
+        autotune_exe(), "search", "--backend", "command", "--space", str(space), "--out", str(out),
+        "--search", "grid", "--trials", "2", "--confirm-runs", "0", "--startup-timeout", "60s",
+        "--", sys.executable, str(FAULT), "--mode", "ok", "--steps", "3", "--step-s", "0.01",
+    ]  # fmt: skip
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=RESUME_BOUND_S)
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A study the command backend ran to its budget of 2 trials (the space file beside it)."""
+    where = tmp_path_factory.mktemp("ran")
+    space = where / "s.yaml"
+    space.write_text("backend: command\nknobs:\n  bs: {type: int, choices: [1, 2], default: 1}\n")
+    done = _run(_search_args(space, where / "demo"))
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    return space, where / "demo"
+
+
+#: what a resume reads before it runs anything: each case damages one of them, and two files at random
+RESUME_READS = ("study.db", "study.json", "trials/0/result.json", "trials/1/proc.json", "trials/1")
+
+
+@pytest.mark.parametrize("seed", range(len(RESUME_READS)))
+def test_any_damage_to_any_file_then_resume_through_the_cli_is_one_line_and_nothing_outside_changes(
+    ran: tuple[Path, Path], tmp_path: Path, seed: int
+) -> None:
+    """Issue 41: resume is the same ``autotune search`` command on the damaged study, run as the user
+    runs it: it ends within a bound with a documented exit code, at most one error line and no
+    traceback, and writes nothing outside the study (study.db is among the files damaged)."""
+    space, base_study = ran
+    rng = random.Random(1000 + seed)
+    study = tmp_path / "demo"
+    shutil.copytree(base_study, study, symlinks=True)
+    entries = sorted(p for p in study.rglob("*") if p.name != "study.lock")
+    for path in [study / RESUME_READS[seed], *rng.sample(entries, 2)]:
+        if os.path.lexists(path):
+            plant(path, rng.choice(KINDS), tmp_path)
+    before = _outside(tmp_path, study)
+    try:
+        proc = _run(_search_args(space, study))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"resume did not end within {RESUME_BOUND_S} s")
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode in DOCUMENTED, (proc.returncode, proc.stderr)
+    if proc.returncode not in (EXIT_OK, EXIT_NOTHING_TO_RECOMMEND):
+        assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1, proc.stderr
+    assert _outside(tmp_path, study) == before

@@ -10,12 +10,13 @@ import pytest
 
 from autotune.errors import SpaceError, StudyError, UsageError, WriteError
 from autotune.plaintext import plain
-from autotune.records import StepMetrics, StudySettings, TrialResult, TrialStatus
+from autotune.records import StepMetrics, TrialResult, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.space import load_space
 from autotune.study.binding import UID_ATTR, bind_storage, bound_name, claim_number, study_uid
 from autotune.study.storage import storage_error
 from autotune.studydir import StudyDir, ensure_study_out, write_json_atomic
+from autotune.studysettings import StudySettings
 from autotune.trial.execute import MAX_ARG_BYTES, argv_too_long
 from autotune.trial.steady import step_durations
 

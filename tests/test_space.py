@@ -78,14 +78,24 @@ def test_suggest_asks_only_active_knobs(tmp_path: Path) -> None:
     ("text", "needle"),
     [
         ("knobs: [unclosed", "not valid YAML"),
-        ("knobs:\n  bs: {type: int, choices: [1, 2]}\n", "has no default"),
+        (
+            "knobs:\n  bs: {type: int, choices: [1, 2]}\n",
+            "has no default. Add default: the framework's default",
+        ),
         ("knobs:\n  bs: {type: int, choices: [1, 'x'], default: 1}\n", "is not a int"),
         ("knobs:\n  bs: {type: int, low: 1, high: 'big', default: 1}\n", "is not a int"),
         (
             "knobs:\n  a: {type: bool, default: false, when: {b: [true]}}\n  b: {type: bool, default: false}\n",
             "not an earlier knob",
         ),
-        ("knobs:\n  bs: {type: integer, choices: [1], default: 1}\n", "has type 'integer'"),
+        (
+            "knobs:\n  bs: {type: integer, choices: [1], default: 1}\n",
+            "type is 'integer'. Type should be 'int'",
+        ),
+        ("knobs:\n  bs: {type: int, choices: [1], default: 1, colour: red}\n", "has unknown field 'colour'"),
+        ("knobs:\n  bs: {type: int, choices: [], default: 1}\n", "choices is []"),
+        ("knobs:\n  bs: {type: int, low: 1, high: 2, log: 'yes', default: 1}\n", "log is 'yes'"),
+        ("knobs:\n  bs: {type: int, choices: [1], default: 1, memory: up}\n", "memory is 'up'"),
         ("nothing: here\n", "no 'knobs' mapping"),
         ("knobs:\n  bs: {type: int, choices: [1, 2], default: 3}\n", "default 3 is not one of its values"),
     ],
@@ -219,9 +229,13 @@ def test_a_knob_is_dropped_with_the_platforms_own_reason_for_what_it_needs(tmp_p
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ("applies: tpu", "applies is 'tpu'"),
+        ("applies: tpu", "applies is 'tpu'. Applies should be one of: any, gpu, cpu, vllm"),
         ("cpu: {low: 1.0}", "low 1.0 is above high 0.9"),
-        ("cpu: {colour: red}", "must map some of"),
+        (
+            "cpu: {colour: red}",
+            "cpu has unknown field 'colour'. Fields: choices, low, high, step, log, default",
+        ),
+        ("cpu: {}", "must map some of"),
     ],
 )
 def test_a_bad_applies_or_cpu_block_is_refused(tmp_path: Path, extra: str, message: str) -> None:

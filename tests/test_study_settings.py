@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import UsageError
-from autotune.records import StudySettings
 from autotune.studydir import StudyDir
+from autotune.studysettings import StudySettings
 
 ROOT = Path(__file__).resolve().parent
 #: the committed studies: the generated fixture (an older version's study.json, no uid, identity or

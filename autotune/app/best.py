@@ -27,8 +27,8 @@ def write_best(study_dir: Path) -> Path | None:
     Args:
         study_dir: the study directory; its recommendation is read from ``study.json``.
     """
-    from autotune.app.export import default_format, export_winner
-    from autotune.export import MARKER, load_winner, write_export
+    from autotune.app.export import default_format, export_winner, load_study_winner
+    from autotune.export import MARKER, write_export
 
     sd = StudyDir(Path(study_dir))
     rec = sd.recommendation()
@@ -40,7 +40,7 @@ def write_best(study_dir: Path) -> Path | None:
             stale.unlink()
     fmt = "json"
     try:
-        winner = load_winner(sd.root)  # the recommendation, with its reason
+        winner = load_study_winner(sd.root)  # the recommendation, with its reason
         write_export(export_winner(winner, "json"), best, overwrite=True)
         fmt = default_format(winner.backend)
         write_export(export_winner(winner, fmt), best, overwrite=True)

@@ -78,7 +78,7 @@ def points_from_results(
         expected_oom: these trials were sized to run out of memory.
     """
     from autotune.estimate import MemoryEstimate
-    from autotune.study.recommend import needed_bytes
+    from autotune.recommend import needed_bytes
 
     points = []
     for r in results:

@@ -10,9 +10,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.export import EXPORT_FORMATS, Export, Winner, load_winner
+from autotune.export import EXPORT_FORMATS, BackendLookup, Export, Winner, load_winner
 
-__all__ = ["default_format", "export_study", "export_winner"]
+__all__ = ["default_format", "export_study", "export_winner", "load_study_winner"]
+
+
+def load_study_winner(
+    study_dir: Path, *, trial: int | None = None, secret_names: tuple[str, ...] = ()
+) -> Winner:
+    """The trial to export from ``study_dir`` (:func:`autotune.export.load_winner`), read with the
+    backends' facts and formats: the exports sit a floor below the backends and are handed them here."""
+    from autotune.backends import EXPORTERS, backend_class
+
+    backends = BackendLookup(facts=backend_class, own_formats=frozenset(EXPORTERS))
+    return load_winner(Path(study_dir), backends=backends, trial=trial, secret_names=secret_names)
 
 
 def default_format(backend: str) -> str:
@@ -68,4 +79,4 @@ def export_study(study_dir: Path, fmt: str, *, trial: int | None = None) -> Expo
         NothingToRecommend: no recommendation (no healthy trial).
     """
     exporter = _exporter(fmt)  # an unknown format fails before the study is read
-    return exporter(load_winner(Path(study_dir), trial=trial))
+    return exporter(load_study_winner(Path(study_dir), trial=trial))

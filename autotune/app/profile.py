@@ -16,12 +16,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from autotune.backends._base import OpenPhase, StepParser
 from autotune.errors import UsageError
-from autotune.records import Hardware, LaunchPlan, StepMetrics, TrialResult
+from autotune.records import Hardware, LaunchPlan, StepMetrics, TrialResult, TrialSpec
 from autotune.trial.live import LiveGpus
+
+if TYPE_CHECKING:
+    from autotune.studydir import TrialDir
+    from autotune.trial.pipeline import TrialJob
 
 __all__ = ["AnyFormatParser", "EchoParser", "ProfileOutcome", "ProfileRequest", "run_profile"]
 
@@ -121,22 +125,16 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None, echo: bool = 
         live: a board the live view reads the run's GPUs from (:mod:`autotune.trial.live`), or None.
         echo: show the command's output live (the CLI); its logs are recorded either way.
     """
-    from autotune.backends._loglines import TrainerLogParser
-    from autotune.backends.command import CommandParser
-    from autotune.backends.swift._log import SwiftLogParser, is_step_record
-    from autotune.backends.verl._log import VerlLogParser
+    from autotune.app.tracking import ProfileTracking
+    from autotune.secrets import SecretRule
     from autotune.studydir import TrialDir, ensure_writable, write_json_atomic
-    from autotune.trial.execute import ProbeSettings, make_samplers, summarize_trial
-    from autotune.trial.outcome import classify, health_check
-    from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
-    from autotune.trial.steady import steady_estimate
+    from autotune.trial.execute import ProbeSettings, make_samplers
+    from autotune.trial.pipeline import TrialPipeline
 
     if not req.command:
         raise UsageError(
             "autotune profile needs a command after --", hint="e.g. autotune profile -- python train.py"
         )
-    from autotune.app.tracking import ProfileTracking
-
     tracking = ProfileTracking(req.report_to, req.out)  # a missing tracker package: before anything runs
     ensure_writable(req.out)
     files = TrialDir(req.out)
@@ -144,34 +142,6 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None, echo: bool = 
         raise UsageError(
             f"{req.out} already holds a profile", hint="Choose a new --out so the earlier run is kept"
         )
-    metrics = req.metrics_file or (req.out / _COMMAND_METRICS)
-    env = {
-        "AUTOTUNE_PHASES_FILE": str(files.phases_jsonl.resolve()),
-        "AUTOTUNE_METRICS_FILE": str(metrics.resolve()),
-        "VERL_FILE_LOGGER_PATH": str((req.out / _VERL_METRICS).resolve()),
-        **tracking.env(),
-    }
-    if req.hardware.gpus and req.hardware.visible:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
-    plan = LaunchPlan(argv=tuple(req.command), env=env, cwd=str(Path.cwd()), metrics_paths=())
-    parser: StepParser = AnyFormatParser(
-        [
-            CommandParser(
-                metrics,
-                files.phases_jsonl,
-                printed=TrainerLogParser(samples=req.global_batch, skip=is_step_record),
-            ),
-            SwiftLogParser(samples=req.global_batch),
-            VerlLogParser(req.out / _VERL_METRICS),
-        ]
-    )
-    if echo:
-        parser = EchoParser(parser)
-    watchdog = WatchdogConfig(
-        startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s
-    )
-    from autotune.secrets import SecretRule
-
     secrets = SecretRule(req.secret_args).learning(req.command)
     shown = secrets.redact_argv(req.command)  # profile.json never holds a secret
     header = {
@@ -181,56 +151,16 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None, echo: bool = 
         "hardware": req.hardware.model_dump(mode="json"),
         "started_wall_s": time.time(),
     }
+    job = _job(req, files, tracking.env(), echo)
     write_json_atomic(files.profile_json, header)
-    samplers = make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s))
-    watched = live.open("profile", parser.open_phase) if live is not None else None
-    try:
-        record = run_trial(
-            plan,
-            parser,
-            req.out,
-            global_batch=req.global_batch or 1,
-            watchdog=watchdog,
-            early_stop=EarlyStopConfig(enabled=False),
-            samplers=watched.samplers(samplers) if watched is not None else samplers,
-            stop_event=threading.Event(),
-            secrets=secrets,
-        )
-    finally:
-        if watched is not None:
-            watched.close()
-    steps = list(record.steps)
-    batch = req.global_batch or next((s.samples for s in steps if s.samples), None)
-    steady = steady_estimate(steps, batch) if batch else None
-    health = (
-        health_check(steps, beta=None, max_completion_length=None, baseline=None)
-        if steps and record.exit_code == 0
-        else []
+    pipeline = TrialPipeline(
+        hardware=req.hardware,
+        samplers=make_samplers(req.hardware, ProbeSettings(gpu_interval_s=req.sample_interval_s)),
+        live=live,
+        secrets=secrets,
     )
-    verdict = classify(record, health=health, steps_required=False)
-    summary = summarize_trial(req.out, steps)
-    gpus = summary.gpus if summary is not None else ()
-    peaks = [None if g.peak_mem_bytes is None else int(g.peak_mem_bytes) for g in gpus]
-    host_peak = summary.host.peak_rss_bytes if summary is not None else None
-    result = TrialResult(
-        number=0,
-        params={},
-        status=verdict.status,
-        reason=secrets.mask(verdict.reason),
-        evidence=secrets.mask(verdict.evidence) if verdict.evidence is not None else None,
-        exit_code=record.exit_code,
-        signal=record.signal,
-        steps=len(steps),
-        steady=steady,
-        health=health,
-        peak_mem_bytes=peaks,
-        host_peak_rss_bytes=int(host_peak) if host_peak else None,
-        timeline_summary=summary,
-        started_wall_s=record.started_wall_s,
-        duration_s=record.duration_s,
-        startup_s=record.startup_s,
-        gpu_seconds=record.duration_s * max(1, len(req.hardware.gpus)),
-    )
+    judged = pipeline.run(job)
+    result, record = judged.result, judged.record
     write_json_atomic(files.result_json, result.model_dump(mode="json"))
     tracking.log(result)
     write_json_atomic(
@@ -246,7 +176,53 @@ def run_profile(req: ProfileRequest, live: LiveGpus | None = None, echo: bool = 
 
     paths = render_profile(req.out)
     code = record.exit_code if record.exit_code is not None else (128 + (record.signal or 0))
-    return ProfileOutcome(code, paths.html, paths.markdown, _summary(result, steps))
+    return ProfileOutcome(code, paths.html, paths.markdown, _summary(result, list(record.steps)))
+
+
+def _job(req: ProfileRequest, files: TrialDir, tracker_env: dict[str, str], echo: bool) -> TrialJob:
+    """The profiled command as a pipeline job: its plan (the probes' files and the trackers' variables
+    in its environment), a parser of every step format, the profile's patient watchdog, and a judging
+    that needs no step record and keeps what it measured of a run that failed."""
+    from autotune.backends._loglines import TrainerLogParser
+    from autotune.backends.command import CommandParser
+    from autotune.backends.swift._log import SwiftLogParser, is_step_record
+    from autotune.backends.verl._log import VerlLogParser
+    from autotune.trial.pipeline import Judging, TrialJob
+    from autotune.trial.runner import EarlyStopConfig, WatchdogConfig
+
+    metrics = req.metrics_file or (req.out / _COMMAND_METRICS)
+    env = {
+        "AUTOTUNE_PHASES_FILE": str(files.phases_jsonl.resolve()),
+        "AUTOTUNE_METRICS_FILE": str(metrics.resolve()),
+        "VERL_FILE_LOGGER_PATH": str((req.out / _VERL_METRICS).resolve()),
+        **tracker_env,
+    }
+    if req.hardware.gpus and req.hardware.visible:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in req.hardware.gpus)
+    parser: StepParser = AnyFormatParser(
+        [
+            CommandParser(
+                metrics,
+                files.phases_jsonl,
+                printed=TrainerLogParser(samples=req.global_batch, skip=is_step_record),
+            ),
+            SwiftLogParser(samples=req.global_batch),
+            VerlLogParser(req.out / _VERL_METRICS),
+        ]
+    )
+    return TrialJob(
+        spec=TrialSpec(number=0, params={}),
+        plan=LaunchPlan(argv=tuple(req.command), env=env, cwd=str(Path.cwd()), metrics_paths=()),
+        parser=EchoParser(parser) if echo else parser,
+        trial_dir=req.out,
+        label="profile",
+        global_batch=req.global_batch,
+        watchdog=WatchdogConfig(
+            startup_timeout_s=req.startup_timeout_s, hang_k=req.hang_k, hang_floor_s=req.hang_floor_s
+        ),
+        early_stop=EarlyStopConfig(enabled=False),
+        judging=Judging(steps_required=False, steady_of_failures=True),
+    )
 
 
 def _summary(result: TrialResult, steps: list[StepMetrics]) -> str:

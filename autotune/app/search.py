@@ -141,9 +141,9 @@ def collect_versions(backend: str) -> dict[str, str]:
     """Versions of the packages that matter for a study (for study.json and the report)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    import autotune
+    from autotune.version import __version__
 
-    out = {"autotune": autotune.__version__, "python": sys.version.split()[0]}
+    out = {"autotune": __version__, "python": sys.version.split()[0]}
     for dist in (
         "torch",
         "transformers",
@@ -511,7 +511,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default
     beta = backend.describe(space.defaults(), {}, _job(req, fixed_args), len(cfg.hardware.gpus)).beta
-    view = tracking_view(view, prep.trackers, out, tuple(k.name for k in space.knobs))
+    view = tracking_view(view, prep.trackers, out, tuple(k.name for k in space.knobs), stop=stop_event)
     view.use_labels({k.name: k.short for k in space.knobs})
 
     def worker(slot: int, gpus: tuple[Any, ...]) -> Study:

@@ -8,6 +8,7 @@ closes the run with the view. The trials' own framework runs are the executor's
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,18 @@ def trackers_for(names: tuple[str, ...]) -> Trackers | None:
     return Trackers(names, TRACKERS) if names else None
 
 
-def tracking_view(view: Any, trackers: Trackers | None, out: Path, knob_names: tuple[str, ...]) -> Any:
+def tracking_view(
+    view: Any,
+    trackers: Trackers | None,
+    out: Path,
+    knob_names: tuple[str, ...],
+    stop: threading.Event | None = None,
+) -> Any:
     """``view``, or a :class:`TrackingView` in front of it that also logs the study in ``trackers``."""
     if trackers is None:
         return view
-    return TrackingView(view, trackers, StudyPlace(name=out.name, directory=out, knob_names=knob_names))
+    place = StudyPlace(name=out.name, directory=out, knob_names=knob_names)
+    return TrackingView(view, trackers, place, stop=stop)
 
 
 class TrackingView:
@@ -42,12 +50,17 @@ class TrackingView:
         inner: the live view (the CLI's rich table, or a quiet one).
         trackers: the study's trackers.
         study: the study as the trackers name it.
+        stop: the study's stop (the user's signal): a wait on a tracker that has not answered ends
+            when it is set, and the study stops as between trials.
     """
 
-    def __init__(self, inner: Any, trackers: Trackers, study: StudyPlace) -> None:
+    def __init__(
+        self, inner: Any, trackers: Trackers, study: StudyPlace, *, stop: threading.Event | None = None
+    ) -> None:
         self.inner = inner
         self.trackers = trackers
         self.study = study
+        self.stop = stop
 
     def use_labels(self, labels: Mapping[str, str]) -> None:
         self.inner.use_labels(labels)
@@ -57,7 +70,7 @@ class TrackingView:
         return board
 
     def study_started(self, cfg: Any, done: int, budget: int) -> None:
-        self.trackers.start(self.study)
+        self.trackers.start(self.study, stop=self.stop)
         self.inner.study_started(cfg, done, budget)
 
     def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None:
@@ -68,7 +81,7 @@ class TrackingView:
 
     def trial_finished(self, result: TrialResult) -> None:
         if result.status is not TrialStatus.INTERRUPTED:  # an interrupted trial runs again: logged then
-            self.trackers.log(result)
+            self.trackers.log(result, stop=self.stop)
         self.inner.trial_finished(result)
 
     def notice(self, text: str) -> None:

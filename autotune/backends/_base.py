@@ -40,12 +40,12 @@ from typing import Any, ClassVar
 
 from autotune.backends._env import TrialEnv, gpu_trial_env
 from autotune.backends._rules import SHARED_RULES
-from autotune.backends._values import none_like, whole_number
 from autotune.errors import UsageError
 from autotune.jobconfig import OFFLOAD_FIELDS, JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import GpuInfo, LaunchPlan, ModelRef, StepMetrics, TrialSpec
 from autotune.space import Platform, SearchSpace, load_space
+from autotune.values import none_like, whole_number
 
 __all__ = [
     "Backend",

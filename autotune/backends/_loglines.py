@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.backends._base import StepParser
-from autotune.backends._values import as_number
 from autotune.records import StepMetrics
+from autotune.values import as_number
 
 __all__ = [
     "TrainerLogParser",

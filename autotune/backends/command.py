@@ -53,15 +53,14 @@ from autotune.backends._base import (
 )
 from autotune.backends._loglines import TrainerLogParser
 from autotune.backends._phases import MarkerPhases
-from autotune.backends._values import as_number
-from autotune.backends.trl.backend import TrlBackend
-from autotune.backends.trl.config import KNOB_FIELDS, describe_trl
+from autotune.backends._registry import backend_class
 from autotune.errors import BackendError, SpaceError, UsageError
 from autotune.jobconfig import JobConfig
 from autotune.records import LaunchPlan, StepMetrics, TrialSpec
 from autotune.space import SearchSpace
 from autotune.studydir import TrialDir
 from autotune.tail import FileTail
+from autotune.values import as_number
 
 __all__ = ["BUILTIN_PLACEHOLDERS", "CommandBackend", "CommandParser", "knob_env_name", "template_fields"]
 
@@ -287,6 +286,11 @@ class CommandParser(StepParser):
         return out
 
 
+#: the backend whose vocabulary a command's knobs are read in (Hugging Face ``TrainingArguments`` names,
+#: TRL's defaults), reached through the registry and the backend contract, not its modules.
+VOCABULARY = "trl"
+
+
 class CommandBackend(Backend):
     """Any command: knobs substituted into argv items and passed as environment variables.
 
@@ -303,7 +307,7 @@ class CommandBackend(Backend):
 
     name: ClassVar[str] = "command"
     display_name: ClassVar[str] = "command"
-    knob_fields = KNOB_FIELDS  # TRL's vocabulary (see describe)
+    knob_fields = backend_class(VOCABULARY).knob_fields  # TRL's vocabulary (see describe)
     knob_names: ClassVar[frozenset[str] | None] = None
     takes_command: ClassVar[bool] = True
 
@@ -317,22 +321,22 @@ class CommandBackend(Backend):
         The knobs are the user's own, so a knob whose value does not read in that vocabulary (a
         ``zero_stage`` of ``"z3"``) is left out of the description rather than refused.
         """
-        defaults = TrlBackend.knob_defaults()
+        vocabulary = backend_class(VOCABULARY)
 
         def readable(args: Mapping[str, Any]) -> dict[str, Any]:
             out = {}
             for name, value in args.items():
                 try:
-                    describe_trl({name: value}, {}, {}, n_gpus, defaults)
+                    vocabulary.describe({name: value}, {}, {}, n_gpus)
                 except UsageError:
                     continue
                 out[name] = value
             return out
 
         try:
-            return describe_trl(params, derived, fixed, n_gpus, defaults)
+            return vocabulary.describe(params, derived, fixed, n_gpus)
         except UsageError:
-            return describe_trl(readable(params), derived, readable(fixed), n_gpus, defaults)
+            return vocabulary.describe(readable(params), derived, readable(fixed), n_gpus)
 
     @classmethod
     def from_cli(

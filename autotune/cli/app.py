@@ -34,7 +34,7 @@ app = typer.Typer(
 
 def _show_version(value: bool) -> None:
     if value:
-        from autotune import __version__
+        from autotune.version import __version__
 
         print(f"autotune {__version__}")
         raise typer.Exit()

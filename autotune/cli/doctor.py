@@ -6,17 +6,18 @@ from typing import Annotated
 
 import typer
 
+from autotune.cli import _options as o
+
 HELP = """Check this machine before tuning on it: the NVIDIA driver and NVML, torch's CUDA against the
 driver (torch as the trials' interpreter has it: --backend, --executable), the GPUs this process may use (CUDA_VISIBLE_DEVICES) and who else is on them, MIG, persistence,
 ECC, clock slowdowns, the frameworks installed and their pins on each other, /dev/shm, the open-file
-limit, free disk under --out, host RAM against what offload needs, and the NCCL environment.
+limit, --out writable with free disk, the cache writable, host RAM against what offload needs, and the NCCL environment.
 
 Exits 0 when nothing fails (warnings included; no GPU is a warning), 1 otherwise.
 --bench measures this machine's peaks (matmul FLOP/s, memory and host-to-device bandwidth, all-reduce
 on 2+ GPUs; the CPU's on a machine without GPU) and caches them for plan, search and the report.
 --calibrate (GPU) runs a few short real trials and writes the table the estimator corrects itself with.
 
-\b
 \b
 Examples:
   autotune doctor
@@ -28,7 +29,7 @@ Examples:
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
 
-    @app.command("doctor", help=HELP)
+    @app.command("doctor", cls=o.PanelledCommand, help=HELP)
     def doctor(
         out: Annotated[
             str, typer.Option("--out", help="Where studies will be written (free disk).")
@@ -44,13 +45,7 @@ def register(app: typer.Typer) -> None:
                 help="Whose trials' interpreter to read for torch, its CUDA build and the frameworks.",
             ),
         ] = "trl",
-        executable: Annotated[
-            str | None,
-            typer.Option(
-                "--executable",
-                help="As for search: the swift command (swift backend) or verl's python (verl backend).",
-            ),
-        ] = None,
+        executable: o.Executable = None,
         quick: Annotated[
             bool, typer.Option("--quick", help="Only the checks search runs before its first trial.")
         ] = False,
@@ -66,7 +61,7 @@ def register(app: typer.Typer) -> None:
                 "--calibrate", help="Run short real trials on the GPU and write the calibration table."
             ),
         ] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+        as_json: o.Json = False,
     ) -> None:
         import json
 

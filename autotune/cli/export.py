@@ -6,25 +6,20 @@ from pathlib import Path
 
 import typer
 
+from autotune.cli import _options as o
 from autotune.export import EXPORT_FORMATS
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``export`` command to the app."""
 
-    @app.command("export")
+    @app.command("export", cls=o.PanelledCommand)
     def export(
         directory: Path = typer.Argument(
             ..., help="A study directory (runs/<study>) written by autotune search."
         ),
-        storage: str | None = typer.Option(
-            None,
-            "--storage",
-            help="Read the study from this Optuna storage (with --study-name) into DIR first: any host, any worker.",
-        ),
-        study_name: str | None = typer.Option(
-            None, "--study-name", help="The study in --storage that autotune search workers joined."
-        ),
+        storage: o.StorageToRead = None,
+        study_name: o.StudyNameToRead = None,
         fmt: str | None = typer.Option(
             None,
             "--format",
@@ -40,12 +35,7 @@ def register(app: typer.Typer) -> None:
             "-o",
             help="Write the files here (a directory for multi-file formats) instead of printing the main file.",
         ),
-        secret_arg: list[str] | None = typer.Option(
-            None,
-            "--secret-arg",
-            help="An argument name whose value is a secret (repeatable), on top of the study's own:"
-            " scripts read it from ${NAME}, other files show ***.",
-        ),
+        secret_arg: o.SecretArg = None,
         as_json: bool = typer.Option(
             False,
             "--json",
@@ -57,10 +47,10 @@ def register(app: typer.Typer) -> None:
         Exits 3 when the study has nothing to recommend (and no --trial is given)."""
         import json
 
-        from autotune.app.export import default_format, export_winner
+        from autotune.app.export import default_format, export_winner, load_study_winner
         from autotune.cli._console import notice, say
         from autotune.errors import UsageError
-        from autotune.export import EXPORT_FORMATS, load_winner, write_export
+        from autotune.export import EXPORT_FORMATS, write_export
 
         if fmt is not None and fmt not in EXPORT_FORMATS:
             raise UsageError(
@@ -75,7 +65,7 @@ def register(app: typer.Typer) -> None:
                 f"{directory} is not a directory",
                 hint="Pass the runs/<study> directory autotune search wrote",
             )
-        winner = load_winner(directory, trial=trial, secret_names=tuple(secret_arg or ()))
+        winner = load_study_winner(directory, trial=trial, secret_names=tuple(secret_arg or ()))
         result = export_winner(winner, fmt or default_format(winner.backend))
         if as_json:
             written = [str(p) for p in write_export(result, out)] if out is not None else None

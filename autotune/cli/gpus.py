@@ -2,31 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
+
+from autotune.cli import _options as o
 
 HELP = """List the GPUs NVML sees (count, name, memory, driver, compute capability) and the host's CPU
 cores and RAM.
 
-Example: autotune gpus            autotune gpus --gpus 4 --gpu-type A10 --json"""
+\b
+Examples:
+  autotune gpus
+  autotune gpus --gpus 4 --gpu-type A10 --json"""
 
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
 
-    @app.command("gpus", help=HELP)
+    @app.command("gpus", cls=o.PanelledCommand, help=HELP)
     def gpus(
-        count: Annotated[
-            int | None, typer.Option("--gpus", help="Select N GPUs (declared ones if the host has fewer).")
-        ] = None,
-        gpu_type: Annotated[
-            str | None, typer.Option("--gpu-type", help="Declare GPUs of this type (e.g. A10, H100).")
-        ] = None,
-        gpu_memory_gib: Annotated[
-            float | None, typer.Option("--gpu-memory-gib", help="Declare GPUs with this much memory.")
-        ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+        count: o.Gpus = None,
+        gpu_type: o.GpuType = None,
+        gpu_memory_gib: o.GpuMemoryGib = None,
+        as_json: o.Json = False,
     ) -> None:
         import json
 

@@ -5,11 +5,11 @@ No GPU is needed: declare the GPUs with ``--gpu-type`` (or ``--gpu-memory-gib``)
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
-from autotune.backends import planned_backends
+from autotune.cli import _options as o
 
 HELP = """Estimate per-GPU memory and relative speed of every candidate configuration, without a GPU.
 
@@ -17,96 +17,38 @@ Shows which candidates fit, which do not (the component to blame and by how much
 capacity and rollout concurrency, and the predicted relative speed (for ordering only).
 
 \b
-\b
 Examples:
   autotune plan --gpus 4 --gpu-type A10 --model Qwen2-7B
-  autotune plan --gpus 8 --gpu-type H100 --model Qwen2.5-7B --backend swift --lora-rank 64
-  autotune plan --gpus 4 --gpu-type A100-80G --model Qwen2-7B --knob zero_stage=3 --knob use_vllm=true --json"""
+  autotune plan --gpus 8 --gpu-type H100 --model Qwen2.5-7B --lora-rank 64
+  autotune plan --gpus 8 --gpu-type H100 --model Qwen2.5-7B --backend swift
+  autotune plan --gpus 4 --gpu-type A10 --model Qwen2-7B --knob zero_stage=3
+  autotune plan --gpus 4 --gpu-type A100-80G --model Qwen2-7B --json"""
 
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
 
-    @app.command("plan", help=HELP)
+    @app.command("plan", cls=o.PanelledCommand, help=HELP)
     def plan(
-        model: Annotated[
-            str,
-            typer.Option(
-                "--model", help="A catalog name (Qwen2-7B), a hub id, or a folder with config.json."
-            ),
-        ],
-        gpus: Annotated[
-            int | None, typer.Option("--gpus", help="GPUs per trial (default: all detected).")
-        ] = None,
-        gpu_type: Annotated[
-            str | None, typer.Option("--gpu-type", help="Declare the GPU type (A10, A100-80G, H100, ...).")
-        ] = None,
-        gpu_memory_gib: Annotated[
-            float | None, typer.Option("--gpu-memory-gib", help="Declare GPU memory in GiB.")
-        ] = None,
-        backend: Annotated[str, typer.Option("--backend", help=f"{', '.join(planned_backends())}.")] = "trl",
-        model_config: Annotated[
-            str | None,
-            typer.Option("--model-config", help="config.json (or its folder) of a model not in the catalog."),
-        ] = None,
-        space: Annotated[
-            str | None, typer.Option("--space", help="Search-space YAML (default: the backend's own).")
-        ] = None,
-        global_batch: Annotated[
-            int | None,
-            typer.Option(
-                "--global-batch",
-                help="Completions per optimizer step (default: the framework's default batch on --gpus).",
-                show_default=False,
-            ),
-        ] = None,
-        num_generations: Annotated[
-            int | None,
-            typer.Option(
-                "--num-generations",
-                help="Completions per prompt (G; default: the framework's).",
-                show_default=False,
-            ),
-        ] = None,
-        max_completion_length: Annotated[
-            int | None,
-            typer.Option(
-                "--max-completion-length",
-                help="Completion tokens (default: the framework's).",
-                show_default=False,
-            ),
-        ] = None,
-        max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Prompt tokens.")] = 512,
-        beta: Annotated[
-            float | None,
-            typer.Option("--beta", help="KL coefficient (default: the framework's: TRL 0.0, ms-swift 0.04)."),
-        ] = None,
-        lora_rank: Annotated[int, typer.Option("--lora-rank", help="LoRA rank; 0 = full fine-tuning.")] = 0,
-        vllm_max_model_len: Annotated[
-            int | None,
-            typer.Option(
-                "--vllm-max-model-len",
-                help="vLLM max_model_len (default: the model's max position, as the frameworks do).",
-            ),
-        ] = None,
-        knob: Annotated[
-            list[str] | None,
-            typer.Option("--knob", help="Keep only these values of a knob: name=v1,v2 (repeatable)."),
-        ] = None,
-        pin: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--pin",
-                help="Keep a knob at one value, as autotune search --pin does: name=value (repeatable).",
-            ),
-        ] = None,
-        margin: Annotated[
-            float, typer.Option("--margin", help="Pruning margin, a fraction of GPU memory.")
-        ] = 0.15,
-        top: Annotated[
-            int | None, typer.Option("--top", help="Show the first N candidates (default 20; JSON: all).")
-        ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+        model: o.Model,
+        gpus: o.Gpus = None,
+        gpu_type: o.GpuType = None,
+        gpu_memory_gib: o.GpuMemoryGib = None,
+        backend: o.PlannedBackend = "trl",
+        model_config: o.ModelConfig = None,
+        space: o.Space = None,
+        global_batch: o.GlobalBatch = None,
+        num_generations: o.NumGenerations = None,
+        max_completion_length: o.MaxCompletionLength = None,
+        max_prompt_length: o.MaxPromptLength = 512,
+        beta: o.Beta = None,
+        lora_rank: o.LoraRank = 0,
+        vllm_max_model_len: o.VllmMaxModelLen = None,
+        knob: o.Knob = None,
+        pin: o.Pin = None,
+        margin: o.Margin = 0.15,
+        top: o.Top = None,
+        as_json: o.Json = False,
     ) -> None:
         import json
         import sys
@@ -163,7 +105,12 @@ def speed_decimals(speeds: list[float]) -> int:
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    """Plain aligned text (predictable when piped or pasted into a report)."""
+    """Plain aligned text (predictable when piped or pasted into a report).
+
+    Kept rather than rich's ``Table``: that one fits itself to the console (80 columns when piped, where a
+    candidate's row wraps over several lines) unless given a width, and pads every line with blanks; here
+    a candidate is one line that ``grep`` and ``cut`` read, in ten lines of code.
+    """
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:

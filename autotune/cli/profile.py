@@ -6,21 +6,23 @@ from typing import Annotated
 
 import typer
 
-from autotune.trackers import TRACKERS, trackers_help
+from autotune.cli import _options as o
 
 HELP = """Run one training command under the GPU and host probes (no search) and write its timeline,
 phase breakdown and a report with the same charts and diagnosis as a study.
 
 \b
 Examples:
-  autotune profile -- swift rlhf --rlhf_type grpo --model Qwen/Qwen2.5-7B-Instruct ...
-  autotune profile --out runs/profile-1 -- python my_grpo.py --per_device_train_batch_size 8"""
+  autotune profile -- swift rlhf --rlhf_type grpo --model Qwen/Qwen2.5-7B ...
+  autotune profile --out runs/profile-1 -- accelerate launch my_grpo.py"""
 
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
 
-    @app.command("profile", help=HELP, context_settings={"allow_interspersed_args": False})
+    @app.command(
+        "profile", cls=o.PanelledCommand, help=HELP, context_settings={"allow_interspersed_args": False}
+    )
     def profile(
         command: Annotated[
             list[str] | None, typer.Argument(help="The training command, after --.", show_default=False)
@@ -28,15 +30,9 @@ def register(app: typer.Typer) -> None:
         out: Annotated[
             str | None, typer.Option("--out", help="Output directory (default runs/profile-<time>).")
         ] = None,
-        gpus: Annotated[
-            int | None, typer.Option("--gpus", help="GPUs to sample (default: all detected).")
-        ] = None,
-        sample_interval: Annotated[
-            float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")
-        ] = 0.1,
-        metrics_file: Annotated[
-            str | None, typer.Option("--metrics-file", help="JSON-lines step file the command writes.")
-        ] = None,
+        gpus: o.Gpus = None,
+        sample_interval: o.SampleInterval = 0.1,
+        metrics_file: o.MetricsFile = None,
         global_batch: Annotated[
             int | None, typer.Option("--global-batch", help="Completions per step, for throughput.")
         ] = None,
@@ -46,16 +42,8 @@ def register(app: typer.Typer) -> None:
         startup_timeout: Annotated[
             str, typer.Option("--startup-timeout", help="Time allowed before the first step.")
         ] = "1h",
-        secret_arg: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--secret-arg",
-                help="An argument name whose value is a secret (repeatable): never written to a file.",
-            ),
-        ] = None,
-        report_to: Annotated[
-            list[str] | None, typer.Option("--report-to", help=trackers_help(TRACKERS), show_default=False)
-        ] = None,
+        secret_arg: o.SecretArg = None,
+        report_to: o.ReportTo = None,
     ) -> None:
         import time
         from pathlib import Path

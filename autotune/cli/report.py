@@ -6,23 +6,19 @@ from pathlib import Path
 
 import typer
 
+from autotune.cli import _options as o
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``report`` command to the app."""
 
-    @app.command("report")
+    @app.command("report", cls=o.PanelledCommand)
     def report(
         directory: Path = typer.Argument(
             ..., help="A study directory (runs/<study>) or an autotune profile directory."
         ),
-        storage: str | None = typer.Option(
-            None,
-            "--storage",
-            help="Read the study from this Optuna storage (with --study-name) into DIR first: any host, any worker.",
-        ),
-        study_name: str | None = typer.Option(
-            None, "--study-name", help="The study in --storage that autotune search workers joined."
-        ),
+        storage: o.StorageToRead = None,
+        study_name: o.StudyNameToRead = None,
         out: Path | None = typer.Option(None, "--out", help="Write the reports here instead of into DIR."),
         no_png: bool = typer.Option(False, "--no-png", help="Skip the markdown's PNG charts (faster)."),
         as_json: bool = typer.Option(

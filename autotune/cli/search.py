@@ -7,11 +7,9 @@ from typing import Annotated
 
 import typer
 
-from autotune.backends import BACKENDS
+from autotune.cli import _options as o
 from autotune.errors import UsageError
 from autotune.fixed import UnknownFlag
-from autotune.strategy import search_help
-from autotune.trackers import TRACKERS, trackers_help
 
 HELP = """Run short real GRPO trials over a search space and recommend the fastest configuration that
 neither OOMs, hangs nor breaks training on the GPUs detected (or on the CPU with a tiny model).
@@ -19,8 +17,9 @@ neither OOMs, hangs nor breaks training on the GPUs detected (or on the CPU with
 \b
 Examples:
   autotune search --model tiny-qwen2 --trials 4 --out runs/demo
-  autotune search --gpus 4 --model Qwen2-7B --backend swift --fixed job.yaml --time-budget 2h
-  autotune search --backend command --space my_space.yaml -- python train.py --bs {per_device_train_batch_size}
+  autotune search --model Qwen2-7B --fixed job.yaml --time-budget 2h
+  autotune search --gpus 4 --model Qwen2-7B --backend swift --fixed job.yaml
+  autotune search --backend command --space bs.yaml -- ./train.sh --bs {bs}
 
 After the search the winner and the baseline run again, interleaved (--confirm-runs), and the speedup
 is given with a 95 % interval; one whose interval includes 1 is reported as no measurable speedup.
@@ -51,6 +50,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command(
         "search",
+        cls=o.PanelledCommand,
         help=HELP,
         context_settings={"allow_interspersed_args": False},
     )
@@ -63,172 +63,40 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
-        model: Annotated[
-            str,
-            typer.Option(
-                "--model",
-                help="tiny-qwen2 / small-qwen2 (built here), a short name (Qwen2-7B), a hub id or a local folder.",
-            ),
-        ] = "tiny-qwen2",
-        backend: Annotated[str, typer.Option("--backend", help=f"{', '.join(BACKENDS)}.")] = "trl",
-        gpus: Annotated[
-            int | None, typer.Option("--gpus", help="Number of GPUs (default: all detected; CPU when none).")
-        ] = None,
-        gpu_type: Annotated[
-            str | None, typer.Option("--gpu-type", help="Declare GPUs this host cannot see (e.g. A10).")
-        ] = None,
-        gpu_memory_gib: Annotated[
-            float | None, typer.Option("--gpu-memory-gib", help="Declare GPU memory in GiB.")
-        ] = None,
-        out: Annotated[
-            str | None, typer.Option("--out", help="Study directory (default runs/<model>-<backend>).")
-        ] = None,
-        space: Annotated[
-            str | None, typer.Option("--space", help="Search-space YAML (default: the backend's own).")
-        ] = None,
-        fixed: Annotated[
-            str | None,
-            typer.Option("--fixed", help="YAML of fixed framework arguments (dataset, rewards, beta, ...)."),
-        ] = None,
-        baseline: Annotated[
-            str | None, typer.Option("--baseline", help="YAML of your current knob values, run as trial 0.")
-        ] = None,
-        trials: Annotated[
-            int,
-            typer.Option(
-                "--trials", help="Trials to launch in total (a resumed study counts its earlier ones)."
-            ),
-        ] = 8,
-        time_budget: Annotated[
-            str | None, typer.Option("--time-budget", help="Wall-time budget, e.g. 30m or 2h.")
-        ] = None,
-        search_kind: Annotated[str, typer.Option("--search", help=search_help())] = "auto",
-        storage: Annotated[
-            str | None,
-            typer.Option(
-                "--storage",
-                help="Optuna storage URL (default sqlite in --out); postgresql://… for workers on many hosts.",
-            ),
-        ] = None,
-        study_name: Annotated[
-            str | None,
-            typer.Option(
-                "--study-name",
-                help="Join this study in --storage as one of its workers (default: --out's name, alone).",
-            ),
-        ] = None,
-        gpus_per_trial: Annotated[
-            int | None,
-            typer.Option(
-                "--gpus-per-trial",
-                help="GPUs one trial uses; a host with more runs trials at once on disjoint GPU sets.",
-            ),
-        ] = None,
-        global_batch: Annotated[
-            int | None,
-            typer.Option(
-                "--global-batch",
-                help="Completions per optimizer step, fixed for every trial (default: your job's, else the "
-                "framework's; tiny models 16).",
-                show_default=False,
-            ),
-        ] = None,
-        num_generations: Annotated[
-            int | None,
-            typer.Option(
-                "--num-generations",
-                help="Completions per prompt (G), fixed (default: your job's, else the framework's; tiny models 4).",
-                show_default=False,
-            ),
-        ] = None,
-        max_steps: Annotated[int, typer.Option("--max-steps", help="Steps a trial may run at most.")] = 20,
-        max_completion_length: Annotated[
-            int | None,
-            typer.Option(
-                "--max-completion-length",
-                help="Completion tokens, fixed (default: your job's, else the framework's; tiny models 16).",
-                show_default=False,
-            ),
-        ] = None,
-        dataset: Annotated[
-            str | None,
-            typer.Option("--dataset", help="Dataset to train on (default: prompts generated here)."),
-        ] = None,
-        seed: Annotated[int, typer.Option("--seed", help="Seed of training and of the search.")] = 0,
-        startup_timeout: Annotated[
-            str | None,
-            typer.Option(
-                "--startup-timeout",
-                help="Time allowed before the first step (default grows with model size).",
-            ),
-        ] = None,
-        hang_k: Annotated[
-            float,
-            typer.Option("--hang-k", help="A trial with no step for hang-k × median step time is a hang."),
-        ] = 5.0,
-        hang_floor: Annotated[
-            str, typer.Option("--hang-floor", help="Never call a hang before this long without a step.")
-        ] = "60s",
-        trial_timeout: Annotated[
-            str | None,
-            typer.Option(
-                "--trial-timeout",
-                help="Wall budget of one trial (default: the start-up budget + max-steps × hang-k × hang-floor).",
-            ),
-        ] = None,
-        sample_interval: Annotated[
-            float, typer.Option("--sample-interval", help="GPU sampling interval in seconds.")
-        ] = 0.1,
-        early_stop: Annotated[
-            bool,
-            typer.Option(
-                "--early-stop/--no-early-stop", help="Stop a trial once its throughput estimate is stable."
-            ),
-        ] = True,
-        metrics_file: Annotated[
-            str | None,
-            typer.Option(
-                "--metrics-file", help="command backend: JSON-lines metrics file the command writes."
-            ),
-        ] = None,
-        executable: Annotated[
-            str | None,
-            typer.Option("--executable", help="swift backend: the swift executable (default: on PATH)."),
-        ] = None,
-        confirm_runs: Annotated[
-            int,
-            typer.Option(
-                "--confirm-runs",
-                help="After the search, re-run the winner and the baseline (and runners-up within the"
-                " noise of the winner) this many times each, interleaved, and report the speedup with a"
-                " 95 % interval; a speedup whose interval includes 1 is reported as no measurable"
-                " speedup. Not counted in --trials; counted in the time budget. 0 skips it.",
-            ),
-        ] = 2,
-        secret_arg: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--secret-arg",
-                help="An argument name whose value is a secret (repeatable), on top of names with token,"
-                " key, password or secret in them: never written to a file (scripts read it from"
-                " ${NAME}, other files show ***).",
-            ),
-        ] = None,
-        pin: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--pin",
-                help="Keep a knob at one value in every trial: name=value (repeatable). The search varies"
-                " the other knobs; your own flags after -- that name knobs are the baseline, still searched.",
-            ),
-        ] = None,
-        as_json: Annotated[
-            bool,
-            typer.Option("--json", help="Print the final summary as JSON on stdout (the rest on stderr)."),
-        ] = False,
-        report_to: Annotated[
-            list[str] | None, typer.Option("--report-to", help=trackers_help(TRACKERS), show_default=False)
-        ] = None,
+        model: o.Model = "tiny-qwen2",
+        backend: o.SearchBackend = "trl",
+        gpus: o.Gpus = None,
+        gpu_type: o.GpuType = None,
+        gpu_memory_gib: o.GpuMemoryGib = None,
+        out: o.StudyOut = None,
+        space: o.Space = None,
+        fixed: o.Fixed = None,
+        baseline: o.Baseline = None,
+        trials: o.Trials = 8,
+        time_budget: o.TimeBudget = None,
+        search_kind: o.SearchKind = "auto",
+        storage: o.Storage = None,
+        study_name: o.StudyName = None,
+        gpus_per_trial: o.GpusPerTrial = None,
+        global_batch: o.GlobalBatch = None,
+        num_generations: o.NumGenerations = None,
+        max_steps: o.MaxSteps = 20,
+        max_completion_length: o.MaxCompletionLength = None,
+        dataset: o.Dataset = None,
+        seed: o.Seed = 0,
+        startup_timeout: o.StartupTimeout = None,
+        hang_k: o.HangK = 5.0,
+        hang_floor: o.HangFloor = "60s",
+        trial_timeout: o.TrialTimeout = None,
+        sample_interval: o.SampleInterval = 0.1,
+        early_stop: o.EarlyStop = True,
+        metrics_file: o.MetricsFile = None,
+        executable: o.Executable = None,
+        confirm_runs: o.ConfirmRuns = 2,
+        secret_arg: o.SecretArg = None,
+        pin: o.Pin = None,
+        as_json: o.Json = False,
+        report_to: o.ReportTo = None,
     ) -> None:
         import json
 

@@ -57,6 +57,11 @@ class HostFacts:
         ram_available_bytes: RAM available without swapping.
         offload_need_bytes: host RAM a fully offloaded ZeRO-3 run of ``--model`` needs (None: no model).
         model: the ``--model`` that need is for.
+        out_problem: why ``out_dir`` cannot be made or written here (the folder that stops it and the
+            system's words), None when it can.
+        cache_dir: autotune's cache (``$AUTOTUNE_CACHE_DIR``, else ``~/.cache/autotune``): the built-in
+            models, ``--bench``'s peaks, ``--calibrate``'s table.
+        cache_problem: why ``cache_dir`` cannot be made or written here, None when it can.
     """
 
     shm_total_bytes: int | None
@@ -68,6 +73,9 @@ class HostFacts:
     ram_available_bytes: int
     offload_need_bytes: int | None = None
     model: str | None = None
+    out_problem: str | None = None
+    cache_dir: Path | None = None
+    cache_problem: str | None = None
 
 
 class InterpreterFacts(BaseModel):

@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.doctor._allreduce import measure_allreduce
 from autotune.doctor._base import Facts, Finding, Status
+from autotune.errors import WriteError
 from autotune.estimate import MeasuredPeaks, machine_id, measure_host_peaks, store_peaks
 
 __all__ = ["BenchOutcome", "GpuPeakNumbers", "measure_gpu_peaks", "run_bench"]
@@ -178,7 +179,6 @@ def run_bench(
             peaks = _gpu_record(gpu(len(facts.gpus), seconds), tuple(g.name for g in facts.gpus))
         else:
             peaks = host(seconds)
-        path = store_peaks(peaks, cache_dir)
     except Exception as exc:  # noqa: BLE001 - a benchmark that breaks is reported, not raised
         where = "GPU" if facts.gpus else "host"
         finding = Finding(
@@ -189,4 +189,15 @@ def run_bench(
             "plan keeps using the catalog's peaks",
         )
         return BenchOutcome(None, None, (finding,))
+    try:
+        path = store_peaks(peaks, cache_dir)
+    except WriteError as exc:  # measured, but not kept: the cache is the problem, not the machine
+        finding = Finding(
+            "bench",
+            Status.FAIL,
+            f"measured, but the peaks cannot be cached: {exc.message}",
+            "Set AUTOTUNE_CACHE_DIR to a folder this user can write (or make that one writable), then run "
+            "`autotune doctor --bench` again; until then plan uses the catalog's peaks",
+        )
+        return BenchOutcome(peaks, None, (finding,))
     return BenchOutcome(peaks, path, _lines(peaks, path))

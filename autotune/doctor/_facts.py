@@ -20,6 +20,8 @@ from autotune.probes.gpu_health import GpuHealth, HealthReading, read_gpu_health
 from autotune.probes.nvml import NvmlUnavailable
 from autotune.secrets import MASK, SecretRule
 from autotune.study.hardware import visible_devices
+from autotune.workload.tinymodels import default_cache_dir
+from autotune.writable import unwritable_reason
 
 __all__ = ["gather_facts", "host_facts", "offload_need_bytes"]
 
@@ -72,6 +74,7 @@ def host_facts(
         free: int | None = shutil.disk_usage(_existing(out_dir.absolute())).free
     except OSError:
         free = None
+    cache_dir = default_cache_dir()
     vm = psutil.virtual_memory()
     return HostFacts(
         shm_total_bytes=shm_total,
@@ -83,6 +86,9 @@ def host_facts(
         ram_available_bytes=int(vm.available),
         offload_need_bytes=offload_need_bytes(model, n_gpus) if model else None,
         model=model,
+        out_problem=unwritable_reason(out_dir),
+        cache_dir=cache_dir,
+        cache_problem=unwritable_reason(cache_dir),
     )
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from autotune.doctor._base import Check, Facts, Finding, HostFacts
 
-__all__ = ["ShmCheck", "OpenFilesCheck", "DiskCheck", "HostRamCheck", "NcclEnvCheck", "NCCL_ENV_PREFIXES"]
+__all__ = [
+    "ShmCheck",
+    "OpenFilesCheck",
+    "DiskCheck",
+    "CacheCheck",
+    "HostRamCheck",
+    "NcclEnvCheck",
+    "NCCL_ENV_PREFIXES",
+]
 
 GIB = 1024**3
 MIB = 1024**2
@@ -96,7 +104,8 @@ class OpenFilesCheck(Check):
 
 
 class DiskCheck(Check):
-    """Free disk under ``--out``: every trial writes its logs and timeline there."""
+    """``--out`` can be written by this user, and has free disk: every trial writes its logs and
+    timeline there."""
 
     name = "disk"
     quick = True
@@ -105,15 +114,52 @@ class DiskCheck(Check):
         host = _host(facts)
         if host is None:
             return []
+        if host.out_problem is not None:  # a permission, not space: say which folder and how to fix it
+            return [
+                self.fail(
+                    f"cannot write --out {host.out_dir} ({host.out_problem})",
+                    f"Let this user read and write {_blocking(host.out_problem)} (chmod, chown), or pass "
+                    "--out a folder it can write",
+                )
+            ]
         free = host.disk_free_bytes
         fix = f"Free space under {host.out_dir}, or pass --out on a larger disk"
         if free is None:
-            return [self.warn(f"cannot read the free space under {host.out_dir}", fix)]
+            return [
+                self.warn(f"cannot read the free space under {host.out_dir}", "Pass --out a local folder")
+            ]
         if free < DISK_FAIL_BYTES:
             return [self.fail(f"{_gib(free)} free under {host.out_dir}", fix)]
         if free < DISK_WARN_BYTES:
             return [self.warn(f"{_gib(free)} free under {host.out_dir}: a long study may fill it", fix)]
         return [self.ok(f"{_gib(free)} free under {host.out_dir}")]
+
+
+class CacheCheck(Check):
+    """autotune's cache can be written: the built-in models are built there, ``--bench`` and
+    ``--calibrate`` store what they measure there."""
+
+    name = "cache"
+
+    def run(self, facts: Facts) -> list[Finding]:
+        host = _host(facts)
+        if host is None or host.cache_dir is None:
+            return []
+        if host.cache_problem is not None:
+            return [
+                self.warn(
+                    f"cannot write the cache {host.cache_dir} ({host.cache_problem}): the built-in models "
+                    "cannot be built, nor --bench and --calibrate results kept",
+                    f"Set AUTOTUNE_CACHE_DIR to a folder this user can write, or let it write "
+                    f"{_blocking(host.cache_problem)}",
+                )
+            ]
+        return [self.ok(f"{host.cache_dir} can be written")]
+
+
+def _blocking(problem: str) -> str:
+    """The folder named by a writability problem (``"/data: Permission denied"`` → ``/data``)."""
+    return problem.rsplit(": ", 1)[0]
 
 
 class HostRamCheck(Check):

@@ -22,7 +22,7 @@ from autotune.doctor._gpu import (
     TorchCudaCheck,
     VisibleGpusCheck,
 )
-from autotune.doctor._host import DiskCheck, HostRamCheck, NcclEnvCheck, OpenFilesCheck, ShmCheck
+from autotune.doctor._host import CacheCheck, DiskCheck, HostRamCheck, NcclEnvCheck, OpenFilesCheck, ShmCheck
 from autotune.doctor._interpreter import InterpreterCheck
 from autotune.errors import MachineError
 
@@ -46,6 +46,7 @@ CHECKS: tuple[type[Check], ...] = (
     ShmCheck,
     OpenFilesCheck,
     DiskCheck,
+    CacheCheck,
     HostRamCheck,
     NcclEnvCheck,
 )

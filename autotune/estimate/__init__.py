@@ -1,7 +1,8 @@
 """Memory and step-time estimates for GRPO trials, and the model and GPU catalogs they use.
 
-``catalog`` (models, GPUs) → ``shape`` (a backend's knobs as one job shape) → ``memory`` (per-GPU
-bytes by component and phase, vLLM's checks) and ``timing`` (rough step time, for ordering only) →
+``catalog`` (models, GPUs) → ``shape`` (a backend's knobs as one job shape) → ``states`` (model states, as
+DeepSpeed counts them), ``memory`` (per-GPU bytes by component and phase, vLLM's checks) and ``timing``
+(rough step time, for ordering only) →
 ``calibrate`` (corrections from measured peaks and OOMs) and ``plan`` (a whole space judged).
 ``peaks``: the machine's own measured FLOP/s and bandwidths (cached per machine), used in place of the
 catalog's where present.
@@ -41,15 +42,7 @@ from autotune.estimate.machine_table import (
     seed_calibration,
     store_table,
 )
-from autotune.estimate.memory import (
-    COMPONENTS,
-    MemoryEstimate,
-    ModelStates,
-    estimate_memory,
-    lora_params,
-    model_states,
-    should_prune,
-)
+from autotune.estimate.memory import COMPONENTS, MemoryEstimate, estimate_memory, should_prune
 from autotune.estimate.peaks import (
     CPU_DEVICE,
     MeasuredPeaks,
@@ -61,6 +54,7 @@ from autotune.estimate.peaks import (
 )
 from autotune.estimate.plan import Candidate, PlanResult, candidate_rules, plan_space
 from autotune.estimate.shape import JobShape
+from autotune.estimate.states import ModelStates, lora_params, model_states
 from autotune.estimate.timing import TimeEstimate, estimate_step_time
 
 __all__ = [

@@ -58,9 +58,9 @@ from typing import Any, Literal
 
 from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GpuSpec, ModelSpec, find_gpu
-from autotune.estimate.memory import lora_params
 from autotune.estimate.peaks import CPU_DEVICE, MeasuredPeaks
 from autotune.estimate.shape import JobShape
+from autotune.estimate.states import lora_params
 
 __all__ = [
     "CEILING_PHASES",

@@ -195,7 +195,7 @@ def _slug(device: str) -> str:
 
 
 def _cache(cache_dir: Path | None) -> Path:
-    from autotune.workload.tinymodels import default_cache_dir
+    from autotune.cachedir import default_cache_dir
 
     return (cache_dir if cache_dir is not None else default_cache_dir()) / "calibration"
 

@@ -148,7 +148,7 @@ def machine_id(gpu_names: tuple[str, ...] = ()) -> str:
 
 def peaks_cache_dir(cache_dir: Path | None = None) -> Path:
     """The folder the peaks files live in (``<cache>/peaks``)."""
-    from autotune.workload.tinymodels import default_cache_dir
+    from autotune.cachedir import default_cache_dir
 
     return (cache_dir if cache_dir is not None else default_cache_dir()) / "peaks"
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GpuSpec
-from autotune.estimate.memory import MemoryEstimate, estimate_memory, lora_params
+from autotune.estimate.memory import MemoryEstimate, estimate_memory
 from autotune.estimate.shape import JobShape
+from autotune.estimate.states import lora_params
 
 __all__ = ["TimeEstimate", "estimate_step_time", "step_time_terms"]
 

@@ -20,12 +20,14 @@ A winner whose knobs a format cannot express is refused with a one-line
 from __future__ import annotations
 
 from autotune.export._common import EXPORT_FORMATS, MARKER, Export, write_export
-from autotune.export._winner import Winner, load_winner
+from autotune.export._winner import BackendFacts, BackendLookup, Winner, load_winner
 
 __all__ = [
     "EXPORT_FORMATS",
     "MARKER",
     "Export",
+    "BackendFacts",
+    "BackendLookup",
     "Winner",
     "load_winner",
     "write_export",

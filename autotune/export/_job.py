@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._values import as_bool
 from autotune.export._common import MARKER
 from autotune.export._winner import Winner
+from autotune.values import as_bool
 
 __all__ = [
     "DEMO_PROMPTS",
@@ -102,7 +102,7 @@ def header(w: Winner, fmt: str) -> list[str]:
         f"({g} per prompt) on {where}, with {ran}."
     )
     if w.recommended and w.recommendation is not None:
-        from autotune.study.verdict import headline
+        from autotune.recommend import headline
 
         lines.append(f"Verdict: {headline(w.recommendation)}.")
     return lines

@@ -6,21 +6,54 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from autotune.errors import NothingToRecommend, UsageError
 from autotune.jobconfig import JobConfig
-from autotune.records import Hardware, LaunchPlan, Recommendation, StudySettings, TrialResult, TrialStatus
+from autotune.records import Hardware, LaunchPlan, Recommendation, TrialResult, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.studydir import StudyDir, read_json_guarded, regular_file
+from autotune.studysettings import StudySettings
 
-if TYPE_CHECKING:
-    from autotune.backends import Backend
+__all__ = ["BackendFacts", "BackendLookup", "Winner", "load_winner"]
 
-__all__ = ["Winner", "load_winner"]
+
+class BackendFacts(Protocol):
+    """What an export reads of the study's backend; a :class:`autotune.backends.Backend` class is one.
+
+    The exports sit a floor below the backends (whose own formats are built on them), so they never
+    look a backend up: whoever loads the winner hands the lookup in (:class:`BackendLookup`).
+    """
+
+    @property
+    def display_name(self) -> str: ...
+
+    def canonical_args(self, args: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def describe(
+        self, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+    ) -> JobConfig: ...
+
+    def uses_demo_reward(self, fixed: Mapping[str, Any]) -> bool: ...
+
+
+@dataclass(frozen=True)
+class BackendLookup:
+    """The backends as an export sees them, handed in from above (``autotune.app.export``).
+
+    Attributes:
+        facts: a backend's name → its facts (``autotune.backends.backend_class``); raises
+            :class:`UsageError` for a backend this version does not know.
+        own_formats: the formats a backend writes in its framework's own files
+            (``autotune.backends.EXPORTERS``), one per backend, named as the backend.
+    """
+
+    facts: Callable[[str], BackendFacts]
+    own_formats: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -32,6 +65,7 @@ class Winner:
         settings: ``study.json`` (:class:`~autotune.records.StudySettings`).
         result: the trial's ``result.json``.
         recommended: True when the trial is the study's recommendation (not picked with ``--trial``).
+        backends: the backends' facts and formats (:class:`BackendLookup`).
         launch: the trial's ``launch.json`` when it exists (None for trials never launched).
         hardware: the study's hardware (None when ``study.json`` lacks it).
         why: one sentence on why this trial (the recommendation's reason or "chosen with --trial N").
@@ -43,6 +77,7 @@ class Winner:
     settings: StudySettings
     result: TrialResult
     recommended: bool
+    backends: BackendLookup
     launch: LaunchPlan | None = None
     hardware: Hardware | None = None
     why: str = ""
@@ -70,15 +105,18 @@ class Winner:
         return self.settings.backend or ""
 
     @property
-    def backend_class(self) -> type[Backend]:
+    def backend_class(self) -> BackendFacts:
         """The class of the study's backend (its facts).
 
         Raises:
             UsageError: a backend this version of autotune does not know.
         """
-        from autotune.backends import backend_class
+        return self.backends.facts(self.backend)
 
-        return backend_class(self.backend)
+    @property
+    def own_format(self) -> str | None:
+        """The study's framework's own export format, when its backend has one."""
+        return self.backend if self.backend in self.backends.own_formats else None
 
     @property
     def trial_dir(self) -> Path:
@@ -144,11 +182,18 @@ def _launch(path: Path) -> LaunchPlan | None:
         return None
 
 
-def load_winner(study_dir: Path, *, trial: int | None = None, secret_names: tuple[str, ...] = ()) -> Winner:
+def load_winner(
+    study_dir: Path,
+    *,
+    backends: BackendLookup,
+    trial: int | None = None,
+    secret_names: tuple[str, ...] = (),
+) -> Winner:
     """Read a study directory and pick the trial to export.
 
     Args:
         study_dir: a directory written by ``autotune search``.
+        backends: the backends' facts and formats, from the floor above (:class:`BackendLookup`).
         trial: a trial number to export instead of the recommendation; it must be COMPLETE.
 
     Raises:
@@ -214,4 +259,5 @@ def load_winner(study_dir: Path, *, trial: int | None = None, secret_names: tupl
         why=why,
         recommendation=rec,
         secret_names=tuple(secret_names),
+        backends=backends,
     )

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.backends._values import as_float
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, json_text, refuse
 from autotune.export._job import precision
 from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
+from autotune.values import as_float
 
 __all__ = ["DS_CONFIG", "ds_config", "export_deepspeed"]
 
@@ -143,8 +143,6 @@ def export_deepspeed(w: Winner) -> Export:
     Raises:
         UsageError: the winner runs without DeepSpeed (see :func:`config_for`).
     """
-    from autotune.backends import EXPORTERS
-
-    instead = w.backend if w.backend in EXPORTERS else "json"  # the study's own format, when it has one
+    instead = w.own_format or "json"  # the study's own format, when it has one
     config = config_for(w, "deepspeed", instead=instead)
     return Export(format="deepspeed", files={DS_CONFIG: json_text(config)}, main=DS_CONFIG, trial=w.number)

@@ -33,12 +33,12 @@ KNOBS_FILE = "knobs.json"
 
 def summary(w: Winner) -> dict[str, Any]:
     """The JSON record of the winner (see the module docstring for its keys)."""
-    from autotune.study.recommend import headroom_bytes
+    from autotune.recommend import headroom_bytes
     from autotune.studydir import StudyDir
 
     r = w.result
     fixed, _ = mask_secrets(w.fixed, w.secrets)
-    from autotune.study.verdict import headline
+    from autotune.recommend import headline
 
     baseline = None
     speedup = low = high = measurable = verdict = None

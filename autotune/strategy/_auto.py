@@ -236,7 +236,7 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
         if success is not None:
             runs = [
                 *runs,
-                TrialResult(number=-1, params=dict(success), status=TrialStatus.COMPLETE, reason=""),
+                TrialResult.outline(-1, success, status=TrialStatus.COMPLETE, reason=""),
             ]
         codes = np.array([self.pool.cand(r.params).codes for r in runs], dtype=int).reshape(
             len(runs), len(enc.slots)

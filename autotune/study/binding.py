@@ -25,9 +25,10 @@ from typing import Any
 import optuna
 
 from autotune.errors import StudyError, UsageError
-from autotune.records import StudySettings, TrialResult, TrialStatus
+from autotune.records import TrialResult, TrialStatus
 from autotune.space import SearchSpace
 from autotune.studydir import StudyDir
+from autotune.studysettings import StudySettings
 
 __all__ = ["UID_ATTR", "Bound", "bound_name", "study_uid", "bind_storage", "claim_number"]
 

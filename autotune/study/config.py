@@ -10,11 +10,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from autotune.backends import ModelRef, TrialContext
 from autotune.errors import UsageError
+from autotune.recommend import Recommendation, headline
 from autotune.records import Hardware, TrialResult, TrialSpec
 from autotune.secrets import SecretRule
 from autotune.study.ports import free_port
-from autotune.study.recommend import Recommendation
-from autotune.study.verdict import headline
 from autotune.studydir import StudyDir
 
 __all__ = [

@@ -211,13 +211,7 @@ class Confirmer:
             shutil.rmtree(directory)
         self.study_dir.own_dir(directory)
         self.study_dir.write_confirm_result(
-            TrialResult(
-                number=task.trial,
-                params=task.params,
-                is_baseline=task.is_baseline,
-                status=TrialStatus.RUNNING,
-                reason="re-measuring",
-            ),
+            TrialResult.running(task.trial, task.params, is_baseline=task.is_baseline, reason="re-measuring"),
             task.round,
         )
         self.notice(f"re-measuring trial {task.trial} ({task.role.replace('_', '-')}), round {task.round}")

@@ -6,14 +6,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from autotune.records import Confirmation, StudySettings, TrialResult, TrialSpec, TrialStatus
+from autotune.recommend import Recommendation, headline, recommend
+from autotune.records import Confirmation, TrialResult, TrialSpec, TrialStatus
 from autotune.study.config import StudyOutcome, free_port
 from autotune.study.confirm import Confirmer, ConfirmTask, runners_up, runs_cost, schedule
 from autotune.study.optuna_view import MachineAttrs
 from autotune.study.prescreen import Prescreen
-from autotune.study.recommend import Recommendation, recommend
 from autotune.study.state import LoopState, Stop, StudyPart, StudyState
-from autotune.study.verdict import METHOD, headline, judge, not_remeasured
+from autotune.study.verdict import METHOD, judge, not_remeasured
+from autotune.studysettings import StudySettings
 
 __all__ = ["Finisher"]
 

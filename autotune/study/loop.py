@@ -35,7 +35,7 @@ import optuna
 
 from autotune.backends import Backend
 from autotune.errors import UsageError, WriteError
-from autotune.records import StudySettings, TrialResult, TrialSpec, TrialStatus
+from autotune.records import TrialResult, TrialSpec, TrialStatus
 from autotune.space import SearchSpace, canonical_key
 from autotune.strategy import BaseStrategy, Collaborators, StrategySettings, build_strategy
 from autotune.study.ask import Asker
@@ -81,6 +81,7 @@ from autotune.study.tell import (
 )
 from autotune.study.workers import Workers
 from autotune.studydir import StudyDir
+from autotune.studysettings import StudySettings
 from autotune.trial.execute import not_launched
 
 __all__ = [
@@ -540,11 +541,10 @@ class Study(StudyPart):
             cause = (
                 exc.one_line() if isinstance(exc, WriteError) else "the study storage could not be written"
             )
-            result = TrialResult(
-                number=number,
-                params=params,
+            result = TrialResult.interrupted(
+                number,
+                params,
                 is_baseline=is_baseline,
-                status=TrialStatus.INTERRUPTED,
                 reason=f"autotune stopped: {cause.rstrip('.')}; it says nothing about the configuration",
             )
             try:
@@ -599,10 +599,9 @@ class Study(StudyPart):
         self, loop: LoopState, trial: optuna.Trial, key: str, params: dict[str, Any], is_baseline: bool
     ) -> None:
         """A trial stopped by a forced interrupt: INTERRUPTED on disk and FAIL in Optuna, to run again."""
-        result = TrialResult(
-            number=trial.number,
-            params=params,
-            status=TrialStatus.INTERRUPTED,
+        result = TrialResult.interrupted(
+            trial.number,
+            params,
             reason="stopped by a forced interrupt; it says nothing about the configuration",
             is_baseline=is_baseline,
         )
@@ -627,16 +626,7 @@ class Study(StudyPart):
         refusal = self.executor.launch_refusal(spec, ctx) if isinstance(self.executor, LaunchCheck) else None
         if refusal is not None:  # INVALID, and never recorded RUNNING (nothing was started)
             return not_launched(spec, refusal)
-        self.dir.write_result(
-            TrialResult(
-                number=number,
-                params=params,
-                derived=derived,
-                is_baseline=is_baseline,
-                status=TrialStatus.RUNNING,
-                reason="running",
-            )
-        )
+        self.dir.write_result(TrialResult.running(number, params, derived=derived, is_baseline=is_baseline))
         if self.hygiene is not None:
             self.hygiene()
         self.view.trial_started(number, params, is_baseline)

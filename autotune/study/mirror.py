@@ -18,11 +18,12 @@ from typing import Any
 import optuna
 
 from autotune.errors import UsageError
-from autotune.records import StudySettings, TrialResult, TrialStatus
+from autotune.records import TrialResult, TrialStatus
 from autotune.secrets import SecretRule
 from autotune.study.optuna_view import MachineAttrs
 from autotune.study.storage import open_storage, workers_of
 from autotune.studydir import StudyDir, ensure_writable, write_text_atomic
+from autotune.studysettings import StudySettings
 
 __all__ = ["Pulled", "pull"]
 
@@ -98,24 +99,21 @@ def _result_of(t: optuna.trial.FrozenTrial) -> TrialResult | None:
     raw = t.user_attrs.get("result")
     if isinstance(raw, str):
         try:
-            result = TrialResult.model_validate_json(raw)
+            result = TrialResult.from_json(raw)
         except ValueError:
             result = None
         if result is not None and result.number == t.number:
             return result
+    is_baseline = bool(t.user_attrs.get("is_baseline"))
     if t.state is optuna.trial.TrialState.RUNNING:
-        status, reason = TrialStatus.RUNNING, "running on another worker"
-    elif t.state is optuna.trial.TrialState.FAIL:
-        status, reason = TrialStatus.INTERRUPTED, "its worker ended before recording it"
-    else:
-        return None
-    return TrialResult(
-        number=t.number,
-        params=dict(t.params),
-        status=status,
-        reason=reason,
-        is_baseline=bool(t.user_attrs.get("is_baseline")),
-    )
+        return TrialResult.running(
+            t.number, t.params, reason="running on another worker", is_baseline=is_baseline
+        )
+    if t.state is optuna.trial.TrialState.FAIL:
+        return TrialResult.interrupted(
+            t.number, t.params, reason="its worker ended before recording it", is_baseline=is_baseline
+        )
+    return None
 
 
 def _write_settings(sd: StudyDir, settings: dict[str, Any]) -> None:

@@ -72,6 +72,8 @@ def free_port(lock_dir: Path | None = None, ephemeral: tuple[int, int] | None = 
     except OSError:
         return _ephemeral_port()
     with os.fdopen(fd, "r+") as f:
+        # flock on the cursor file itself, not filelock (no dependency of autotune, and its lock file
+        # cannot also hold the cursor): the kernel frees it when a holder dies
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             text = f.read().strip()

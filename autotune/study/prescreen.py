@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import TrialContext
+from autotune.recommend import headroom_bytes, required_headroom_bytes
 from autotune.records import TrialResult, TrialStatus
 from autotune.strategy import infer_infeasible
 from autotune.study.memory_gate import PROBE_MARGIN
-from autotune.study.recommend import headroom_bytes, required_headroom_bytes
 from autotune.study.state import StudyPart
 
 __all__ = ["Prescreen"]
@@ -102,19 +102,25 @@ class Prescreen(StudyPart):
         """
         ctx = self.context(self.dir.trial_dir(number))
         derived = self.backend.derive(params, ctx)
-        base: dict[str, Any] = {
-            "number": number,
-            "params": params,
-            "derived": derived,
-            "is_baseline": is_baseline,
-        }
+
+        def refused(reason: str, estimate: dict[str, Any] | None = None) -> TrialResult:
+            return TrialResult.not_launched(
+                number,
+                params,
+                status=TrialStatus.PRUNED,
+                reason=reason,
+                derived=derived,
+                is_baseline=is_baseline,
+                estimate=estimate,
+            )
+
         violations = self.backend.rules(params, derived, ctx)
         if violations:
             text = "; ".join(f"{v.rule}: {v.message}" for v in violations)
-            return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched, breaks {text}")
+            return refused(f"not launched, breaks {text}")
         inferred = infer_infeasible(self.space, params, self._results.values())
         if inferred is not None:
-            return TrialResult(**base, status=TrialStatus.PRUNED, reason=f"not launched: {inferred.reason}")
+            return refused(f"not launched: {inferred.reason}")
         if self.memory_gate is not None:
             reason, breakdown = (
                 self.memory_gate.check(params, derived, margin=PROBE_MARGIN)
@@ -122,7 +128,5 @@ class Prescreen(StudyPart):
                 else self.memory_gate.check(params, derived)
             )
             if reason is not None:
-                return TrialResult(
-                    **base, status=TrialStatus.PRUNED, reason=f"not launched: {reason}", estimate=breakdown
-                )
+                return refused(f"not launched: {reason}", breakdown)
         return None

@@ -52,14 +52,14 @@ def storage_error(
     masked); a storage that cannot be written (a read-only ``study.db``) is a :class:`WriteError`
     (exit 74), as every write failure is. ``own``: the URL is the study directory's own ``study.db``
     (no ``--storage`` was given): the fix names that file, never the flag."""
-    cause = getattr(exc, "orig", None) or exc
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-    text = lines[0] if lines else type(cause).__name__
-    if _READ_ONLY.search(text):
+    text = _first_line(getattr(exc, "orig", None) or exc)
+    read_only = next((t for t in map(_first_line, _causes(exc)) if _READ_ONLY.search(t)), None)
+    if read_only is not None:  # Optuna wraps SQLite's words ("during the commit"): the cause says it
+        where = url.removeprefix("sqlite:///") if own else secrets.redact_url(url)
         return WriteError(
-            f"cannot write the study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}",
-            hint="Fix the permissions of the file and of its directory (or free space), then run the same "
-            "command again to resume",
+            f"cannot write the study storage {where}: {secrets.mask(read_only)[:200]}",
+            hint="Make the file and its directory writable (or free space), then run the same command "
+            "again to resume",
         )
     hint = (
         "Pass a valid Optuna storage URL with --storage (sqlite:////abs/path.db, postgresql://…) whose "
@@ -80,6 +80,24 @@ def storage_error(
     return UsageError(
         f"cannot open study storage {secrets.redact_url(url)}: {secrets.mask(text)[:200]}", hint=hint
     )
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``, the driver's own error under it (SQLAlchemy's ``orig``), then its causes, in order."""
+    chain: list[BaseException] = []
+    todo: BaseException | None = exc
+    while todo is not None and todo not in chain and len(chain) < 16:
+        chain.append(todo)
+        orig = getattr(todo, "orig", None)
+        if isinstance(orig, BaseException) and orig not in chain:
+            chain.append(orig)
+        todo = todo.__cause__ or todo.__context__
+    return chain
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 #: what SQLite and the servers say of a storage they cannot write
@@ -219,6 +237,8 @@ def open_storage(
             if url.startswith("sqlite")
             else {"pool_pre_ping": True, "connect_args": {"connect_timeout": _CONNECT_TIMEOUT_S}}
         )
+        # a loop of our own, not tenacity (no dependency of autotune): one call, five tries, and only the
+        # table-creation race below is retried
         for attempt in range(_CREATE_ATTEMPTS):
             try:
                 with warnings.catch_warnings():

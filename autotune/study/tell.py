@@ -141,12 +141,8 @@ def stored_attrs(result: TrialResult, study_dir: StudyDir) -> dict[str, Any]:
 
 def interrupted_result(trial: optuna.trial.FrozenTrial, params: dict[str, Any], reason: str) -> TrialResult:
     """The result of a trial that was stopped before it said anything about its configuration."""
-    return TrialResult(
-        number=trial.number,
-        params=params,
-        status=TrialStatus.INTERRUPTED,
-        reason=reason,
-        is_baseline=bool(trial.user_attrs.get("is_baseline")),
+    return TrialResult.interrupted(
+        trial.number, params, reason=reason, is_baseline=bool(trial.user_attrs.get("is_baseline"))
     )
 
 
@@ -156,7 +152,7 @@ def stored_result(trial: optuna.trial.FrozenTrial) -> TrialResult | None:
     if not isinstance(raw, str):
         return None
     try:
-        result = TrialResult.model_validate_json(raw)
+        result = TrialResult.from_json(raw)
     except ValueError:
         return None
     return result if result.number == trial.number else None

@@ -39,6 +39,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from autotune.recommend import headroom_bytes, single_run_text
 from autotune.records import (
     Confirmation,
     ConfirmRun,
@@ -48,7 +49,6 @@ from autotune.records import (
     TrialResult,
     TrialStatus,
 )
-from autotune.study.recommend import headroom_bytes
 from autotune.trial.steady import t_quantile_975
 
 __all__ = [
@@ -57,8 +57,6 @@ __all__ = [
     "speedup_interval",
     "judge",
     "not_remeasured",
-    "headline",
-    "speedup_text",
 ]
 
 #: An interval whose high end is more than this many times its low end is set by the host's noise.
@@ -188,7 +186,7 @@ def judge(
     """The recommendation once the re-measurement is in: the winner, its interval and the verdict.
 
     Args:
-        rec: what the search alone recommends (:func:`autotune.study.recommend.recommend`).
+        rec: what the search alone recommends (:func:`autotune.recommend.recommend`).
         confirmation: the re-measurement runs (intervals not yet filled in).
         results: the search's trials by number (for the throughput and headroom of a new winner).
         hardware: the study's hardware (headroom).
@@ -268,7 +266,7 @@ def judge(
     elif speedup is None:
         update |= {"speedup_low": None, "speedup_high": None, "measurable": None}
         why_not = confirmation.note or "too few re-measurement runs completed"
-        verdict = _single_run_text(rec.speedup, base) + f" (not confirmed: {why_not})"
+        verdict = single_run_text(rec.speedup, base) + f" (not confirmed: {why_not})"
     else:
         update |= {
             "speedup": speedup.estimate,
@@ -287,43 +285,12 @@ def judge(
     return rec.model_copy(update=update)
 
 
-def _single_run_text(speedup: float | None, base: int | None) -> str:
-    if speedup is None:
-        return "no speedup can be given: the baseline did not complete"
-    return f"{speedup:.2f}× the baseline (trial {base}) from one run of each"
-
-
 def not_remeasured(rec: Recommendation, reason: str) -> Recommendation:
     """``rec`` with a verdict that says its speedup comes from single runs, and why it was not re-measured."""
     if rec.baseline_trial is not None and rec.trial == rec.baseline_trial:
         verdict = f"the baseline (trial {rec.baseline_trial}) is the fastest configuration tried"
     elif rec.speedup is None:
-        verdict = _single_run_text(None, rec.baseline_trial)  # nothing to re-measure against
+        verdict = single_run_text(None, rec.baseline_trial)  # nothing to re-measure against
     else:
-        verdict = _single_run_text(rec.speedup, rec.baseline_trial) + f" (not re-measured: {reason})"
+        verdict = single_run_text(rec.speedup, rec.baseline_trial) + f" (not re-measured: {reason})"
     return rec.model_copy(update={"verdict": verdict, "search_speedup": rec.speedup})
-
-
-def speedup_text(rec: Recommendation) -> str:
-    """The speedup as a headline shows it, never bare: ``1.45× [1.21, 1.74]``, ``no measurable speedup``,
-    ``1.80× (single runs)`` or ``—`` (no baseline)."""
-    if rec.speedup is None:
-        return "—"
-    if rec.host_noise:
-        return "not measurable on this host"
-    if rec.baseline_trial is not None and rec.trial == rec.baseline_trial:
-        return "the baseline is fastest"
-    if rec.speedup_low is not None and rec.speedup_high is not None:
-        interval = f"{rec.speedup:.2f}× [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}]"
-        return interval if rec.measurable else f"no measurable speedup: {interval}"
-    return f"{rec.speedup:.2f}× (single runs, not re-measured)"
-
-
-def headline(rec: Recommendation) -> str:
-    """One sentence on the speedup: the stored verdict, or (a study written before verdicts) one built
-    from the search's numbers."""
-    if rec.verdict:
-        return rec.verdict
-    if rec.baseline_trial is not None and rec.trial == rec.baseline_trial:
-        return f"the baseline (trial {rec.baseline_trial}) is the fastest configuration tried"
-    return _single_run_text(rec.speedup, rec.baseline_trial) + " (not re-measured)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from autotune.records import TrialResult
 
 __all__ = ["Trackers", "trackers_help"]
+
+_STOP_POLL_S = 0.1  # how often a wait on a tracker looks at the study's stop
 
 
 def trackers_help(registry: Mapping[str, type[Tracker]]) -> str:
@@ -73,23 +76,28 @@ class Trackers:
             env.update(tracker.trial_env(place))
         return env
 
-    def start(self, study: StudyPlace) -> None:
-        """Open the study's run in every tracker (once; a second call does nothing)."""
+    def start(self, study: StudyPlace, *, stop: threading.Event | None = None) -> None:
+        """Open the study's run in every tracker (once; a second call does nothing).
+
+        ``stop`` set while a tracker has not answered (the user's signal) gives the wait up: the run is
+        left unopened, nothing is logged, and the study stops as it would between trials.
+        """
         with self._lock:
             if self._started:
                 return
             for tracker in self.trackers:
-                self._call(tracker, "opening the study's run", partial(tracker.start, study))
+                if not self._call(tracker, "opening the study's run", partial(tracker.start, study), stop):
+                    return
             self._started = True
 
-    def log(self, result: TrialResult) -> None:
-        """Log an ended trial in every tracker (after :meth:`start`)."""
+    def log(self, result: TrialResult, *, stop: threading.Event | None = None) -> None:
+        """Log an ended trial in every tracker (after :meth:`start`); ``stop`` as for :meth:`start`."""
         row = row_of(result)
         with self._lock:
             if not self._started:
                 return
             for tracker in self.trackers:
-                self._call(tracker, f"logging trial {row.number}", partial(tracker.log_trial, row))
+                self._call(tracker, f"logging trial {row.number}", partial(tracker.log_trial, row), stop)
 
     def finish(self) -> None:
         """Close every tracker's study run (idempotent)."""
@@ -99,8 +107,12 @@ class Trackers:
                 if started:
                     self._call(tracker, "closing the study's run", tracker.finish)
 
-    def _call(self, tracker: Tracker, what: str, call: Callable[[], None]) -> None:
-        """``call()`` within :attr:`timeout_s`, or one line naming the tracker and the cause.
+    def _call(
+        self, tracker: Tracker, what: str, call: Callable[[], None], stop: threading.Event | None = None
+    ) -> bool:
+        """``call()`` within :attr:`timeout_s`, or one line naming the tracker and the cause; False when
+        ``stop`` was set during the wait (the call is given up; one begun after the stop, such as closing
+        the run, has its whole time, and a second signal forces as anywhere).
 
         Raises:
             UsageError: the call failed (a closed port, a refused login) or did not return in time (a
@@ -116,14 +128,19 @@ class Trackers:
 
         thread = threading.Thread(target=run, name=f"autotune-{tracker.name}", daemon=True)
         thread.start()
-        thread.join(self.timeout_s)
+        watch = stop if stop is not None and not stop.is_set() else None
+        deadline = time.monotonic() + self.timeout_s
+        while thread.is_alive() and (left_s := deadline - time.monotonic()) > 0:
+            thread.join(min(left_s, _STOP_POLL_S) if watch is not None else left_s)
+            if watch is not None and watch.is_set() and thread.is_alive():
+                return False  # the user stops the study: not waiting for the tracker any longer
         if thread.is_alive():
             cause = f"no answer within {self.timeout_s:g} s"
         elif failure:
             text = " ".join(str(failure[0]).split())[:200] or type(failure[0]).__name__
             cause = plain(text)
         else:
-            return
+            return True
         raise UsageError(
             f"--report-to {tracker.name}: {what} failed: {cause}",
             hint=f"Check the tracker's server and settings ({tracker.help}), or run without "

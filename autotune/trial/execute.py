@@ -1,7 +1,9 @@
-"""Running one launched trial: render → run under the probes → classify → health gate → result.
+"""A study's trials: render the backend's plan → the trial pipeline (:mod:`autotune.trial.pipeline`:
+run under the probes → classify → health gate → result).
 
 This is the one place that isolates trial failures: whatever the trial does, a
-:class:`~autotune.records.TrialResult` comes back. Errors of autotune itself propagate.
+:class:`~autotune.records.TrialResult` comes back (INVALID when its command cannot be rendered or
+started). Errors of autotune itself propagate.
 """
 
 from __future__ import annotations
@@ -9,23 +11,18 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from autotune.backends import Backend, TrialContext
 from autotune.errors import LaunchError
 from autotune.plaintext import plain
-from autotune.probes.summary import GpuSummary, TimelineSummary
 from autotune.records import Hardware, LaunchPlan, StepMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.secrets import SecretRule
-from autotune.studydir import TrialDir
 from autotune.trackers import Trackers, TrialPlace
-from autotune.trial.failure_phase import trial_failure_phase
 from autotune.trial.live import LiveGpus, run_label
-from autotune.trial.outcome import classify, health_check, host_oom_reason, live_health, ran_every_step
+from autotune.trial.pipeline import HealthGate, Judging, TrialJob, TrialPipeline
 from autotune.trial.runner import (
     EarlyStopConfig,
     RunRecord,
@@ -33,7 +30,6 @@ from autotune.trial.runner import (
     default_trial_timeout_s,
     run_trial,
 )
-from autotune.trial.steady import steady_estimate
 
 __all__ = [
     "Executor",
@@ -41,7 +37,6 @@ __all__ = [
     "make_samplers",
     "missing_executable",
     "not_launched",
-    "summarize_trial",
 ]
 
 
@@ -76,31 +71,6 @@ def make_samplers(hardware: Hardware, settings: ProbeSettings) -> Callable[[int]
         return samplers
 
     return factory
-
-
-def summarize_trial(
-    trial_dir: Path,
-    steps: Sequence[StepMetrics],
-    *,
-    model_flops_per_step: float | None = None,
-    peak_flops: float | None = None,
-) -> TimelineSummary | None:
-    """Timeline summary of a trial directory (None when it has no timeline)."""
-    from autotune.probes.phases import read_phases
-    from autotune.probes.timeline import read_timeline, summarize
-
-    files = TrialDir(trial_dir)
-    path = files.timeline_parquet
-    if not path.exists():
-        return None
-    df = read_timeline(path)
-    phases_path = files.phases_jsonl
-    phases = read_phases(phases_path) if phases_path.exists() else []
-    step_dicts = [
-        {"step": s.step, "t_mono_s": s.t_mono_s, "duration_s": s.duration_s, "values": dict(s.values)}
-        for s in steps
-    ]
-    return summarize(df, step_dicts, phases, model_flops_per_step=model_flops_per_step, peak_flops=peak_flops)
 
 
 @dataclass
@@ -145,11 +115,47 @@ class Executor:
         on_step: Callable[[int, float | None, float], str | None],
         time_left_s: float | None,
     ) -> TrialResult:
+        """Run one trial through the pipeline (:mod:`autotune.trial.pipeline`) and return its result;
+        a trial that cannot be rendered or started is INVALID (:func:`not_launched`)."""
         rendered = self._render(spec, ctx)
         if isinstance(rendered, str):
             return not_launched(spec, rendered)
         plan, ctx = rendered
-        parser = self.backend.parser(spec, ctx)
+        watchdog = self._watchdog(ctx, time_left_s)
+        job = TrialJob(
+            spec=spec,
+            plan=plan,
+            parser=self.backend.parser(spec, ctx),
+            trial_dir=ctx.trial_dir,
+            label=run_label(ctx.trial_dir.name),
+            global_batch=ctx.global_batch,
+            watchdog=watchdog,
+            early_stop=self.early_stop,
+            judging=self._judging(spec, ctx, self._study_budget_cut(time_left_s, watchdog)),
+            on_step=on_step,
+        )
+        try:
+            judged = self.pipeline().run(job)
+        except LaunchError as exc:
+            return not_launched(spec, self.secrets.learning(plan.argv, plan.env).mask(exc.message))
+        if spec.is_baseline and judged.result.status is TrialStatus.COMPLETE:
+            self.baseline_steps = list(judged.record.steps)
+        return judged.result
+
+    def pipeline(self) -> TrialPipeline:
+        """The trial pipeline on this executor's hardware, probes, live view and secret rule."""
+        return TrialPipeline(
+            hardware=self.hardware,
+            samplers=self.samplers,
+            live=self.live,
+            stop_event=self.stop_event,
+            secrets=self.secrets,
+            runner=self._run,
+        )
+
+    def _watchdog(self, ctx: TrialContext, time_left_s: float | None) -> WatchdogConfig:
+        """The trial's limits: bounded to its steps and, without a timeout, to a default wall budget;
+        never past what the study has left."""
         watchdog = replace(self.watchdog, max_steps=ctx.max_steps)  # bounded even if the script ignores it
         if watchdog.trial_timeout_s is None:  # no trial runs unbounded
             watchdog = replace(
@@ -162,134 +168,25 @@ class Executor:
             watchdog.trial_timeout_s is None or time_left_s < watchdog.trial_timeout_s
         ):
             watchdog = replace(watchdog, trial_timeout_s=time_left_s)
+        return watchdog
 
-        beta = self.beta
-        baseline = None if spec.is_baseline else self.baseline_steps
-        shown = self.live.open(run_label(ctx.trial_dir.name), parser.open_phase) if self.live else None
-
-        class _Observer:
-            def __init__(self) -> None:
-                self.steps: list[StepMetrics] = []
-                self.problems: list[str] = []
-
-            def on_started(self, pid: int, pgid: int) -> None:
-                pass
-
-            def on_step(self, step: StepMetrics, estimate: Any) -> str | None:
-                # a run that cannot learn is stopped at once (classified UNHEALTHY below)
-                self.steps.append(step)
-                if shown is not None:
-                    shown.stepped(step.step)
-                self.problems = live_health(self.steps, beta=beta, baseline=baseline)
-                if self.problems:
-                    return f"stopped: {self.problems[0]}"
-                if estimate is None:
-                    return on_step(step.step, None, 0.0)
-                return on_step(step.step, estimate.throughput, estimate.throughput * (1 + estimate.rel_ci95))
-
-        t0 = time.time()
-        patterns = self.backend.failure_patterns()
-        try:
-            record = self._run(
-                plan,
-                parser,
-                ctx.trial_dir,
-                global_batch=ctx.global_batch,
-                watchdog=watchdog,
-                early_stop=self.early_stop,
-                observer=(observer := _Observer()),
-                samplers=shown.samplers(self.samplers) if shown is not None else self.samplers,
-                stop_event=self.stop_event,
-                patterns=patterns,
-                secrets=self.secrets,
-            )
-        except LaunchError as exc:
-            return not_launched(spec, self.secrets.learning(plan.argv, plan.env).mask(exc.message))
-        finally:
-            if shown is not None:
-                shown.close()
-        steps = list(record.steps)
-        steady = steady_estimate(steps, ctx.global_batch)
-        health: list[str] = []
-        # a run that died at exit after its last step finished its work: its health counts too
-        ended_well = (
-            record.stopped_by in ("early_stop", "pruned", "max_steps")
-            or (record.stopped_by is None and record.exit_code == 0)
-            or ran_every_step(record, ctx.max_steps)
-        )
-        if ended_well and steps:
-            health = health_check(
-                steps,
+    def _judging(self, spec: TrialSpec, ctx: TrialContext, budget_cut: bool) -> Judging:
+        """How a study's trial is judged: the backend's failure text and frames, every step expected,
+        the health gate against the baseline (stopping a run that cannot learn at once)."""
+        baseline = None if spec.is_baseline or self.baseline_steps is None else tuple(self.baseline_steps)
+        return Judging(
+            patterns=tuple(self.backend.failure_patterns()),
+            phase_frames=tuple(self.backend.phase_frames()),
+            steps_expected=ctx.max_steps,
+            health=HealthGate(
                 beta=self.beta,
                 max_completion_length=ctx.max_completion_length,
-                baseline=None if spec.is_baseline else self.baseline_steps,
-            )
-            if record.stopped_by == "pruned":  # stopped for its health: what the live check saw counts
-                health += [p for p in observer.problems if p not in health]
-        verdict = classify(record, patterns=patterns, health=health, steps_expected=ctx.max_steps)
-        mask = self.secrets.learning(plan.argv, plan.env)
-        status = verdict.status
-        failed_phase = trial_failure_phase(record, status, self.backend.phase_frames())
-        if (
-            status is TrialStatus.TIMEOUT
-            and record.stopped_by == "timeout"
-            and self._study_budget_cut(time_left_s, watchdog)
-        ):
-            status = TrialStatus.INTERRUPTED
-        flops = self.model_flops_per_step(spec) if self.model_flops_per_step else None
-        summary = None
-        try:
-            summary = summarize_trial(
-                ctx.trial_dir, steps, model_flops_per_step=flops, peak_flops=self.peak_flops
-            )
-        except (OSError, ValueError) as exc:  # a broken timeline must not lose the trial's result
-            summary = TimelineSummary.unreadable(f"timeline unreadable: {exc}")
-        peaks: list[int | None] = []
-        if summary is not None and summary.gpus:
-            peaks = [_peak(summary.gpu(g.index)) for g in self.hardware.gpus]
-        host_peak = summary.host.peak_rss_bytes if summary is not None else None
-        reason = verdict.reason
-        if status is TrialStatus.HOST_OOM:  # the figures must not contradict the reason
-            reason = host_oom_reason(
-                reason,
-                _bytes(summary.host.min_available_bytes) if summary is not None else None,
-                self.hardware.host.ram_total_bytes,
-            )
-        fw_mem = [s.values["memory_gib"] for s in steps if s.values.get("memory_gib") is not None]
-        fw_alloc = [
-            s.values["memory_allocated_gib"]
-            for s in steps
-            if s.values.get("memory_allocated_gib") is not None
-        ]
-        n_gpus = max(1, len(self.hardware.gpus))
-        if spec.is_baseline and status is TrialStatus.COMPLETE:
-            self.baseline_steps = steps
-        return TrialResult(
-            number=spec.number,
-            params=spec.params,
-            derived=spec.derived,
-            is_baseline=spec.is_baseline,
-            status=status,
-            reason=mask.mask(reason),
-            evidence=mask.mask(verdict.evidence) if verdict.evidence is not None else None,
-            exit_code=record.exit_code,
-            signal=record.signal,
-            steps=len(steps),
-            steady=steady
-            if status in (TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.UNHEALTHY)
-            else None,
-            health=health,
-            peak_mem_bytes=peaks,
-            framework_peak_mem_bytes=int(max(fw_mem) * 2**30) if fw_mem else None,
-            framework_alloc_peak_bytes=int(max(fw_alloc) * 2**30) if fw_alloc else None,
-            host_peak_rss_bytes=int(host_peak) if host_peak else None,
-            timeline_summary=summary,
-            started_wall_s=record.started_wall_s or t0,
-            duration_s=record.duration_s,
-            startup_s=record.startup_s,
-            gpu_seconds=record.duration_s * n_gpus,
-            failed_phase=failed_phase,
-            notes=[*record.notes, *([verdict.note] if verdict.note else [])],
+                baseline=baseline,
+                stop_early=True,
+            ),
+            model_flops_per_step=self.model_flops_per_step(spec) if self.model_flops_per_step else None,
+            peak_flops=self.peak_flops,
+            timeout_is_interruption=budget_cut,
         )
 
     def launch_refusal(self, spec: TrialSpec, ctx: TrialContext) -> str | None:
@@ -336,15 +233,6 @@ def _tracked(ctx: TrialContext, trackers: Trackers) -> tuple[TrialContext, dict[
 
 #: the longest single argument or variable Linux passes to a program (MAX_ARG_STRLEN: 32 pages)
 MAX_ARG_BYTES = 32 * 4096
-
-
-def _bytes(value: float | None) -> int | None:
-    return int(value) if value is not None else None
-
-
-def _peak(gpu: GpuSummary | None) -> int | None:
-    """A GPU's peak memory from the summary (None: the timeline did not sample that GPU)."""
-    return _bytes(gpu.peak_mem_bytes) if gpu is not None else None
 
 
 def argv_too_long(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
@@ -394,10 +282,10 @@ def not_launched(spec: TrialSpec, why: str) -> TrialResult:
     """The result of a trial whose command could not be rendered or started: INVALID, with one line
     (bounded: a 20 MB argument is not copied into the result)."""
     text = " ".join(plain(why).split())
-    return TrialResult(
-        number=spec.number,
-        params=dict(spec.params),
-        derived=dict(spec.derived),
+    return TrialResult.not_launched(
+        spec.number,
+        spec.params,
+        derived=spec.derived,
         is_baseline=spec.is_baseline,
         status=TrialStatus.INVALID,
         reason=(text[:300] + "…") if len(text) > 300 else text,

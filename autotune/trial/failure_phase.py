@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from autotune.backends._base import PhaseFrame
 from autotune.records import TrialStatus
 from autotune.trial.evidence import strip_rank_prefix
-from autotune.trial.runner import RunRecord
+from autotune.trial.run_record import RunRecord
 
 __all__ = ["COMMON_PHASE_FRAMES", "PHASES", "failure_phase", "traceback_frames", "trial_failure_phase"]
 

@@ -25,7 +25,7 @@ from autotune.trial.evidence import (
     raised_error_line,
     strip_rank_prefix,
 )
-from autotune.trial.runner import RunRecord
+from autotune.trial.run_record import RunRecord
 
 __all__ = [
     "COMMON_PATTERNS",

@@ -9,6 +9,8 @@ time; see :mod:`autotune.trial.confine`).
 
 - :func:`terminate_group` ends a group and its known descendants (SIGTERM, grace, SIGKILL).
 - :func:`end_marked` ends what carries a trial's marker, after the trial, whatever its end.
+- :func:`end_trial` ends one trial after its watch: its group, stragglers, what carries its marker and
+  what is left in its cgroup.
 - :func:`reap_orphan` ends what a killed autotune left of a trial, when the study resumes; only when
   the autotune run that started it is provably dead.
 """
@@ -20,22 +22,26 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from autotune.studydir import TrialDir
-from autotune.trial.confine import TrialCgroup
+from autotune.trial.confine import Confinement, TrialCgroup
 
 __all__ = [
     "MARKER_ENV",
+    "TrialEnd",
     "alive_pids",
     "create_time_of",
     "descendants_of",
     "owner_alive",
     "end_marked",
+    "end_trial",
     "marked_processes",
     "new_marker",
     "outside_group",
@@ -263,6 +269,75 @@ def end_marked(marker: str, grace_s: float = 5.0) -> tuple[list[int], list[int]]
         _send(fresh.values(), -1, signal.SIGKILL)
         left = _wait_gone(list(fresh.values()), 2.0)
     return ended, sorted(p.pid for p in left)
+
+
+@dataclass(frozen=True)
+class TrialEnd:
+    """What ending a trial's processes took (:func:`end_trial`).
+
+    Attributes:
+        killed_pids: the pids that needed SIGKILL, then those ended after leaving the trial's group.
+        notes: one line each for what the lead may want to know (a process that did not exit after
+            SIGKILL, processes that had left the group, survivors).
+    """
+
+    killed_pids: list[int]
+    notes: list[str]
+
+
+def end_trial(
+    proc: subprocess.Popen[bytes],
+    known: dict[int, float | None],
+    *,
+    marker: str,
+    confinement: Confinement | None,
+    grace_s: float,
+) -> TrialEnd:
+    """Stop a trial if it still runs, reap it, end stragglers; safe when the process already ended.
+
+    Touches only the trial's own group and the descendants seen (:func:`terminate_group`), then what
+    carries its ``marker`` (:func:`end_marked`) and what is left in its cgroup (``confinement``).
+    Afterwards the process is reaped (``proc.returncode`` is set), unless the kernel could not deliver
+    SIGKILL: a note says so.
+
+    Args:
+        proc: the trial's process, leader of its own group (``pgid == pid``).
+        known: the trial's pid and every descendant seen → create time; descendants still running
+            are added to it.
+        marker: the trial's :data:`MARKER_ENV` value.
+        confinement: the trial's cgroup (or subreaper), when it has one.
+        grace_s: seconds between SIGTERM and SIGKILL.
+    """
+    pid = pgid = proc.pid
+    notes: list[str] = []
+    killed: list[int] = []
+    if proc.poll() is None:
+        known.update({p: t for p, t in descendants_of(pid).items() if p not in known})
+    left = outside_group(pgid, known)  # seen by a scan, but no longer in the trial's group
+    if proc.poll() is None:
+        killed = terminate_group(pgid, known, grace_s)
+    try:
+        proc.wait(timeout=grace_s + 5)
+    except subprocess.TimeoutExpired:  # only if the kernel cannot deliver SIGKILL
+        notes.append(f"trial process {pid} did not exit after SIGKILL")
+    # Stragglers left in the group after the main process ended, and escaped descendants.
+    killed += [p for p in terminate_group(pgid, known, grace_s) if p not in killed]
+    # Processes that left the group unseen (setsid, double fork) still carry the trial's marker, and
+    # stay in the trial's cgroup whatever they did to their environment.
+    escaped, survivors = end_marked(marker, grace_s)
+    escaped += [p for p in left if p not in escaped and p not in alive_pids(left)]
+    if confinement is not None:
+        jailed, stuck = confinement.end(grace_s)
+        escaped += [p for p in jailed if p not in escaped and p not in killed]
+        survivors += [p for p in stuck if p not in survivors]
+    if escaped:
+        notes.append(
+            f"ended {len(escaped)} process(es) that had left the trial's process group: "
+            + ", ".join(map(str, escaped))
+        )
+    if survivors:
+        notes.append("processes of this trial survived SIGKILL: " + ", ".join(map(str, survivors)))
+    return TrialEnd(killed_pids=killed + [p for p in escaped if p not in killed], notes=notes)
 
 
 def reap_orphan(trial_dir: Path, *, grace_s: float = 5.0) -> str | None:

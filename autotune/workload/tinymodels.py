@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.cachedir import default_cache_dir
 from autotune.errors import UsageError
 
-__all__ = ["TINY_MODELS", "TinyModelSpec", "default_cache_dir", "ensure_model", "is_tiny", "model_dir"]
+__all__ = ["TINY_MODELS", "TinyModelSpec", "ensure_model", "is_tiny", "model_dir"]
 
 #: bump when the recipe changes (tokenizer corpus, chat template, config fields): older builds are rebuilt.
 RECIPE_VERSION = 1
@@ -81,16 +82,6 @@ def is_tiny(name: str) -> bool:
     return name in TINY_MODELS
 
 
-def default_cache_dir() -> Path:
-    """``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``."""
-    explicit = os.environ.get("AUTOTUNE_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "autotune"
-
-
 def model_dir(name: str, cache_dir: Path | None = None) -> Path:
     """Where ``ensure_model(name, cache_dir)`` puts the model (built or not)."""
     return (cache_dir if cache_dir is not None else default_cache_dir()) / "models" / name
@@ -118,7 +109,7 @@ def ensure_model(name: str, cache_dir: Path | None = None, *, seed: int = 0) -> 
 
     Args:
         name: one of :data:`TINY_MODELS`.
-        cache_dir: cache root; default :func:`default_cache_dir`. The model lands in
+        cache_dir: cache root; default :func:`autotune.cachedir.default_cache_dir`. The model lands in
             ``<cache_dir>/models/<name>/``.
         seed: seed of the tokenizer corpus and the weights.
 

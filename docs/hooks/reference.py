@@ -15,7 +15,6 @@ from typing import Any
 
 KNOB_MARKER = "<!-- autotune:knob-reference -->"
 CLI_MARKER = "<!-- autotune:cli-reference -->"
-DEFAULT_PANEL = "Options"
 
 
 def _cell(text: Any) -> str:
@@ -75,21 +74,16 @@ def knob_reference() -> str:
     return "\n".join(out)
 
 
+def _row(names: str, help_text: str) -> str:
+    return f"| `{names}` | {_cell(help_text)} |"
+
+
 def _option_rows(command: Any, ctx: Any) -> dict[str, list[str]]:
-    """The command's options as table rows, grouped by their help panel (typer's ``rich_help_panel``)."""
-    panels: dict[str, list[str]] = {}
-    for param in command.get_params(ctx):
-        if getattr(param, "hidden", False):
-            continue
-        record = param.get_help_record(ctx)
-        if record is None:
-            continue
-        names, help_text = record
-        panel = getattr(param, "rich_help_panel", None) or (
-            "Arguments" if param.param_type_name == "argument" else DEFAULT_PANEL
-        )
-        panels.setdefault(panel, []).append(f"| `{names}` | {_cell(help_text)} |")
-    return panels
+    """The command's options as table rows, grouped by their help panel as ``-h`` groups them."""
+    return {
+        panel: [_row(*param.get_help_record(ctx)) for param in params]
+        for panel, params in command.panels(ctx).items()
+    }
 
 
 def cli_reference() -> str:

@@ -21,7 +21,7 @@ from autotune.backends.command import CommandBackend
 from autotune.backends.trl.backend import TrlBackend
 from autotune.backends.verl.backend import VerlBackend
 from autotune.records import GpuInfo, LaunchPlan, TrialSpec
-from autotune.trial.runner import _child_env
+from autotune.trial.launch import child_env as _child_env
 from tests.backends import test_command as command_t
 from tests.backends.test_swift import test_swift_backend as swift_t
 from tests.backends.test_trl import test_trl_backend as trl_t

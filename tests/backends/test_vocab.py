@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from autotune.backends._vocab import SHARED_ARGS
-from autotune.backends.swift.config import TRL_NAMES as SWIFT_TO_TRL
+from autotune.backends._vocab import TRL_NAMES as SWIFT_TO_TRL
 
 
 @pytest.mark.trl

@@ -191,3 +191,38 @@ def test_links_planted_in_a_study_are_never_written_through(tmp_path: Path) -> N
     assert "trials/2: a symbolic link where the study keeps its own directory" in one_error_line(third)
     assert list(elsewhere.iterdir()) == []
     assert {n: r["status"] for n, r in results(out).items()} == {0: "COMPLETE", 1: "COMPLETE"}
+
+
+def read_only(path: Path, args: list[str]) -> list[str]:
+    """``args`` run with ``path`` read-only: chmod 0444, or, for root (whom a mode does not stop), a
+    read-only bind mount of the file onto itself in a mount namespace of that command alone."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        return args
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount --bind '{path}' '{path}' && mount -o remount,bind,ro '{path}'"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode:
+        pytest.skip(f"root, and no read-only bind mount here: {probe.stderr.strip()}")
+    mount = f"mount --bind '{path}' '{path}' && mount -o remount,bind,ro '{path}' && exec \"$@\""
+    return ["unshare", "-m", "sh", "-c", mount, "sh", *args]
+
+
+def test_a_read_only_study_db_exits_74_naming_the_file_not_a_storage_flag(tmp_path: Path) -> None:
+    """Issue 41, defect 9: a read-only ``study.db`` was "cannot open the study's own storage ... Restore
+    study.db from a backup" with exit 2 (Optuna's "exception during the commit" hid SQLite's words)."""
+    space = tmp_path / "s.yaml"
+    space.write_text("backend: command\nknobs:\n  bs: {type: int, choices: [1, 2, 3], default: 1}\n")
+    out = tmp_path / "study"
+    cmd = ("--mode", "ok", "--steps", "3", "--step-s", "0.01")
+    assert run(search(out, space, trials=1, cmd=cmd)).returncode == 0
+    db = out / "study.db"
+    proc = run(read_only(db, search(out, space, trials=2, cmd=cmd)))
+    assert proc.returncode == EX_IOERR, proc.stderr
+    line = one_error_line(proc)
+    assert line.startswith(f"error: cannot write the study storage {db}: ") and "readonly database" in line
+    assert "--storage" not in line and "backup" not in line
+    assert "Make the file and its directory writable" in line and "run the same command again" in line
+    assert set(results(out)) == {0}  # nothing launched

@@ -93,3 +93,26 @@ def test_a_benchmark_that_breaks_is_a_fail_line_and_the_cache_is_untouched(tmp_p
     assert finding.status is Status.FAIL and "no kernel image" in finding.detail
     assert "catalog's peaks" in finding.fix
     assert outcome.peaks is None and cached_peaks(None, tmp_path) is None
+
+
+def test_peaks_measured_but_not_cacheable_blame_the_cache_not_the_machine(tmp_path: Path) -> None:
+    """Issue 41, defect 9: a cache that cannot be written was "the host benchmark failed … Fix: Run
+    `autotune doctor` without --bench"; the measurement worked, the folder is what to fix."""
+    (tmp_path / "file").write_text("not a folder")
+    numbers = GpuPeakNumbers(
+        device=H100,
+        n_devices=1,
+        matmul_flops_per_s=700e12,
+        memory_bytes_per_s=2.9e12,
+        host_to_device_bytes_per_s=50e9,
+        allreduce_bus_bytes_per_s=None,
+    )
+    outcome = run_bench(gpu_facts(1), seconds=0.1, cache_dir=tmp_path / "file", gpu=lambda n, s: numbers)
+    (finding,) = outcome.findings
+    assert finding.status is Status.FAIL
+    assert finding.detail.startswith(
+        f"measured, but the peaks cannot be cached: cannot write {tmp_path / 'file'}"
+    )
+    assert "benchmark failed" not in finding.detail
+    assert finding.fix.startswith("Set AUTOTUNE_CACHE_DIR to a folder this user can write")
+    assert outcome.cache_path is None

@@ -328,7 +328,39 @@ CASES: list[tuple[str, str, Callable[[], Facts], Status, str, str]] = [
         "32 MiB free",
         "Free space under",
     ),
-    ("disk-unreadable", "disk", lambda: _cpu(disk_free_bytes=None), Status.WARN, "cannot read", "Free space"),
+    (
+        "disk-unreadable",
+        "disk",
+        lambda: _cpu(disk_free_bytes=None),
+        Status.WARN,
+        "cannot read",
+        "a local folder",
+    ),
+    (  # issue 41: a folder this user cannot write is a permission, not a full disk
+        "disk-unwritable",
+        "disk",
+        lambda: _cpu(out_problem="/work: Permission denied", disk_free_bytes=None),
+        Status.FAIL,
+        "cannot write --out /work/runs (/work: Permission denied)",
+        "Let this user read and write /work (chmod, chown), or pass --out a folder it can write",
+    ),
+    # the cache
+    (
+        "cache-ok",
+        "cache",
+        lambda: _cpu(cache_dir=Path("/c/autotune")),
+        Status.OK,
+        "/c/autotune can be written",
+        "",
+    ),
+    (
+        "cache-unwritable",
+        "cache",
+        lambda: _cpu(cache_dir=Path("/c/autotune"), cache_problem="/c: Permission denied"),
+        Status.WARN,
+        "cannot write the cache /c/autotune (/c: Permission denied)",
+        "Set AUTOTUNE_CACHE_DIR to a folder this user can write, or let it write /c",
+    ),
     # host RAM
     ("ram-no-model", "host-ram", lambda: _cpu(), Status.OK, "give --model", ""),
     (
@@ -477,6 +509,18 @@ def test_out_dir_that_does_not_exist_yet_is_measured_on_its_parent(tmp_path: Pat
 
     host = host_facts(tmp_path / "a" / "b")
     assert host.disk_free_bytes is not None and host.disk_free_bytes > 0
+    assert host.out_problem is None and not (tmp_path / "a").exists()  # proved writable, nothing left
+
+
+def test_the_folder_that_stops_a_write_is_named(tmp_path: Path) -> None:
+    from autotune.writable import unwritable_reason
+
+    (tmp_path / "file").write_text("x")
+    assert unwritable_reason(tmp_path / "file" / "runs") == f"{tmp_path / 'file'}: Not a directory"
+    assert unwritable_reason(tmp_path / "file") == f"{tmp_path / 'file'}: not a directory"
+    assert unwritable_reason(Path("/proc/x")) == "/proc: No such file or directory"
+    assert unwritable_reason(tmp_path / "new" / "deeper") is None
+    assert list(tmp_path.iterdir()) == [tmp_path / "file"]
 
 
 def test_offload_need_is_the_estimators_zero3_host_states() -> None:

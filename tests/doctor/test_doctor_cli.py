@@ -112,3 +112,52 @@ def test_preflight_that_cannot_read_the_machine_lets_the_search_go_on(
     monkeypatch.setattr(_facts, "gather_facts", broken)
     report = preflight(tmp_path)
     assert report.exit_code == 0 and "PermissionError: /proc is not mounted" in report.findings[0].detail
+
+
+def _as_a_user(args: list[str]) -> list[str]:
+    """``args`` run by an unprivileged user: modes stop it, as they stop every user but root."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return args
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to run the doctor as another user")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *args]
+
+
+def test_an_unreadable_folder_and_an_unwritable_cache_are_named_with_their_fix() -> None:
+    """Issue 41, defect 9: ``--out`` under a folder this user cannot enter was "cannot read the free
+    space … Fix: Free space under …", and a cache it cannot write said nothing (or, with --bench, "the
+    host benchmark failed … run `autotune doctor` without --bench")."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tests.cli.conftest import autotune_exe
+
+    place = Path(tempfile.mkdtemp(prefix="autotune-doctor-", dir="/tmp"))  # reachable by any user
+    try:
+        place.chmod(0o755)
+        shut, cache = place / "shut", place / "cache"
+        shut.mkdir(mode=0o000)
+        cache.mkdir(mode=0o555)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HOME": str(place), "AUTOTUNE_CACHE_DIR": str(cache)}
+        args = _as_a_user([autotune_exe(), "doctor", "--json", "--out", str(shut / "runs")])
+        proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=place)
+        found = {f["check"]: f for f in json.loads(proc.stdout)["findings"]}
+        disk, cached = found["disk"], found["cache"]
+        assert (
+            disk["status"] == "fail"
+            and disk["detail"] == f"cannot write --out {shut}/runs ({shut}: Permission denied)"
+        )
+        assert disk["fix"].startswith(f"Let this user read and write {shut} (chmod, chown)")
+        assert "Free space" not in disk["fix"]
+        assert cached["status"] == "warn" and cached["detail"].startswith(
+            f"cannot write the cache {cache} ({cache}: Permission denied)"
+        )
+        assert cached["fix"].startswith("Set AUTOTUNE_CACHE_DIR to a folder this user can write")
+    finally:
+        (place / "shut").chmod(0o755)
+        shutil.rmtree(place)

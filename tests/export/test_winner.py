@@ -7,21 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from autotune.app.export import export_study
+from autotune.app.export import export_study, load_study_winner
 from autotune.errors import NothingToRecommend, UsageError
-from autotune.export import load_winner
 from tests.export.conftest import edit_result
 
 
 def test_the_recommendation_is_exported_by_default(fixture_study: Path) -> None:
-    winner = load_winner(fixture_study)
+    winner = load_study_winner(fixture_study)
     assert winner.number == 3 and winner.recommended
     assert winner.why.startswith("fastest healthy trial")
     assert winner.launch is not None and winner.launch.argv[0] == "swift"
 
 
 def test_another_complete_trial_can_be_chosen(fixture_study: Path) -> None:
-    winner = load_winner(fixture_study, trial=6)
+    winner = load_study_winner(fixture_study, trial=6)
     assert winner.number == 6 and not winner.recommended and winner.why == "chosen with --trial 6"
     text = export_study(fixture_study, "swift", trial=6).files["command.sh"]
     assert "--per_device_train_batch_size 1" in text and "--gradient_accumulation_steps 8" in text
@@ -35,21 +34,21 @@ def test_a_trial_that_is_not_complete_is_refused_with_its_status(
     fixture_study: Path, number: int, status: str
 ) -> None:
     with pytest.raises(UsageError) as info:
-        load_winner(fixture_study, trial=number)
+        load_study_winner(fixture_study, trial=number)
     assert f"trial {number} is {status}" in info.value.one_line()
     assert "not COMPLETE" in info.value.one_line()
 
 
 def test_a_missing_trial_is_refused_with_the_trials_on_disk(fixture_study: Path) -> None:
     with pytest.raises(UsageError, match=r"trial 99 is not in .*Pick one of the trials on disk: 0, 1, 2"):
-        load_winner(fixture_study, trial=99)
+        load_study_winner(fixture_study, trial=99)
 
 
 def test_not_a_study_directory(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is not a study directory"):
-        load_winner(tmp_path)
+        load_study_winner(tmp_path)
     with pytest.raises(UsageError, match="is not a directory"):
-        load_winner(tmp_path / "missing")
+        load_study_winner(tmp_path / "missing")
 
 
 def test_no_recommendation_says_why(fixture_study: Path) -> None:
@@ -58,7 +57,7 @@ def test_no_recommendation_says_why(fixture_study: Path) -> None:
         if data["status"] == "COMPLETE":
             edit_result(fixture_study, int(path.name), status="OOM", steady=None)
     with pytest.raises(NothingToRecommend) as info:
-        load_winner(fixture_study)
+        load_study_winner(fixture_study)
     assert info.value.exit_code == 3  # not a usage error: the study is fine, it found nothing
     message = info.value.one_line()
     assert "no recommendation: no healthy trial with memory headroom" in message
@@ -67,8 +66,8 @@ def test_no_recommendation_says_why(fixture_study: Path) -> None:
 
 
 def test_the_verdict_and_interval_travel_with_the_export(fixture_study: Path) -> None:
+    from autotune.recommend import recommend
     from autotune.records import Confirmation, ConfirmRun, TrialStatus
-    from autotune.study.recommend import recommend
     from autotune.study.verdict import judge
     from autotune.studydir import StudyDir
 

@@ -98,13 +98,12 @@ def test_a_secret_looking_value_is_read_from_the_environment_whatever_its_name(f
 
 
 def test_a_name_the_user_declares_secret_is_never_exported(fixture_study: Path) -> None:
-    from autotune.app.export import export_winner
-    from autotune.export import load_winner
+    from autotune.app.export import export_winner, load_study_winner
     from tests.export.conftest import edit_settings
 
     fixed = json.loads((fixture_study / "study.json").read_text())["fixed"]
     edit_settings(fixture_study, fixed={**fixed, "run_label": "s3cr3t-label"})
-    winner = load_winner(fixture_study, secret_names=("run-label",))
+    winner = load_study_winner(fixture_study, secret_names=("run-label",))
     for fmt in ("swift", "json"):
         assert all("s3cr3t-label" not in text for text in export_winner(winner, fmt).files.values()), fmt
 

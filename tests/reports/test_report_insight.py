@@ -159,3 +159,44 @@ def test_importance_names_its_method() -> None:
     rows = [(1.0, 1, True), (2.0, 2, True), (3.0, 4, False), (2.5, 4, True), (1.5, 1, False)]
     imp = param_importances([result(n, tp, bs=bs, ckpt=ck) for n, (tp, bs, ck) in enumerate(rows)])
     assert imp.method == "PED-ANOVA" and "PED-ANOVA" in imp.note and "fANOVA" in imp.note
+
+
+#: 12 trials where the fastest few all ran one dataloader worker: PED-ANOVA (what separates the fastest
+#: from the rest) ranks workers second, fANOVA (variance over all trials, optuna-dashboard's) ranks
+#: gradient checkpointing second
+_DISAGREE = [
+    (3.22, 1, True, 0), (2.21, 2, False, 1), (3.78, 1, True, 1), (2.54, 4, False, 2),
+    (3.43, 1, True, 1), (3.78, 4, False, 1), (3.46, 2, True, 0), (1.27, 2, False, 0),
+    (5.59, 4, True, 1), (3.96, 4, False, 1), (7.43, 8, True, 1), (6.56, 8, True, 1),
+]  # fmt: skip
+
+
+def _disagreeing() -> list[TrialResult]:
+    return [result(n, tp, bs=bs, ckpt=ck, workers=w) for n, (tp, bs, ck, w) in enumerate(_DISAGREE)]
+
+
+def test_where_fanova_orders_the_knobs_differently_both_are_given() -> None:
+    pytest.importorskip("sklearn")
+    imp = param_importances(_disagreeing())
+    assert list(imp.values) == ["bs", "workers", "ckpt"]
+    assert list(imp.fanova) == ["bs", "ckpt", "workers"]
+    assert sum(imp.fanova.values()) == pytest.approx(1.0)
+    assert "orders the knobs differently here: both are shown" in imp.note
+    # the same trials, the same numbers (the forest is seeded)
+    assert param_importances(_disagreeing()).fanova == imp.fanova
+
+
+def test_where_the_methods_agree_only_one_is_given() -> None:
+    pytest.importorskip("sklearn")
+    rows = [(1.0, 1, True), (2.0, 2, True), (3.0, 4, False), (2.5, 4, True), (1.5, 1, False)]
+    imp = param_importances([result(n, tp, bs=bs, ckpt=ck) for n, (tp, bs, ck) in enumerate(rows)])
+    assert imp.fanova == {} and "orders the knobs the same here" in imp.note
+
+
+def test_without_scikit_learn_the_note_says_how_to_see_fanova(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # `import sklearn` raises ImportError
+    imp = param_importances(_disagreeing())
+    assert imp.fanova == {} and list(imp.values) == ["bs", "workers", "ckpt"]
+    assert "install scikit-learn to see it beside this one" in imp.note

@@ -335,3 +335,27 @@ def test_markdown_text_keeps_a_plain_less_than_readable() -> None:
 
     assert md_text("peak < 80 % of capacity & rising") == "peak < 80 % of capacity & rising"
     assert md_text("<img src=x>") == "&lt;img src=x>" and md_text("&amp;") == "&amp;amp;"
+
+
+def test_both_importance_methods_are_tabled_where_they_disagree(
+    tmp_path: Path, fixture_study: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.reports import _render
+    from autotune.reports.insight import Importance
+
+    root = tmp_path / "study"
+    shutil.copytree(fixture_study, root)
+    imp = Importance(
+        {"bs": 0.7, "workers": 0.25, "ckpt": 0.05},
+        "both are shown",
+        "PED-ANOVA",
+        {"bs": 0.8, "ckpt": 0.15, "workers": 0.05},
+    )
+    monkeypatch.setattr(_render, "param_importances", lambda results: imp)
+    paths = render_study(root, png=False)
+    md = paths.markdown.read_text()
+    assert "| knob | importance | fANOVA |" in md
+    assert "| workers | 0.25 | 0.05 |" in md and "| ckpt | 0.05 | 0.15 |" in md
+    html = paths.html.read_text()
+    assert "<th>PED-ANOVA</th><th>fANOVA</th>" in html
+    assert '<td>workers</td><td class="num">0.25</td><td class="num">0.05</td>' in html

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from autotune.reports import render_study
 
+from autotune.recommend import recommend
 from autotune.records import Confirmation, ConfirmRun, Recommendation, TrialStatus
-from autotune.study.recommend import recommend
 from autotune.study.verdict import METHOD, judge
 from autotune.studydir import StudyDir
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.recommend import recommend, vllm_pool_bytes
 from autotune.records import GpuInfo, Hardware, HostInfo, SteadyEstimate, TrialResult, TrialStatus
-from autotune.study.recommend import recommend, vllm_pool_bytes
 
 GIB = 2**30
 HARDWARE = Hardware(

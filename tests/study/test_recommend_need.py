@@ -7,8 +7,8 @@ recommended nothing, while the trainer ran at 98 GB after generate's cache was h
 
 from __future__ import annotations
 
+from autotune.recommend import headroom_bytes, needed_bytes, recommend
 from autotune.records import GpuInfo, Hardware, HostInfo, SteadyEstimate, TrialResult, TrialStatus
-from autotune.study.recommend import headroom_bytes, needed_bytes, recommend
 
 H200_TOTAL = 150_754_820_096
 NVML_PEAK = 150_732_668_928

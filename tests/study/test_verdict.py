@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from autotune.recommend import headline, speedup_text
 from autotune.records import (
     Confirmation,
     ConfirmRun,
@@ -18,7 +19,7 @@ from autotune.records import (
     TrialResult,
     TrialStatus,
 )
-from autotune.study.verdict import RunTime, headline, judge, not_remeasured, speedup_interval, speedup_text
+from autotune.study.verdict import RunTime, judge, not_remeasured, speedup_interval
 
 T975_DF2 = 4.303  # Student t, two-sided 95 %, 2 degrees of freedom (any printed table)
 T975_DF3 = 3.182

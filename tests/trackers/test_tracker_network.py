@@ -29,30 +29,39 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A server that accepts connections and never answers a byte."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
+class SilentServer:
+    """A server that accepts connections and never answers a byte (``accepted``: the connections)."""
 
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
+    def __init__(self) -> None:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(16)
+        self.port = int(self.socket.getsockname()[1])
+        self.accepted: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        self.socket.settimeout(0.2)
+        while not self.stop.is_set():
             try:
-                held.append(server.accept()[0])
+                self.accepted.append(self.socket.accept()[0])
             except OSError:
                 continue
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for conn in self.accepted:
+            conn.close()
+        self.socket.close()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[SilentServer]:
+    server = SilentServer()
+    yield server
     server.close()
 
 
@@ -86,9 +95,9 @@ def test_mlflow_at_a_closed_port_is_one_line_without_minutes_of_retries(
 
 
 def test_mlflow_that_never_answers_does_not_hang_the_study(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, silent_server: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, silent_server: SilentServer
 ) -> None:
-    line = start_against(silent_server, tmp_path, monkeypatch)
+    line = start_against(silent_server.port, tmp_path, monkeypatch)
     assert f"no answer within {TIMEOUT_S:g} s" in line
 
 
@@ -123,3 +132,52 @@ def test_an_unusable_tensorboard_dir_is_one_line_before_any_trial(
     trackers = Trackers(["tensorboard"], TRACKERS)
     with pytest.raises(UsageError, match="TENSORBOARD_LOGGING_DIR"):
         trackers.start(StudyPlace(name="demo", directory=tmp_path / "study"))
+
+
+def test_sigterm_while_the_tuner_waits_on_a_silent_tracker_stops_it_resumable(
+    tmp_path: Path, silent_server: SilentServer
+) -> None:
+    """Issue 41, defect 8: SIGTERM while ``--report-to mlflow`` waited on a server that never answers
+    was ignored until the tracker's time ran out (60 s), then the study ended with exit 2 and the
+    tracker's error, no "resume with:" line. The first signal now ends the wait."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.cli.conftest import autotune_exe
+
+    space = tmp_path / "s.yaml"
+    space.write_text("backend: command\nknobs:\n  bs: {type: int, choices: [1, 2], default: 1}\n")
+    fault = str(Path(__file__).resolve().parents[1] / "fixtures" / "faults" / "fault.py")
+    args = [
+        autotune_exe(), "search", "--backend", "command", "--space", str(space), "--out", str(tmp_path / "study"),
+        "--search", "grid", "--trials", "2", "--confirm-runs", "0", "--report-to", "mlflow",
+        "--", sys.executable, fault, "--mode", "ok", "--steps", "3", "--step-s", "0.01",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{silent_server.port}",
+    }
+    tuner = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + BOUND_S
+        while not silent_server.accepted:  # the tuner is now waiting on the tracker's answer
+            assert tuner.poll() is None, tuner.communicate()
+            assert time.monotonic() < deadline, "the tuner never called the tracker"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        tuner.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        stdout, stderr = tuner.communicate(timeout=BOUND_S)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    waited_s = time.monotonic() - signalled
+    assert waited_s < 30, f"{waited_s:.0f} s after SIGTERM (the tracker's own timeout is 60 s)"
+    assert tuner.returncode == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    assert "resume with: autotune search" in stdout
+    assert "no answer within" not in stdout + stderr
+    assert not (tmp_path / "study" / "trials" / "0").exists()  # stopped before any trial

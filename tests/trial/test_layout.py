@@ -13,6 +13,11 @@ from autotune.studydir import StudyDir, TrialDir
 PACKAGE = Path(autotune.__file__).parent
 TRIAL_FILES = [
     "trial/runner.py",
+    "trial/launch.py",
+    "tail.py",
+    "trial/watchdog.py",
+    "trial/run_record.py",
+    "trial/pipeline.py",
     "trial/execute.py",
     "trial/outcome.py",
     "trial/evidence.py",

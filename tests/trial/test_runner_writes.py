@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import queue
 import sys
 import threading
 from pathlib import Path
@@ -20,8 +19,9 @@ import pytest
 from autotune.backends.command import CommandParser
 from autotune.errors import WriteError
 from autotune.records import LaunchPlan
+from autotune.tail import OutputQueue, pump_pipe
 from autotune.trial import runner as runner_mod
-from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, _pump, run_trial
+from autotune.trial.runner import EarlyStopConfig, WatchdogConfig, run_trial
 
 FAULT = Path(__file__).parents[1] / "fixtures" / "faults" / "fault.py"
 FAST = WatchdogConfig(startup_timeout_s=20, hang_k=3, hang_floor_s=30, grace_s=0.5, poll_interval_s=0.05)
@@ -69,7 +69,7 @@ def assert_group_gone(trial_dir: Path) -> None:
 
 def test_the_pump_keeps_draining_after_its_log_fails() -> None:
     read_fd, write_fd = os.pipe()
-    segments: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    segments = OutputQueue(bound_bytes=1 << 30)  # room for every line: the test counts them
     failures: list[OSError] = []
     total = 8 << 20  # far more than a pipe holds: a pump that stopped reading would block the writer
 
@@ -81,7 +81,7 @@ def test_the_pump_keeps_draining_after_its_log_fails() -> None:
     t = threading.Thread(target=writer)
     t.start()
     with open("/dev/full", "wb", buffering=0) as log:
-        _pump(read_fd, "stdout", log, segments, failures.append)
+        pump_pipe(read_fd, "stdout", log, segments, failures.append)
     t.join(timeout=60)
     os.close(read_fd)
     assert not t.is_alive(), "the writer blocked: the pipe was not drained"

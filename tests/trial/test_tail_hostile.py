@@ -81,7 +81,7 @@ def test_an_endless_line_is_dropped_in_bounded_steps(tmp_path: Path) -> None:
     got: list[bytes] = []
     for _ in range(40):
         got += tail.lines()
-        assert len(tail._partial) <= tail.line_bytes  # memory stays bounded between reads
+        assert tail.pending_bytes <= tail.line_bytes  # memory stays bounded between reads
     assert got == [b'{"step": 1}', b'{"step": 2}'] and tail.dropped_lines == 1
 
 
@@ -96,12 +96,10 @@ def test_a_regular_metrics_file_is_read_line_by_line(tmp_path: Path) -> None:
     assert tail.lines() == [b"bc"] and tail.rest() == b""
 
 
-def test_the_stdout_pump_cuts_long_segments_and_splits_on_both_separators() -> None:
-    """The pump keeps a segment without separator as pieces (linear in its length) and cuts it at
-    1 MiB; ``\\r`` and ``\\n`` both end a segment (bench/pump_drain.py gives the drain rate)."""
-    import queue
-
-    from autotune.trial.runner import _MAX_SEGMENT_BYTES, _pump
+def test_the_stdout_pump_skips_overlong_lines_and_splits_on_both_separators() -> None:
+    """The pump never keeps a line over the line bound (it is skipped to its end, counted); ``\\r`` and
+    ``\\n`` both end a line, ``\\r\\n`` is one end (bench/pump_drain.py gives the drain rate)."""
+    from autotune.tail import LINE_BYTES, OutputQueue, pump_pipe
 
     class Log:
         closed = False
@@ -113,10 +111,10 @@ def test_the_stdout_pump_cuts_long_segments_and_splits_on_both_separators() -> N
             self.closed = True
 
     read_fd, write_fd = os.pipe()
-    segments: queue.SimpleQueue = queue.SimpleQueue()
-    pump = threading.Thread(target=_pump, args=(read_fd, "stdout", Log(), segments, print), daemon=True)
+    segments = OutputQueue()
+    pump = threading.Thread(target=pump_pipe, args=(read_fd, "stdout", Log(), segments, print), daemon=True)
     pump.start()
-    payload = b"a\rb\n" + b"x" * (3 * _MAX_SEGMENT_BYTES + 5) + b"\nend"
+    payload = b"a\rb\r\nc\n" + b"x" * (3 * LINE_BYTES + 5) + b"\nend"
     view = memoryview(payload)
     while view:
         view = view[os.write(write_fd, view[: 1 << 16]) :]
@@ -126,7 +124,36 @@ def test_the_stdout_pump_cuts_long_segments_and_splits_on_both_separators() -> N
         texts.append(item[1])
     pump.join(BOUND_S)
     os.close(read_fd)
-    assert texts[:2] == ["a", "b"] and texts[-1] == "end"
-    long = texts[2:-1]
-    assert "".join(long) == "x" * (3 * _MAX_SEGMENT_BYTES + 5)
-    assert all(len(t) <= _MAX_SEGMENT_BYTES + (1 << 20) for t in long) and len(long) >= 3
+    assert texts == ["a", "b", "c", "end"]
+    assert segments.splitters["stdout"].overlong_lines == 1
+    (note,) = segments.notes()
+    assert note.startswith("1 stdout line(s) longer than 1 MiB (3 MiB) were not read")
+
+
+def test_the_output_queue_is_bounded_in_bytes_and_a_waiting_bar_gives_way_to_its_newer_state() -> None:
+    import queue
+
+    from autotune.tail import Line, OutputQueue
+
+    out = OutputQueue(bound_bytes=4096)
+    out.put_lines("stderr", [Line(b"10%", bar=True)], 1.0, 1.0)
+    out.put_lines("stderr", [Line(b"20%", bar=True)], 2.0, 2.0)  # replaces the 10% state still waiting
+    out.put_lines("stdout", [Line(b"a" * 1000) for _ in range(10)], 3.0, 3.0)  # only 3 fit the bound
+    out.end("stdout")
+    got = []
+    while True:
+        try:
+            got.append(out.get_nowait())
+        except queue.Empty:
+            break
+    assert [(s, t if t is None else t[:3]) for s, t, _, _ in got] == [
+        ("stderr", "20%"),
+        ("stdout", "aaa"),
+        ("stdout", "aaa"),
+        ("stdout", "aaa"),
+        ("stdout", None),
+    ]
+    assert out.collapsed_bars == 1 and out.oldest_mono() is None
+    assert out.notes() == [
+        "the trial wrote faster than autotune reads: 7 stdout line(s) (0.0 MiB) were not read; they are in stdout.log"
+    ]

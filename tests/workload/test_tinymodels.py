@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cachedir import default_cache_dir
 from autotune.errors import UsageError
-from autotune.workload.tinymodels import TINY_MODELS, default_cache_dir, ensure_model, is_tiny, model_dir
+from autotune.workload.tinymodels import TINY_MODELS, ensure_model, is_tiny, model_dir
 
 transformers = pytest.importorskip("transformers")
 

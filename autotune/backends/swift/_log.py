@@ -40,9 +40,9 @@ from typing import Any
 from autotune.backends._base import OpenPhase, PhaseMark, StepParser
 from autotune.backends._loglines import completion_tokens, parse_dict_literal
 from autotune.backends._phases import LinePhases
-from autotune.backends._values import as_number
 from autotune.records import StepMetrics
 from autotune.tail import FileTail
+from autotune.values import as_number
 
 __all__ = ["PHASE_MARKS", "SwiftLogParser", "is_step_record", "record_values"]
 

@@ -41,11 +41,10 @@ from autotune.backends._base import (
     StepParser,
     TrialContext,
 )
-from autotune.backends._values import as_bool, as_int
 from autotune.backends._versions import installed_versions
 from autotune.backends._vllm import DISTRIBUTIONS as VLLM_DISTRIBUTIONS
 from autotune.backends._vllm import cpu_thread_binding
-from autotune.backends._vllm import refusals as vllm_refusals
+from autotune.backends._vocab import SWIFT_KNOBS
 from autotune.backends.swift._args import (
     MIN_VERSION,
     SwiftFlags,
@@ -54,13 +53,15 @@ from autotune.backends.swift._args import (
     parse_version,
 )
 from autotune.backends.swift._log import SwiftLogParser
+from autotune.backends.swift._rules import CONTROLLED_FLAGS, fixed_flag_notices, start_rules
 from autotune.backends.swift.config import KNOB_FIELDS, PRESETS, canonical_args, describe_swift, preset_for
 from autotune.errors import BackendError, UsageError
-from autotune.fixed import UnknownFlag, flag_name
+from autotune.fixed import flag_name
 from autotune.jobconfig import JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, TrialSpec
 from autotune.studydir import TrialDir
+from autotune.values import as_bool, as_int
 
 __all__ = ["SwiftBackend", "CONTROLLED_FLAGS", "VLLM_ONLY_FLAGS", "DEMO_REWARD"]
 
@@ -76,38 +77,6 @@ _ASSETS = {
     SYNC_SHIM: files("autotune.backends") / SYNC_SHIM,
     PHASE_PLUGIN: files("autotune") / "assets" / PHASE_PLUGIN,
 }
-
-#: knob order of search_spaces/swift.yaml; ``num_processes`` is not an ms-swift flag.
-_KNOBS: tuple[str, ...] = (
-    "per_device_train_batch_size",
-    "gradient_checkpointing",
-    "dataloader_num_workers",
-    "num_processes",
-    "deepspeed",
-    "use_vllm",
-    "vllm_mode",
-    "vllm_gpu_memory_utilization",
-    "vllm_tensor_parallel_size",
-    "vllm_max_num_seqs",
-    "vllm_enforce_eager",
-    "sleep_level",
-    "offload_optimizer",
-    "offload_model",
-    "move_model_batches",
-)
-
-#: flags autotune sets for every trial; a fixed value for them is replaced (with a notice).
-CONTROLLED_FLAGS: tuple[str, ...] = (
-    "gradient_accumulation_steps",
-    "max_steps",
-    "logging_steps",
-    "save_strategy",
-    "eval_strategy",
-    "report_to",
-    "output_dir",
-    "add_version",
-    "seed",
-)
 
 #: flags that only mean something with vLLM; dropped from a trial that runs without it.
 VLLM_ONLY_FLAGS: frozenset[str] = frozenset(
@@ -161,7 +130,7 @@ class SwiftBackend(Backend):
     name: ClassVar[str] = "swift"
     display_name: ClassVar[str] = "ms-swift"
     space_name: ClassVar[str | None] = "swift"
-    knob_names: ClassVar[frozenset[str] | None] = frozenset(_KNOBS)
+    knob_names: ClassVar[frozenset[str] | None] = frozenset(SWIFT_KNOBS)
     knob_fields = KNOB_FIELDS
     # ms-swift's GRPO arguments (swift/llm/argument/rlhf_args.py, GRPOArgumentsMixin / RLHFArguments):
     # num_generations 8, max_completion_length 512, per_device_train_batch_size 1, and
@@ -332,7 +301,7 @@ class SwiftBackend(Backend):
         key = hashlib.sha1(str(Path(python).resolve()).encode()).hexdigest()[:12]
         cache_dir = self._flag_cache_dir
         if cache_dir is None:
-            from autotune.workload.tinymodels import default_cache_dir
+            from autotune.cachedir import default_cache_dir
 
             cache_dir = default_cache_dir() / "swift"
         cache = cache_dir / f"flags-{version}-{key}.json"
@@ -391,121 +360,14 @@ class SwiftBackend(Backend):
     ) -> list[RuleViolation]:
         """ms-swift's start-up validity rules (each would raise ``ValueError`` at launch), by stable name."""
         eff = self._effective(params, ctx)
-        out: list[RuleViolation] = []
         world = int(derived.get("world_size") or self._world_size(params, ctx))
-        pdbs = as_int(eff.get("per_device_train_batch_size", 1)) or 1
-        per_step = pdbs * world
-        G = ctx.num_generations
-        if ctx.global_batch % per_step != 0 or ctx.global_batch < per_step:
-            out.append(
-                RuleViolation(
-                    "global_batch_divisible",
-                    f"global batch {ctx.global_batch} is not a multiple of per_device_train_batch_size {pdbs} "
-                    f"× world size {world} = {per_step}",
-                )
-            )
-        ga = ctx.global_batch // per_step if ctx.global_batch % per_step == 0 else None
-        gen_batch = as_int(eff.get("generation_batch_size"))
-        steps_per_gen = as_int(eff.get("steps_per_generation"))
-        if gen_batch is not None and steps_per_gen is not None:
-            expected = per_step * steps_per_gen
-            if gen_batch != expected:
-                out.append(
-                    RuleViolation(
-                        "generation_batch_matches_steps",
-                        f"generation_batch_size {gen_batch} must equal per_device_train_batch_size {pdbs} × world "
-                        f"size {world} × steps_per_generation {steps_per_gen} = {expected}",
-                    )
-                )
-        elif gen_batch is not None and gen_batch % per_step != 0:
-            out.append(
-                RuleViolation(
-                    "generation_batch_divisible_by_batch",
-                    f"generation_batch_size {gen_batch} is not divisible by per_device_train_batch_size {pdbs} "
-                    f"× world size {world} = {per_step}",
-                )
-            )
-        if gen_batch is None:
-            spg = steps_per_gen if steps_per_gen is not None else ga
-            gen_batch = per_step * spg if spg is not None else None
-        if G < 2:
-            out.append(RuleViolation("num_generations_min", f"num_generations is {G}; GRPO needs at least 2"))
-        elif gen_batch is not None and gen_batch % G != 0:
-            out.append(
-                RuleViolation(
-                    "generation_batch_divisible_by_num_generations",
-                    f"generation batch {gen_batch} (completions per generation round) is not divisible by "
-                    f"num_generations {G}",
-                )
-            )
-        use_vllm = as_bool(eff.get("use_vllm", False))
-        mode = eff.get("vllm_mode", "colocate")  # a trial without one is rendered with colocate
-        if use_vllm:
-            out += [
-                RuleViolation(rule, message)
-                for rule, message in vllm_refusals(
-                    cpu_only=ctx.cpu_only,
-                    versions=self._info.extra if self._info is not None else None,
-                    server=mode == "server",
-                    sleep=(as_int(eff.get("sleep_level", 0)) or 0) > 0,
-                )
-            ]
-            if mode is None and self.flags().vllm_mode_required:
-                out.append(
-                    RuleViolation(
-                        "vllm_mode_required",
-                        f"use_vllm true needs vllm_mode colocate or server (ms-swift {self.flags().label} has no default)",
-                    )
-                )
-            if mode == "server" and not (eff.get("vllm_server_host") or eff.get("vllm_server_base_url")):
-                out.append(
-                    RuleViolation(
-                        "vllm_server_address",
-                        "vllm_mode server needs vllm_server_host or vllm_server_base_url among the fixed arguments "
-                        "(a running `swift rollout` server)",
-                    )
-                )
-            tp = as_int(eff.get("vllm_tensor_parallel_size", 1)) or 1
-            if mode in (None, "colocate") and world % tp != 0:
-                out.append(
-                    RuleViolation(
-                        "vllm_tp_divides_world",
-                        f"vllm_tensor_parallel_size {tp} does not divide the world size {world}",
-                    )
-                )
-        if as_bool(eff.get("async_generate", False)) and not (use_vllm and mode == "server"):
-            out.append(
-                RuleViolation(
-                    "async_generate_needs_server", "async_generate needs use_vllm true and vllm_mode server"
-                )
-            )
-        deepspeed = eff.get("deepspeed")
-        if deepspeed not in (None, "", "none"):
-            if eff.get("fsdp"):
-                out.append(RuleViolation("deepspeed_with_fsdp", "deepspeed and fsdp cannot both be set"))
-            if self._info is not None and not self._info.extra.get("deepspeed"):
-                out.append(
-                    RuleViolation(
-                        "deepspeed_not_installed",
-                        f"deepspeed {deepspeed} but DeepSpeed is not installed beside ms-swift",
-                    )
-                )
-        mmb = as_int(eff.get("move_model_batches"))
-        if eff.get("move_model_batches") is not None and (mmb is None or mmb < 1):
-            out.append(
-                RuleViolation("move_model_batches_positive", "move_model_batches must be a positive integer")
-            )
-        return out
+        return start_rules(eff, world, ctx, info=self._info, flags=self.flags)
 
     def check_flags(
         self, params: Mapping[str, Any], fixed: Mapping[str, Any], ctx: TrialContext | None = None
     ) -> list[str]:
-        """Check every flag a trial would pass against the installed ms-swift, before any launch.
-
-        Args:
-            params: knob values (any trial's; only the names matter).
-            fixed: the user's fixed flags.
-            ctx: the study context, to compare fixed values with the study's own (num_generations ...).
+        """Check every flag a trial would pass against the installed ms-swift, before any launch
+        (:func:`~autotune.backends.swift._rules.fixed_flag_notices`).
 
         Returns:
             Notices for the user (fixed flags that trials replace).
@@ -515,66 +377,7 @@ class SwiftBackend(Backend):
             BackendError: a flag this version removed, or a fixed flag that conflicts with what autotune
                 controls.
         """
-        flags = self.flags()
-        names = {flag_name(k) for k in fixed}
-        norm_fixed = {flag_name(k): v for k, v in fixed.items()}
-        if "rlhf_type" in norm_fixed and str(norm_fixed["rlhf_type"]) != "grpo":
-            raise BackendError(
-                f"--rlhf_type {norm_fixed['rlhf_type']} is fixed, but autotune tunes GRPO runs",
-                hint="Remove --rlhf_type from the fixed arguments",
-            )
-        if "model" in norm_fixed:
-            raise BackendError(
-                "--model is among the fixed arguments",
-                hint="Give the model with autotune's own --model option",
-            )
-        if ctx is not None:
-            for name, own in (
-                ("num_generations", ctx.num_generations),
-                ("max_completion_length", ctx.max_completion_length),
-            ):
-                if name in norm_fixed and as_int(norm_fixed[name]) != own:
-                    raise BackendError(
-                        f"--{name} {norm_fixed[name]} in the fixed arguments differs from the study's {own}",
-                        hint=f"Set it with autotune's --{name.replace('_', '-')} option instead",
-                    )
-        knob_flags = {k for k in params if k != "num_processes"}
-        emitted = (
-            names
-            | knob_flags
-            | set(CONTROLLED_FLAGS)
-            | {"rlhf_type", "model", "num_generations", "max_completion_length"}
-            | ({"use_cpu"} if ctx is not None and ctx.cpu_only else set())
-        )
-        emitted = {flags.translate(n) for n in emitted}
-        for name in sorted(emitted):
-            refusal = flags.refusal(name)
-            if refusal:
-                raise BackendError(refusal, hint="Fix the flag in the fixed arguments or upgrade ms-swift")
-        accepted = self.accepted_flag_names()
-        for name in sorted(names):
-            if flags.translate(name) not in accepted:  # the user's own flag: name ms-swift's nearest field
-                raise UnknownFlag(
-                    name, accepted, framework="swift rlhf", place=f"your job (ms-swift {flags.label})"
-                )
-        unknown = sorted(n for n in emitted if n not in accepted)
-        if unknown:
-            raise BackendError(
-                f"ms-swift {flags.label} does not accept --{unknown[0]}"
-                + (f" (nor {', '.join('--' + u for u in unknown[1:])})" if len(unknown) > 1 else ""),
-                hint="Check the flag's spelling against `swift rlhf --help` for this version",
-            )
-        notes = []
-        for name in CONTROLLED_FLAGS:
-            if name in norm_fixed:
-                notes.append(
-                    f"--{name} from the fixed arguments is replaced by autotune's own value in trials"
-                )
-        for name in sorted(knob_flags & set(norm_fixed)):
-            notes.append(
-                f"--{name} is a tuned knob: trials set their own value (the fixed one holds where it is not tuned)"
-            )
-        return notes
+        return fixed_flag_notices(self.flags(), self.accepted_flag_names, params, fixed, ctx)
 
     # ------------------------------------------------------------------ rendering
     def render(self, spec: TrialSpec, ctx: TrialContext) -> LaunchPlan:
@@ -672,7 +475,7 @@ class SwiftBackend(Backend):
             add("use_cpu", True)
         add("num_generations", ctx.num_generations)
         add("max_completion_length", ctx.max_completion_length)
-        for name in _KNOBS:
+        for name in SWIFT_KNOBS:
             if name == "num_processes" or name not in params:
                 continue
             if not use_vllm and _is_vllm_only(name):

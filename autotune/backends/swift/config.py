@@ -18,26 +18,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.backends._values import (
+from autotune.backends._vocab import batch_shape
+from autotune.errors import UsageError
+from autotune.jobconfig import JobConfig, WeightSync
+from autotune.values import (
     as_bool,
     as_int,
-    batch_shape,
     none_like,
     pick,
     required_float,
     required_int,
 )
-from autotune.errors import UsageError
-from autotune.jobconfig import JobConfig, WeightSync
 
 __all__ = [
-    "LIST_ARGS",
     "PRESETS",
     "SWIFT_FACTS",
-    "TRL_NAMES",
     "canonical_args",
     "describe_swift",
-    "list_value",
     "preset_for",
 ]
 
@@ -57,23 +54,6 @@ SWIFT_FACTS: dict[str, Any] = {
     "lora_rank": 8,
     "ds_bucket_elements": int(2e8),  # reduce_bucket_size / allgather_bucket_size of swift/config/zero*.json
 }
-
-
-#: ms-swift name → TRL name, for arguments that mean the same under another name.
-TRL_NAMES: dict[str, str] = {
-    "vllm_max_model_len": "vllm_max_model_length",
-    "lora_rank": "lora_r",
-    "lora_alpha": "lora_alpha",
-    "lora_dropout": "lora_dropout",
-    "target_modules": "lora_target_modules",
-    "torch_dtype": "dtype",
-    "attn_impl": "attn_implementation",
-}
-
-#: flags ms-swift takes as ``--flag a b c`` and TRL/YAML as a list.
-LIST_ARGS = frozenset(
-    {"report_to", "target_modules", "lora_target_modules", "reward_funcs", "external_plugins"}
-)
 
 
 #: JobConfig field → the ms-swift flag that sets it.
@@ -204,10 +184,3 @@ def describe_swift(
         ds_bucket_elements=SWIFT_FACTS["ds_bucket_elements"],
         origin=origin,
     )
-
-
-def list_value(name: str, value: Any) -> Any:
-    """Flags that are lists in one framework and may be a single text in the other."""
-    if name in LIST_ARGS and isinstance(value, str):
-        return value.split() if " " in value.strip() else [value]
-    return value

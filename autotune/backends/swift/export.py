@@ -24,8 +24,8 @@ from importlib.resources import files
 from typing import Any
 
 from autotune.backends._base import TrialContext
-from autotune.backends._vocab import SHARED_ARGS
-from autotune.backends.swift.config import TRL_NAMES, preset_for
+from autotune.backends._vocab import SHARED_ARGS, TRL_NAMES
+from autotune.backends.swift.config import preset_for
 from autotune.errors import UsageError
 from autotune.export._common import Export, flag_lines, mask_secrets, refuse, shell_script
 from autotune.export._job import demo_prompts, header, trial_environment, user_dataset, uses_demo_reward

@@ -616,7 +616,7 @@ class TrlBackend(Backend):
         if "TORCH_EXTENSIONS_DIR" not in os.environ:
             # DeepSpeed compiles its CPU ops (cpu_adam, ...) on first use (minutes): keep them in the
             # user's autotune cache so they compile once per machine, not once per study or trial.
-            from autotune.workload.tinymodels import default_cache_dir
+            from autotune.cachedir import default_cache_dir
 
             env["TORCH_EXTENSIONS_DIR"] = str(default_cache_dir() / "torch_extensions")
         if ctx.cpu_only:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.backends._values import as_bool, as_int, batch_shape, pick, required_float, required_int
+from autotune.backends._vocab import batch_shape
 from autotune.jobconfig import JobConfig
+from autotune.values import as_bool, as_int, pick, required_float, required_int
 
 __all__ = ["KNOB_FIELDS", "TRL_FACTS", "describe_trl"]
 

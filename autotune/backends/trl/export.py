@@ -37,10 +37,7 @@ from typing import Any
 
 import yaml
 
-from autotune.backends._values import typed
-from autotune.backends._vocab import SHARED_ARGS
-from autotune.backends.swift.backend import SwiftBackend
-from autotune.backends.swift.config import TRL_NAMES, list_value
+from autotune.backends._vocab import SHARED_ARGS, SWIFT_KNOBS, TRL_NAMES, list_value
 from autotune.backends.trl.aliases import current_names, installed_aliases
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, json_text, mask_secrets, refuse, shell_script
@@ -56,6 +53,7 @@ from autotune.export._winner import Winner
 from autotune.export.deepspeed import DS_CONFIG, config_for
 from autotune.jobconfig import JobConfig
 from autotune.plaintext import comment_line
+from autotune.values import typed
 
 __all__ = ["ACCELERATE", "CONFIG", "DEMO_REWARD_PATH", "SCRIPT", "export_trl"]
 
@@ -89,7 +87,7 @@ _FROM_WINNER = frozenset(
     }
 )
 #: ms-swift knob flags, carried by the knob translation instead.
-_SWIFT_KNOB_ARGS = frozenset(SwiftBackend.knob_names or ()) | {
+_SWIFT_KNOB_ARGS = frozenset(SWIFT_KNOBS) | {
     "rlhf_type",
     "num_generations",  # the study's own (ms-swift's check_flags refused a different one)
     "max_completion_length",

@@ -35,7 +35,6 @@ from autotune.backends._base import (
     TrialContext,
 )
 from autotune.backends._env import usable_cores
-from autotune.backends._values import as_bool, as_int, none_like, whole_number
 from autotune.backends._versions import installed_versions
 from autotune.backends.verl._hydra import check_overrides
 from autotune.backends.verl._log import FAILURE_PATTERNS, VerlLogParser
@@ -57,6 +56,7 @@ from autotune.errors import BackendError, UsageError
 from autotune.jobconfig import JobConfig
 from autotune.jobsemantics import FrameworkJobDefaults
 from autotune.records import LaunchPlan, TrialSpec
+from autotune.values import as_bool, as_int, none_like, whole_number
 
 __all__ = ["CONTROLLED", "VerlBackend", "parse_overrides"]
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.backends._values import as_bool, as_float, as_int, pick, required_float, required_int
 from autotune.jobconfig import JobConfig
+from autotune.values import as_bool, as_float, as_int, pick, required_float, required_int
 
 __all__ = [
     "AR",

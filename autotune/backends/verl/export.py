@@ -46,14 +46,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._values import as_float, typed
-from autotune.backends.swift.config import TRL_NAMES
+from autotune.backends._vocab import TRL_NAMES
 from autotune.errors import UsageError
 from autotune.export._common import MARKER, Export, ShellWord, mask_secrets, refuse, shell_script
 from autotune.export._job import header, trial_environment, user_dataset, uses_demo_reward
 from autotune.export._winner import Winner
 from autotune.jobconfig import JobConfig
 from autotune.secrets import MASK
+from autotune.values import as_float, typed
 
 __all__ = ["FIXED_TO_VERL", "REWARD_FILE", "SCRIPT", "export_verl", "overrides_of", "reward_source"]
 

@@ -285,7 +285,7 @@ def test_render_one_process_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert plan.cwd == str(ctx.trial_dir)
     assert plan.metrics_paths == (str(ctx.trial_dir / "metrics.jsonl"),)
     assert plan.env["AUTOTUNE_PHASES_FILE"] == str(ctx.trial_dir / "phases.jsonl")
-    from autotune.workload.tinymodels import default_cache_dir
+    from autotune.cachedir import default_cache_dir
 
     assert plan.env["TORCH_EXTENSIONS_DIR"] == str(default_cache_dir() / "torch_extensions")
     assert plan.env["OMP_NUM_THREADS"] == "4"  # all cores for the one process
@@ -677,7 +677,7 @@ def test_real_trial_zero2_under_torchrun(
     pytest.importorskip("deepspeed")
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
         # compile DeepSpeed's CPU ops once per machine, not once per test run
-        from autotune.workload.tinymodels import default_cache_dir
+        from autotune.cachedir import default_cache_dir
 
         monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(default_cache_dir() / "torch_extensions"))
     rec, verdict, _ = run_real(tmp_path, tiny_model, {"per_device_train_batch_size": 4, "zero_stage": 2})

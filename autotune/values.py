@@ -1,7 +1,8 @@
 """Reading knob and argument values the way the frameworks' own parsers read them.
 
 A value may arrive typed (from a space file, a trial's params) or as text (from ``--`` flags or a
-fixed-arguments file): ``"true"``, ``"8"``, ``"none"``. Every backend's decoder reads them here.
+fixed-arguments file): ``"true"``, ``"8"``, ``"none"``. Every backend's decoder reads them here, and so do
+the exports (a floor below the backends, so the rule lives in the core).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ __all__ = [
     "as_float",
     "as_int",
     "as_number",
-    "batch_shape",
     "none_like",
     "pick",
     "typed",
@@ -134,37 +134,3 @@ def required_float(params: Mapping[str, Any], name: str, default: float) -> floa
     if out is None:
         raise UsageError(f"{name}={value!r} is not a number", hint=f"Give {name} as a number")
     return out
-
-
-def batch_shape(
-    params: Mapping[str, Any], derived: Mapping[str, Any], n_gpus: int, default_pdbs: int
-) -> dict[str, int]:
-    """The batch facts every GRPO framework shares: world size, global batch, micro-batch, accumulation.
-
-    Args:
-        params: the trial's knobs over the study's fixed arguments (``global_batch``,
-            ``num_generations``, ``max_prompt_length``, ``max_completion_length`` among them).
-        derived: ``world_size`` and ``gradient_accumulation_steps`` when the backend derived them.
-        n_gpus: GPUs of the trial; 0 on a CPU-only study (then ``num_processes`` is the world size).
-        default_pdbs: the framework's default ``per_device_train_batch_size``.
-    """
-    if derived.get("world_size"):
-        world = int(derived["world_size"])
-    elif n_gpus > 0:
-        world = n_gpus
-    else:
-        world = int(pick(params, "num_processes", "world_size", default=1))
-    global_batch = int(pick(params, "global_batch", "generation_batch_size", default=64))
-    pdbs = required_int(params, "per_device_train_batch_size", default_pdbs)
-    ga = as_int(derived.get("gradient_accumulation_steps")) or as_int(
-        params.get("gradient_accumulation_steps")
-    )
-    return {
-        "world_size": world,
-        "global_batch": global_batch,
-        "num_generations": int(pick(params, "num_generations", default=8)),
-        "per_device_batch": pdbs,
-        "grad_accum": ga if ga and ga > 0 else max(1, global_batch // max(1, pdbs * world)),
-        "max_prompt_length": int(pick(params, "max_prompt_length", default=512)),
-        "max_completion_length": int(pick(params, "max_completion_length", default=1024)),
-    }

@@ -1,4 +1,5 @@
-"""Choosing the winner: the fastest healthy trial that leaves memory headroom on every GPU."""
+"""Choosing the winner: the fastest healthy trial that leaves memory headroom on every GPU; and the
+sentences that say its speedup (the verdict's headline), which the study, its reports and exports show."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ __all__ = [
     "Recommendation",
     "allocator_cache_bytes",
     "baseline_of",
+    "headline",
     "headroom_bytes",
     "needed_bytes",
     "recommend",
     "required_headroom_bytes",
+    "single_run_text",
+    "speedup_text",
     "vllm_pool_bytes",
 ]
 
@@ -129,3 +133,35 @@ def baseline_of(results: Sequence[TrialResult]) -> TrialResult | None:
     runs = [r for r in results if r.is_baseline]
     said = [r for r in runs if r.status is not TrialStatus.INTERRUPTED]
     return said[-1] if said else (runs[0] if runs else None)
+
+
+def single_run_text(speedup: float | None, base: int | None) -> str:
+    """The speedup of one run of each side, as a sentence (no interval: nothing was re-measured)."""
+    if speedup is None:
+        return "no speedup can be given: the baseline did not complete"
+    return f"{speedup:.2f}× the baseline (trial {base}) from one run of each"
+
+
+def speedup_text(rec: Recommendation) -> str:
+    """The speedup as a headline shows it, never bare: ``1.45× [1.21, 1.74]``, ``no measurable speedup``,
+    ``1.80× (single runs)`` or ``—`` (no baseline)."""
+    if rec.speedup is None:
+        return "—"
+    if rec.host_noise:
+        return "not measurable on this host"
+    if rec.baseline_trial is not None and rec.trial == rec.baseline_trial:
+        return "the baseline is fastest"
+    if rec.speedup_low is not None and rec.speedup_high is not None:
+        interval = f"{rec.speedup:.2f}× [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}]"
+        return interval if rec.measurable else f"no measurable speedup: {interval}"
+    return f"{rec.speedup:.2f}× (single runs, not re-measured)"
+
+
+def headline(rec: Recommendation) -> str:
+    """One sentence on the speedup: the stored verdict, or (a study written before verdicts) one built
+    from the search's numbers."""
+    if rec.verdict:
+        return rec.verdict
+    if rec.baseline_trial is not None and rec.trial == rec.baseline_trial:
+        return f"the baseline (trial {rec.baseline_trial}) is the fastest configuration tried"
+    return single_run_text(rec.speedup, rec.baseline_trial) + " (not re-measured)"
