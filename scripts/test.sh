@@ -91,12 +91,13 @@ typecheck() {
 typecheck > .typecheck.log 2>&1 & typecheck_pid=$!
 # Every tier: a -m here replaces pyproject's "not e2e and not infra" (what plain `pytest` runs, the fast
 # tier). The fast tier first, so its failures show before the slow tiers start; each run prints its 25
-# slowest tests and its time.
-.venv-swift/bin/python -m pytest -q -m swift -p no:cacheprovider --durations=25 tests || status=$?
+# slowest tests and its time. The fast tier runs on every core (pyproject's -n auto); the tiers that
+# start real trainings run one test at a time (-n 0).
+.venv-swift/bin/python -m pytest -q -m swift -n 0 -p no:cacheprovider --durations=25 tests || status=$?
 wait "$typecheck_pid" || status=$?
 cat .typecheck.log
 .venv/bin/python -m pytest -q -m "not swift and not (e2e or infra)" -p no:cacheprovider --durations=25 tests \
   || status=$?
-.venv/bin/python -m pytest -q -m "not swift and (e2e or infra)" -p no:cacheprovider --durations=25 tests \
+.venv/bin/python -m pytest -q -m "not swift and (e2e or infra)" -n 0 -p no:cacheprovider --durations=25 tests \
   || status=$?
 exit $status
