@@ -156,7 +156,7 @@ class Knob:
         """The values this knob can take, for an error's hint ("1, 2, 4" or "int from 1 to 8")."""
         return _describe_values(self)
 
-    def contains(self, value: Any) -> bool:
+    def contains(self, value: object) -> bool:
         """True when ``value`` is one this knob can take."""
         if self.choices is not None:
             return any(_same(value, c) for c in self.choices)
@@ -165,7 +165,7 @@ class Knob:
         assert self.low is not None and self.high is not None
         return self.low - 1e-9 <= value <= self.high + 1e-9
 
-    def active(self, params: Mapping[str, Any]) -> bool:
+    def active(self, params: Mapping[str, object]) -> bool:
         """Whether this knob exists given the values of earlier knobs."""
         for other, allowed in self.when.items():
             if other not in params or not any(_same(params[other], a) for a in allowed):
@@ -183,7 +183,7 @@ class Knob:
             )
         return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)
 
-    def memory_rank(self, value: Any) -> float | None:
+    def memory_rank(self, value: object) -> float | None:
         """A number that grows with the GPU memory ``value`` needs, or None if not ordered."""
         if self.memory is None or value is None:
             return None
@@ -196,7 +196,7 @@ class Knob:
         return rank if self.memory == "increasing" else -rank
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -204,10 +204,10 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def canonical_key(params: Mapping[str, Any]) -> str:
+def canonical_key(params: Mapping[str, object]) -> str:
     """A stable text key for a configuration: equal configurations give equal keys."""
 
-    def norm(v: Any) -> Any:
+    def norm(v: object) -> Any:
         if isinstance(v, float) and not isinstance(v, bool):
             return round(v, 9) if not v.is_integer() else int(v) if abs(v) < 2**53 else v
         return v
@@ -259,12 +259,12 @@ class SearchSpace:
         name = self.roles.get(role)
         return name if name is not None and name in self else None
 
-    def _context(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _context(self, params: Mapping[str, object]) -> dict[str, Any]:
         ctx = dict(self.dropped_defaults)
         ctx.update(params)
         return ctx
 
-    def active(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def active(self, params: Mapping[str, object]) -> dict[str, Any]:
         """``params`` restricted to active knobs, in knob order; missing active knobs take defaults."""
         out: dict[str, Any] = {}
         for knob in self.knobs:
@@ -284,7 +284,7 @@ class SearchSpace:
                 out[knob.name] = knob.suggest(trial)
         return out
 
-    def validate_params(self, params: Mapping[str, Any]) -> None:
+    def validate_params(self, params: Mapping[str, object]) -> None:
         """Raise :class:`SpaceError` when ``params`` names an unknown knob or an impossible value."""
         for name, value in params.items():
             if name not in self:
@@ -359,7 +359,7 @@ class SearchSpace:
             )
         return replace(self, knobs=tuple(knobs))
 
-    def pin(self, values: Mapping[str, Any]) -> SearchSpace:
+    def pin(self, values: Mapping[str, object]) -> SearchSpace:
         """Keep each named knob at one value in every configuration (``--pin name=value``).
 
         A pinned knob's only value is the pinned one (and its default, so the baseline holds it too);
@@ -445,7 +445,7 @@ def _describe_values(knob: Knob) -> str:
     return f"{knob.type} from {knob.low} to {knob.high}"
 
 
-def _finite(value: Any, where: str) -> Any:
+def _finite(value: object, where: str) -> Any:
     """``value`` when it is a finite number (a range to ``.inf`` has no grid nor midpoint)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise SpaceError(f"{where}: {value} is not a finite number", hint="Give a finite bound and step")
@@ -461,7 +461,7 @@ def _plain_text(value: str, where: str) -> str:
     return value
 
 
-def _coerce(value: Any, typ: str, where: str) -> Any:
+def _coerce(value: object, typ: str, where: str) -> Any:
     if value is None:
         return None
     if typ == "bool":
@@ -479,7 +479,7 @@ def _coerce(value: Any, typ: str, where: str) -> Any:
     raise SpaceError(f"{where}: {value!r} is not a {typ}", hint="Fix the value's type in the space file")
 
 
-def _parse_knob(name: str, spec: Any, earlier: dict[str, Knob], where: str) -> Knob:
+def _parse_knob(name: str, spec: object, earlier: dict[str, Knob], where: str) -> Knob:
     here = f"{where}: knob {name!r}"
     if not isinstance(spec, dict):
         raise SpaceError(f"{here} must be a mapping", hint="Give it type, choices or low/high, and default")

@@ -7,7 +7,7 @@ knob's values typed by its own ``type``, conditions naming earlier knobs, ranges
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -18,7 +18,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from autotune.errors import SpaceError
 
@@ -44,12 +44,12 @@ class CpuValues(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    choices: Any = Field(None, description="its choices there")
-    low: Any = Field(None, description="its lower bound there")
-    high: Any = Field(None, description="its upper bound there")
-    step: Any = Field(None, description="its step there")
-    log: Any = Field(None, description="its scale there")
-    default: Any = Field(None, description="its default there")
+    choices: object = Field(None, description="its choices there")
+    low: object = Field(None, description="its lower bound there")
+    high: object = Field(None, description="its upper bound there")
+    step: object = Field(None, description="its step there")
+    log: object = Field(None, description="its scale there")
+    default: object = Field(None, description="its default there")
 
 
 class KnobFields(BaseModel):
@@ -59,15 +59,15 @@ class KnobFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: KnobType = Field(description="int, float, bool or str")
-    default: Any = Field(description="the framework's default")
-    choices: list[Any] | None = Field(None, min_length=1, description="a list of values")
-    low: Any = Field(None, description="the lower bound of a range")
-    high: Any = Field(None, description="the upper bound of a range")
-    step: Any = Field(None, description="the step of a range")
+    default: object = Field(description="the framework's default")
+    choices: list[object] | None = Field(None, min_length=1, description="a list of values")
+    low: object = Field(None, description="the lower bound of a range")
+    high: object = Field(None, description="the upper bound of a range")
+    step: object = Field(None, description="the step of a range")
     log: StrictBool = Field(False, description="true for a log-scale range")
-    when: dict[str, Any] | None = Field(None, description="{earlier_knob: [values]}")
+    when: dict[str, object] | None = Field(None, description="{earlier_knob: [values]}")
     applies: str = Field("any", description=f"what it needs of the machine: one of {', '.join(NEEDS)}")
-    cpu: dict[str, Any] | None = Field(None, description="its values on a CPU-only run")
+    cpu: dict[str, object] | None = Field(None, description="its values on a CPU-only run")
     memory: Literal["increasing", "decreasing"] | None = Field(None, description="increasing or decreasing")
     help: Annotated[str, BeforeValidator(str)] = Field("", description="one line for the report")
     label: Annotated[str, BeforeValidator(str)] = Field("", description="a short name for tables")
@@ -80,7 +80,7 @@ class KnobFields(BaseModel):
         return value
 
 
-def validated(model: type[_Model], data: dict[str, Any], here: str) -> _Model:
+def validated(model: type[_Model], data: Mapping[str, object], here: str) -> _Model:
     """``data`` validated by ``model``. Raises its first error as one :class:`SpaceError` line."""
     try:
         return model.model_validate(data)
@@ -88,7 +88,7 @@ def validated(model: type[_Model], data: dict[str, Any], here: str) -> _Model:
         raise _schema_error(model, exc.errors(include_url=False)[0], here) from None
 
 
-def _schema_error(model: type[BaseModel], error: Any, here: str) -> SpaceError:
+def _schema_error(model: type[BaseModel], error: ErrorDetails, here: str) -> SpaceError:
     """One line naming the field, what it holds and what it should hold."""
     field = ".".join(str(part) for part in error["loc"])
     info = model.model_fields.get(str(error["loc"][0]))

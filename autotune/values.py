@@ -8,7 +8,7 @@ the exports (a floor below the backends, so the rule lives in the core).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, SupportsFloat, SupportsIndex
 
 from autotune.errors import UsageError
 
@@ -24,12 +24,12 @@ __all__ = [
 ]
 
 
-def none_like(value: Any) -> bool:
+def none_like(value: object) -> bool:
     """None, empty text, ``"none"`` or ``"null"``: a setting left unset."""
     return value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))
 
 
-def pick(params: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+def pick(params: Mapping[str, object], *names: str, default: object = None) -> Any:
     """The value of the first of ``names`` that is set in ``params`` (not None), else ``default``."""
     for name in names:
         if params.get(name) is not None:
@@ -37,7 +37,7 @@ def pick(params: Mapping[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def as_bool(value: Any, default: bool = False) -> bool:
+def as_bool(value: object, default: bool = False) -> bool:
     """``True``/``"true"``/``"1"``/``"yes"``/``"on"`` → True; None → ``default``; other text → False."""
     if value is None:
         return default
@@ -46,7 +46,7 @@ def as_bool(value: Any, default: bool = False) -> bool:
     return bool(value)
 
 
-def as_int(value: Any) -> int | None:
+def as_int(value: object) -> int | None:
     """An int from an int or its text; None for unset values, booleans and anything else."""
     if none_like(value) or isinstance(value, bool):
         return None
@@ -58,7 +58,7 @@ def as_int(value: Any) -> int | None:
         return None
 
 
-def whole_number(value: Any, name: str) -> int:
+def whole_number(value: object, name: str) -> int:
     """``value`` as an int, for a setting that must be one.
 
     Raises:
@@ -70,17 +70,19 @@ def whole_number(value: Any, name: str) -> int:
     return out
 
 
-def as_float(value: Any) -> float | None:
+def as_float(value: object) -> float | None:
     """A float from a number or its text; None for unset values, booleans and anything else."""
     if none_like(value) or isinstance(value, bool):
         return None
+    if not isinstance(value, str | bytes | SupportsFloat | SupportsIndex):
+        return None
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
 
 
-def as_number(value: Any) -> float | None:
+def as_number(value: object) -> float | None:
     """A log value as a float: numbers and numeric text ('6e-08'); None for booleans and anything else."""
     if isinstance(value, bool) or value is None:
         return None
@@ -94,7 +96,7 @@ def as_number(value: Any) -> float | None:
     return None
 
 
-def typed(value: Any) -> Any:
+def typed(value: object) -> object:
     """A value as the frameworks' parsers read text: ``"1e-5"`` → 1e-05, ``"32"`` → 32, ``"true"`` → True.
 
     Lists are typed item by item; other text stays text.
@@ -114,7 +116,7 @@ def typed(value: Any) -> Any:
     return value
 
 
-def required_int(params: Mapping[str, Any], name: str, default: int) -> int:
+def required_int(params: Mapping[str, object], name: str, default: int) -> int:
     """``params[name]`` as an int (``default`` when unset); a value that is no int raises UsageError."""
     value = params.get(name)
     if none_like(value):
@@ -125,7 +127,7 @@ def required_int(params: Mapping[str, Any], name: str, default: int) -> int:
     return out
 
 
-def required_float(params: Mapping[str, Any], name: str, default: float) -> float:
+def required_float(params: Mapping[str, object], name: str, default: float) -> float:
     """``params[name]`` as a float (``default`` when unset); a value that is no number raises UsageError."""
     value = params.get(name)
     if none_like(value):

@@ -8,11 +8,14 @@ against the prediction.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.backends import ModelRef
 from autotune.records import Hardware, TrialResult, TrialStatus
 from autotune.space import canonical_key
+
+if TYPE_CHECKING:
+    from autotune.estimate import GpuSpec, JobShape, MemoryEstimate, ModelSpec, TimeEstimate
 
 __all__ = ["PROBE_MARGIN", "EstimatorGate"]
 
@@ -23,6 +26,8 @@ PROBE_MARGIN = 0.5
 
 #: step-time estimates a gate keeps (a candidate pool and its neighbours: a few thousand)
 _TIMINGS_KEPT = 50_000
+
+_T = TypeVar("_T")
 
 
 class EstimatorGate:
@@ -41,10 +46,10 @@ class EstimatorGate:
     def __init__(
         self,
         backend: str,
-        model: Any,
-        gpu: Any,
+        model: ModelSpec,
+        gpu: GpuSpec,
         n_gpus: int,
-        job: Mapping[str, Any],
+        job: Mapping[str, object],
         derive: Callable[[dict[str, Any]], dict[str, Any]],
         *,
         margin: float = 0.15,
@@ -63,7 +68,7 @@ class EstimatorGate:
         self._basis: Any = None
         # step-time estimates by configuration: rank and phase_times ask for the same candidates
         # (they need no calibration, so nothing the gate learns makes them stale)
-        self._timings: dict[str, Any] = {}
+        self._timings: dict[str, TimeEstimate] = {}
         self._ceilings: dict[str, float] = {}
 
     @classmethod
@@ -72,7 +77,7 @@ class EstimatorGate:
         hardware: Hardware,
         model: ModelRef,
         backend: str,
-        job: Mapping[str, Any],
+        job: Mapping[str, object],
         derive: Callable[[dict[str, Any]], dict[str, Any]],
         calibration: Mapping[str, Any] | None = None,
     ) -> EstimatorGate | None:
@@ -92,21 +97,23 @@ class EstimatorGate:
             gate.calibration = seed_calibration(hardware.gpus[0].name, spec.params) or gate.calibration
         return gate
 
-    def _shape(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+    def _shape(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> JobShape:
         """The job shape of ``params`` (derived here unless given)."""
         from autotune.backends import job_shape
 
         derived = derived if derived is not None else self.derive(dict(params))
         return job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)
 
-    def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+    def _estimate(
+        self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None
+    ) -> tuple[JobShape, MemoryEstimate]:
         from autotune.estimate import estimate_memory
 
         shape = self._shape(params, derived)
         return shape, self.calibration.adjust(estimate_memory(shape, self.gpu))
 
     @staticmethod
-    def _kept(store: dict[str, Any], params: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+    def _kept(store: dict[str, _T], params: Mapping[str, object], compute: Callable[[], _T]) -> _T:
         """``compute()`` once per configuration in ``store`` (emptied when it holds ``_TIMINGS_KEPT``)."""
         key = canonical_key(params)
         if key not in store:
@@ -116,7 +123,7 @@ class EstimatorGate:
         return store[key]
 
     def check(
-        self, params: Mapping[str, Any], derived: Mapping[str, Any], *, margin: float | None = None
+        self, params: Mapping[str, object], derived: Mapping[str, object], *, margin: float | None = None
     ) -> tuple[str | None, dict[str, Any] | None]:
         """Why ``params`` is predicted not to fit (None: it may run) and the estimate's breakdown.
 
@@ -130,16 +137,16 @@ class EstimatorGate:
             return f"predicted not to fit: {est.reason()}", breakdown
         return None, breakdown
 
-    def _timing(self, params: Mapping[str, Any]) -> Any:
+    def _timing(self, params: Mapping[str, Any]) -> TimeEstimate:
         """The estimator's step time of ``params`` (computed once per configuration)."""
         from autotune.estimate import estimate_step_time
 
         return self._kept(self._timings, params, lambda: estimate_step_time(self._shape(params), self.gpu))
 
-    def rank(self, params: Mapping[str, Any]) -> float | None:
+    def rank(self, params: Mapping[str, object]) -> float | None:
         return float(self._timing(params).throughput)
 
-    def phase_times(self, params: Mapping[str, Any]) -> dict[str, float]:
+    def phase_times(self, params: Mapping[str, object]) -> dict[str, float]:
         """The estimator's seconds per step of each phase, named as the timeline names them (host
         transfers and CPU optimizer work are the timeline's ``other``)."""
         t = self._timing(params)
