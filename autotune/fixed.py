@@ -143,7 +143,7 @@ def read_fixed_file(path: Path | str) -> dict[str, Any]:
     return _fixed_mapping(read_yaml(path, what="fixed-arguments", flag="--fixed"), path)
 
 
-def _fixed_mapping(data: Any, path: Path) -> dict[str, Any]:
+def _fixed_mapping(data: object, path: Path) -> dict[str, Any]:
     """The flag → value mapping of a parsed ``--fixed`` YAML file (see :func:`read_fixed_file`)."""
     if data is None:
         return {}
@@ -175,7 +175,7 @@ JOB_ARGS_PLACE = "your arguments after --"
 
 
 def merge_fixed(
-    first: Mapping[str, Any], first_place: str, second: Mapping[str, Any], second_place: str
+    first: Mapping[str, object], first_place: str, second: Mapping[str, object], second_place: str
 ) -> dict[str, Any]:
     """The fixed arguments of two places (the ``--fixed`` file, the job's arguments after ``--``).
 
@@ -196,7 +196,7 @@ def merge_fixed(
     return out
 
 
-def _same_text(value: Any) -> Any:
+def _same_text(value: object) -> Any:
     """A value as the frameworks' parsers would read it from text (``256`` and ``"256"`` agree)."""
     if isinstance(value, bool):
         return str(value).lower()
@@ -367,7 +367,7 @@ def load_fixed(path: Path | str | None = None, argv: Sequence[str] = ()) -> dict
 
 
 def split_baseline(
-    fixed: Mapping[str, Any], knob_names: Iterable[str]
+    fixed: Mapping[str, object], knob_names: Iterable[str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate the user's own knob settings from the truly fixed arguments.
 
@@ -414,7 +414,7 @@ def knob_text(text: str, typ: str) -> Any:
     return text
 
 
-def _coerce_text(name: str, value: Any, typ: str) -> Any:
+def _coerce_text(name: str, value: object, typ: str) -> Any:
     if not isinstance(value, str):
         return value
     try:
@@ -425,7 +425,7 @@ def _coerce_text(name: str, value: Any, typ: str) -> Any:
         ) from None
 
 
-def coerce_knob_values(values: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]:
+def coerce_knob_values(values: Mapping[str, object], space: SearchSpace) -> dict[str, Any]:
     """Give the user's knob settings (text when they came from argv) the types of the space's knobs.
 
     ``"4"`` becomes ``4`` for an int knob, ``"true"`` becomes ``True`` for a bool knob, ``"none"`` becomes

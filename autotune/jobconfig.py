@@ -30,7 +30,7 @@ OFFLOAD_FIELDS: tuple[str, ...] = (
 )
 
 
-def knob_text(name: str, value: Any) -> str:
+def knob_text(name: str, value: object) -> str:
     """``name=value`` as a user would write it (``true``/``false`` for booleans, floats short)."""
     if isinstance(value, bool):
         return f"{name}={'true' if value else 'false'}"

@@ -355,7 +355,7 @@ class TrialResult(BaseModel):
     def running(
         cls,
         number: int,
-        params: Mapping[str, Any],
+        params: Mapping[str, object],
         *,
         derived: Mapping[str, Any] | None = None,
         is_baseline: bool = False,
@@ -368,7 +368,7 @@ class TrialResult(BaseModel):
     def interrupted(
         cls,
         number: int,
-        params: Mapping[str, Any],
+        params: Mapping[str, object],
         *,
         reason: str,
         derived: Mapping[str, Any] | None = None,
@@ -381,7 +381,7 @@ class TrialResult(BaseModel):
     def not_launched(
         cls,
         number: int,
-        params: Mapping[str, Any],
+        params: Mapping[str, object],
         *,
         status: TrialStatus,
         reason: str,
@@ -402,7 +402,7 @@ class TrialResult(BaseModel):
 
     @classmethod
     def outline(
-        cls, number: int, params: Mapping[str, Any], *, status: TrialStatus, reason: str
+        cls, number: int, params: Mapping[str, object], *, status: TrialStatus, reason: str
     ) -> TrialResult:
         """A result known only by its status and reason: a run supposed to end so (a strategy's
         look-ahead), or one whose result file is lost (a profile directory without ``result.json``)."""
@@ -412,7 +412,7 @@ class TrialResult(BaseModel):
     def measured(
         cls,
         number: int,
-        params: Mapping[str, Any],
+        params: Mapping[str, object],
         *,
         status: TrialStatus,
         reason: str,
@@ -497,7 +497,7 @@ class TrialResult(BaseModel):
     def _unmeasured(
         cls,
         number: int,
-        params: Mapping[str, Any],
+        params: Mapping[str, object],
         status: TrialStatus,
         reason: str,
         derived: Mapping[str, Any] | None,

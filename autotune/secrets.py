@@ -169,7 +169,7 @@ class SecretRule:
             return True
         return any(norm == n or norm.endswith(f"_{n}") for n in self.extra_names)
 
-    def looks_secret(self, value: Any) -> bool:
+    def looks_secret(self, value: object) -> bool:
         """True when a value (or an item of a list or mapping value) holds a credential: a known token
         format, a URL password, or a value this rule knows."""
         if isinstance(value, list | tuple):
@@ -276,7 +276,7 @@ class SecretRule:
             for k, v in env.items()
         }
 
-    def redact_mapping(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def redact_mapping(self, args: Mapping[str, object]) -> dict[str, Any]:
         """Named arguments (``fixed:``) with the values of secret names, and secret values, masked."""
         out: dict[str, Any] = {}
         for name, value in args.items():
@@ -288,7 +288,7 @@ class SecretRule:
                 out[name] = self.mask_value(value)
         return out
 
-    def mask_value(self, value: Any) -> Any:
+    def mask_value(self, value: object) -> Any:
         """Like :meth:`mask` for strings, recursively through lists and mappings; other values unchanged."""
         if isinstance(value, str):
             return self.mask(value)

@@ -178,7 +178,7 @@ def _first_control(text: str) -> str:
     return f"U+{ord(found.group()[0]):04X} at line {text.count(chr(10), 0, found.start()) + 1}"
 
 
-def _refuse_duplicate_keys(root: Any, source: object, what: str, error: type[UsageError]) -> None:
+def _refuse_duplicate_keys(root: object, source: object, what: str, error: type[UsageError]) -> None:
     """Refuse a mapping that names one key twice (YAML would keep the last silently).
 
     Each node is visited once, so aliases cost nothing more.
@@ -208,7 +208,7 @@ def _refuse_duplicate_keys(root: Any, source: object, what: str, error: type[Usa
             stack.extend(node.value)
 
 
-def _expanded_values(root: Any) -> int:
+def _expanded_values(root: object) -> int:
     """How many nodes the document has once every alias is expanded (stops counting past the bound).
 
     Raises:
@@ -220,7 +220,7 @@ def _expanded_values(root: Any) -> int:
     memo: dict[int, int] = {}
     open_nodes: set[int] = set()
 
-    def size(node: Any) -> int:
+    def size(node: object) -> int:
         key = id(node)
         if key in memo:
             return memo[key]

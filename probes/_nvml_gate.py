@@ -68,7 +68,7 @@ def load_nvml() -> ModuleType:
     return module
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -260,7 +260,7 @@ class NvmlGate:
         device: int,
         metric: str,
         fn_name: str,
-        *args: Any,
+        *args: object,
         missing_ok: bool = False,
         fallback: str | None = None,
     ) -> Any:

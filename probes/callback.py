@@ -75,7 +75,7 @@ def _is_rank0() -> bool:
     return os.environ.get("RANK", "").strip() in ("", "0")
 
 
-def numeric_values(logs: Mapping[str, Any]) -> dict[str, float]:
+def numeric_values(logs: Mapping[str, object]) -> dict[str, float]:
     """The numbers of a log record as floats (bools and text dropped; NaN and inf kept for the health gate)."""
     out: dict[str, float] = {}
     for key, value in logs.items():
@@ -147,7 +147,7 @@ class MetricsWriter:
         self._last_end_mono_s = now_mono
         self._step_end = (step, now_mono, now_wall, duration)
 
-    def log(self, step: int, logs: Mapping[str, Any]) -> dict[str, Any] | None:
+    def log(self, step: int, logs: Mapping[str, object]) -> dict[str, Any] | None:
         """Write the record of ``step``; returns it (None when nothing was written)."""
         if not self.is_main or step in self._written or ("loss" not in logs and "reward" not in logs):
             return None  # the final train-summary log (train_runtime, ...) is not a step
@@ -299,7 +299,7 @@ def watch_trainer(trainer: Any, tracker: PhaseTracker) -> list[str]:
     original_prepare = getattr(trainer, "_prepare_inputs", None)
     if original_prepare is not None and not getattr(original_prepare, "__autotune_wrapped__", False):
 
-        def prepare(*args: Any, **kwargs: Any) -> Any:
+        def prepare(*args: object, **kwargs: object) -> Any:
             out = original_prepare(*args, **kwargs)
             if training():
                 tracker.train_ready(step())
@@ -324,11 +324,11 @@ class _Hooks:
 
     def __init__(
         self,
-        trainer: Any = None,
+        trainer: object = None,
         *,
         metrics_path: str | os.PathLike[str] | None = None,
         samples_per_step: int | None = None,
-        marker: Any = _phases,
+        marker: object = _phases,
     ) -> None:
         path = metrics_path if metrics_path is not None else os.environ.get(ENV_METRICS_FILE)
         self.metrics_path = Path(path) if path else None
@@ -345,7 +345,7 @@ class _Hooks:
         except (AttributeError, TypeError, ValueError):
             return None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(self, args: object, state: object, control: object, **kwargs: object) -> None:
         if self.metrics_path is not None and self._writer is None:
             self._writer = MetricsWriter(self.metrics_path, self._samples(args), is_main=_is_rank0())
         if self._writer is not None:

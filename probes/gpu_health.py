@@ -74,14 +74,14 @@ class HealthReading:
     warnings: tuple[str, ...]
 
 
-def _first(value: Any) -> Any:
+def _first(value: object) -> Any:
     """The current mode of a ``[current, pending]`` answer (MIG, ECC)."""
     if isinstance(value, (list, tuple)):
         return value[0] if value else None
     return value
 
 
-def _one(gate: NvmlGate, index: int, handle: Any, name: str, uuid: str | None, total: int) -> GpuHealth:
+def _one(gate: NvmlGate, index: int, handle: object, name: str, uuid: str | None, total: int) -> GpuHealth:
     nvml = gate.nvml
     mem = gate.call(index, "memory", "nvmlDeviceGetMemoryInfo", handle)
     util = gate.call(index, "utilization", "nvmlDeviceGetUtilizationRates", handle)

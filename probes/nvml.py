@@ -430,7 +430,7 @@ class NvmlSampler:
         if out:
             self._buffer.extend(out)
 
-    def _store_memory(self, dev: Device, row: array[float], mem: Any) -> None:
+    def _store_memory(self, dev: Device, row: array[float], mem: object) -> None:
         if mem is not None:
             self._put(row, dev.index, "mem_used_bytes", getattr(mem, "used", None))
             self._put(row, dev.index, "mem_total_bytes", getattr(mem, "total", None))

@@ -192,7 +192,7 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, poll_s: f
         time.sleep(poll_s)
 
 
-def _copy_real_values(fake: Any, real: ModuleType) -> None:
+def _copy_real_values(fake: object, real: ModuleType) -> None:
     """Give the fake the real module's constants, error classes and ctypes types."""
     for name in dir(real):
         if name.startswith("__"):
@@ -255,7 +255,7 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
         if state.init_count <= 0:
             raise_(real.NVML_ERROR_UNINITIALIZED)
 
-    def gpu_of(name: str, handle: Any) -> FakeGpu:
+    def gpu_of(name: str, handle: object) -> FakeGpu:
         check_init(name)
         if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(state.gpus):
             raise_(real.NVML_ERROR_INVALID_ARGUMENT)
@@ -267,20 +267,20 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
         return gpu
 
     def device(name: str, impl: Callable[..., Any]) -> None:
-        def effect(handle: Any, *args: Any) -> Any:
+        def effect(handle: object, *args: object) -> Any:
             return impl(gpu_of(name, handle), *args)
 
         getattr(m, name).side_effect = effect
 
     def system(name: str, impl: Callable[..., Any]) -> None:
-        def effect(*args: Any) -> Any:
+        def effect(*args: object) -> Any:
             check_init(name)
             return impl(*args)
 
         getattr(m, name).side_effect = effect
 
     # -- lifecycle
-    def init(*_: Any) -> None:
+    def init(*_: object) -> None:
         if state.driver == "no_library":
             raise_(real.NVML_ERROR_LIBRARY_NOT_FOUND)
         if state.driver == "not_loaded":
@@ -333,7 +333,7 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
 
     device("nvmlDeviceGetUtilizationRates", utilization)
 
-    def memory_info(g: FakeGpu, version: Any = None) -> Any:
+    def memory_info(g: FakeGpu, version: object = None) -> Any:
         total, used = g.memory_total_bytes, g.memory_used_bytes
         return once(
             ("mem", total, used), lambda: real.c_nvmlMemory_t(total=total, free=total - used, used=used)
@@ -459,7 +459,7 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
             state.gpm_buffers[address(sample)] = buffer
         return sample
 
-    def gpm_free(sample: Any) -> None:
+    def gpm_free(sample: object) -> None:
         with state.lock:
             if state.gpm_buffers.pop(address(sample), None) is None:
                 raise_(real.NVML_ERROR_INVALID_ARGUMENT)
@@ -468,7 +468,7 @@ def _install(state: FakeNvml, real: ModuleType) -> None:  # noqa: C901 - one tab
     system("nvmlGpmSampleAlloc", gpm_alloc)
     system("nvmlGpmSampleFree", gpm_free)
 
-    def gpm_sample_get(g: FakeGpu, sample: Any) -> Any:
+    def gpm_sample_get(g: FakeGpu, sample: object) -> Any:
         if not g.gpm_supported:
             raise_(real.NVML_ERROR_NOT_SUPPORTED)
         if address(sample) not in state.gpm_buffers:

@@ -242,7 +242,7 @@ class _Step:
     values: Mapping[str, Any]
 
 
-def _field(item: Any, name: str) -> Any:
+def _field(item: object, name: str) -> Any:
     if isinstance(item, Mapping):
         return item.get(name)
     return getattr(item, name, None)
@@ -930,7 +930,7 @@ def summarize(
     return TimelineSummary.from_json(_json_clean(summary))
 
 
-def _json_clean(obj: Any) -> Any:
+def _json_clean(obj: object) -> Any:
     if isinstance(obj, dict):
         return {k: _json_clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

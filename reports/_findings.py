@@ -139,7 +139,7 @@ class Context:
             return name, fixed[name]
         return None
 
-    def config(self, params: Mapping[str, Any]) -> JobConfig | None:
+    def config(self, params: Mapping[str, object]) -> JobConfig | None:
         """What ``params`` (over the study's fixed arguments) mean to the study's backend, if it can say."""
         backend = self.backend()
         if backend is None:
@@ -151,7 +151,7 @@ class Context:
         except (AutotuneError, TypeError, ValueError):
             return None
 
-    def offload_knobs(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def offload_knobs(self, params: Mapping[str, object]) -> dict[str, Any]:
         """The knobs (or fixed arguments) that keep model or optimizer state in host memory."""
         config = self.config(params)
         if config is None:
@@ -163,7 +163,7 @@ class Context:
                 out[name] = value
         return out
 
-    def without_offload(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def without_offload(self, params: Mapping[str, object]) -> dict[str, Any]:
         """``params`` with every offload knob turned off, in the backend's own words."""
         backend = self.backend()
         return backend.without_offload(params) if backend is not None else dict(params)
@@ -187,7 +187,7 @@ class Context:
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def num(value: Any) -> float | None:
+def num(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
@@ -206,7 +206,7 @@ def is_zero3(ctx: Context, trial: TrialData) -> bool:
 
 
 def same_memory_knobs(
-    ctx: Context, a: Mapping[str, Any], b: Mapping[str, Any], ignore: Iterable[str] = ()
+    ctx: Context, a: Mapping[str, object], b: Mapping[str, object], ignore: Iterable[str] = ()
 ) -> bool:
     relevant = ctx.memory_knobs()
     names = (set(a) | set(b)) - set(ignore)

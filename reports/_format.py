@@ -24,7 +24,7 @@ DASH = "—"
 GIB = 2**30
 
 
-def is_num(value: Any) -> bool:
+def is_num(value: object) -> bool:
     """True for a finite int or float (bools excluded)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -39,7 +39,7 @@ def gb(value_bytes: Any, digits: int = 1) -> str:
     return f"{value_bytes / 1e9:.{digits}f} GB" if is_num(value_bytes) else DASH
 
 
-def pct(value_pct: Any, digits: int = 0) -> str:
+def pct(value_pct: object, digits: int = 0) -> str:
     """A value already in percent (``71 %``)."""
     return f"{value_pct:.{digits}f} %" if is_num(value_pct) else DASH
 
@@ -74,7 +74,7 @@ def bytes_s(value: Any) -> str:
     return f"{value / 1e9:.1f} GB/s" if is_num(value) else DASH
 
 
-def knob_value(value: Any) -> str:
+def knob_value(value: object) -> str:
     """A knob value as the framework spells it on a command line."""
     if value is None:
         return "none"

@@ -208,7 +208,7 @@ class StudyData:
         return None
 
 
-def _num(value: Any) -> bool:
+def _num(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -444,7 +444,7 @@ def _original_roots(trials: list[TrialData]) -> list[str]:
     return sorted(roots)
 
 
-def _hardware(raw: Any, problems: list[str]) -> Hardware | None:
+def _hardware(raw: object, problems: list[str]) -> Hardware | None:
     if not isinstance(raw, dict):
         return None
     try:

@@ -84,7 +84,7 @@ def pick_winner(data: StudyData) -> Recommendation | None:
 # ------------------------------------------------------------------------------------------- escaping
 
 
-def md_text(value: Any) -> str:
+def md_text(value: object) -> str:
     """Foreign text for a markdown paragraph: no HTML, markdown emphasis and links neutralised.
 
     Underscores inside words (``per_device_train_batch_size``) stay as they are: GitHub does not
@@ -100,7 +100,7 @@ def md_text(value: Any) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
-def md_cell(value: Any) -> str:
+def md_cell(value: object) -> str:
     """Foreign text for a markdown table cell (also no line breaks)."""
     return md_text(value).replace("\r", " ")
 
@@ -355,7 +355,7 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def command_text(value: Any) -> str:
+def command_text(value: object) -> str:
     """A command line from ``study.json``/``profile.json``: a string as is, an argv list shell-quoted."""
     if isinstance(value, str):
         return value

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -98,7 +97,7 @@ class TrialSignals:
         return out
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
@@ -181,7 +180,7 @@ def signals(data: StudyData, trial: TrialData) -> TrialSignals:
     return sig
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     v = _num(value)
     return int(v) if v is not None else None
 

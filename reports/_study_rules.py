@@ -101,7 +101,7 @@ def _find_boundaries(trials: Sequence[TrialData]) -> list[_Boundary]:
     return best
 
 
-def _hashable(value: Any) -> Any:
+def _hashable(value: object) -> Any:
     return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
 
 

@@ -30,13 +30,13 @@ class Importance:
     fanova: dict[str, float] = field(default_factory=dict)
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
 
 
-def _choice(value: Any) -> None | bool | int | float | str:
+def _choice(value: object) -> None | bool | int | float | str:
     return value if value is None or isinstance(value, bool | int | float | str) else repr(value)
 
 

@@ -33,7 +33,9 @@ def load_study(path: Path | str) -> StudyFrames:
     return load_frames(path)
 
 
-def search(command: Sequence[str] = (), *, console: Console | None = None, **options: Any) -> SearchSummary:
+def search(
+    command: Sequence[str] = (), *, console: Console | None = None, **options: object
+) -> SearchSummary:
     """Run ``autotune search`` from Python and return how it ended.
 
     Args:
@@ -60,7 +62,7 @@ def search(command: Sequence[str] = (), *, console: Console | None = None, **opt
     return search_study(req, console or Console(stderr=True, highlight=False, soft_wrap=True), None)
 
 
-def plan(model: str, **options: Any) -> Any:
+def plan(model: str, **options: object) -> Any:
     """Run ``autotune plan`` from Python: every candidate of the space judged by the estimates.
 
     Args:

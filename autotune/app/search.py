@@ -424,7 +424,7 @@ def job_semantics(
     return resolve_semantics(places, backend.job_defaults, n_gpus, demo=tinymodels.is_tiny(req.model))
 
 
-def _check_pins_hold(pins: Mapping[str, Any], baseline: Mapping[str, Any], where: str) -> None:
+def _check_pins_hold(pins: Mapping[str, object], baseline: Mapping[str, object], where: str) -> None:
     """A pinned knob must hold its pinned value in the user's own baseline too."""
     from autotune.space import canonical_key
 
@@ -673,7 +673,7 @@ def _finish(console: Console, summary: SearchSummary) -> None:
     console.print(line, markup=False)
 
 
-def knobs_line(searched: tuple[str, ...], pinned: Mapping[str, Any]) -> str:
+def knobs_line(searched: tuple[str, ...], pinned: Mapping[str, object]) -> str:
     """Which knobs the search varied and which the user pinned, in one line."""
     line = f"knobs searched: {', '.join(searched) or 'none'}"
     if pinned:

@@ -30,7 +30,7 @@ def trackers_for(names: tuple[str, ...]) -> Trackers | None:
 
 
 def tracking_view(
-    view: Any,
+    view: object,
     trackers: Trackers | None,
     out: Path,
     knob_names: tuple[str, ...],

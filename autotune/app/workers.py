@@ -108,7 +108,7 @@ def stop_on_signals(stop_event: threading.Event, console: Console) -> Iterator[N
         return
     received = {"n": 0}
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         received["n"] += 1
         if received["n"] > 1:
             raise KeyboardInterrupt

@@ -17,7 +17,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
 
 #: ms-swift's profiling names → the timeline's phases
 PHASE_OF = {"_move_model_to_vllm": "weight_sync", "generate": "rollout"}
@@ -50,7 +49,7 @@ def _install(path: str) -> None:
         return
 
     @contextlib.contextmanager
-    def profiling_context(trainer: Any, name: str) -> Iterator[None]:
+    def profiling_context(trainer: object, name: str) -> Iterator[None]:
         phase = PHASE_OF.get(name)
         if phase is not None:
             _mark(path, phase, "begin")

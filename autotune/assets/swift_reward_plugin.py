@@ -31,7 +31,7 @@ def score(text: str, solution: str | None) -> float:
     return hit + share
 
 
-def _text(completion: Any) -> str:
+def _text(completion: object) -> str:
     if isinstance(completion, str):
         return completion
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
@@ -43,7 +43,7 @@ class AutotuneDemoReward(ORM):
     """Exact answer plus digit share; see the module docstring."""
 
     def __call__(
-        self, completions: list[Any], solution: list[str] | None = None, **kwargs: Any
+        self, completions: list[Any], solution: list[str] | None = None, **kwargs: object
     ) -> list[float]:
         solutions = solution if solution is not None else [None] * len(completions)
         return [score(_text(c), s) for c, s in zip(completions, solutions, strict=False)]

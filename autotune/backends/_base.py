@@ -322,9 +322,9 @@ class Backend(ABC):
     @abstractmethod
     def describe(
         cls,
-        params: Mapping[str, Any],
-        derived: Mapping[str, Any],
-        fixed: Mapping[str, Any],
+        params: Mapping[str, object],
+        derived: Mapping[str, object],
+        fixed: Mapping[str, object],
         n_gpus: int,
     ) -> JobConfig:
         """What a configuration means, in the framework-neutral words of :class:`JobConfig`.
@@ -348,7 +348,7 @@ class Backend(ABC):
         """Find the framework; raise :class:`~autotune.errors.BackendError` when it cannot run here."""
 
     @classmethod
-    def without_offload(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+    def without_offload(cls, params: Mapping[str, object]) -> dict[str, Any]:
         """``params`` with every knob that keeps state in host memory switched off (the diagnosis's
         "try it without offload"). The default turns the boolean offload knobs off."""
         out = dict(params)
@@ -396,7 +396,7 @@ class Backend(ABC):
         )
 
     @classmethod
-    def type_fixed_mapping(cls, args: Mapping[str, Any], place: str) -> dict[str, Any]:
+    def type_fixed_mapping(cls, args: Mapping[str, object], place: str) -> dict[str, Any]:
         """A ``--fixed`` YAML mapping read as the framework reads its own YAML (the default keeps it as is).
 
         Raises:
@@ -405,7 +405,7 @@ class Backend(ABC):
         return dict(args)
 
     @classmethod
-    def job_semantics(cls, args: Mapping[str, Any], n_gpus: int) -> dict[str, tuple[int, str]]:
+    def job_semantics(cls, args: Mapping[str, object], n_gpus: int) -> dict[str, tuple[int, str]]:
         """The job's training semantics that the framework arguments ``args`` set (the ``--fixed``
         file, or the job's own arguments after ``--``): field of :data:`autotune.jobsemantics.FIELDS`
         → (value, the argument's name).
@@ -431,12 +431,12 @@ class Backend(ABC):
         return out
 
     @classmethod
-    def canonical_args(cls, args: Mapping[str, Any]) -> dict[str, Any]:
+    def canonical_args(cls, args: Mapping[str, object]) -> dict[str, Any]:
         """The user's fixed arguments with one spelling of each name (a framework's renamed flags)."""
         return dict(args)
 
     @classmethod
-    def uses_demo_reward(cls, fixed: Mapping[str, Any]) -> bool:
+    def uses_demo_reward(cls, fixed: Mapping[str, object]) -> bool:
         """True when trials score completions with autotune's demo reward: the user named no reward
         function and no reward model (frameworks that default to autotune's reward override this)."""
         return "reward_funcs" not in fixed and "reward_model" not in fixed

@@ -151,7 +151,7 @@ def completion_tokens(values: Mapping[str, float], samples: int | None) -> float
     return mean_len * samples
 
 
-def is_trainer_step_record(record: Mapping[str, Any]) -> bool:
+def is_trainer_step_record(record: Mapping[str, object]) -> bool:
     """A Trainer log record of a training step: it has ``loss`` or (TRL) ``reward``, and is neither the
     end-of-training summary nor an evaluation record."""
     if "loss" not in record and "reward" not in record:

@@ -80,9 +80,9 @@ def exporter(fmt: str) -> Callable[..., Any] | None:
 
 def job_shape(
     backend: str,
-    params: Mapping[str, Any],
-    derived: Mapping[str, Any],
-    fixed: Mapping[str, Any],
+    params: Mapping[str, object],
+    derived: Mapping[str, object],
+    fixed: Mapping[str, object],
     model: ModelSpec,
     n_gpus: int,
 ) -> JobShape:

@@ -15,7 +15,7 @@ from autotune.jobconfig import JobConfig
 __all__ = ["SHARED_RULES", "vllm_tp_divides_heads"]
 
 
-def vllm_tp_divides_heads(job: JobConfig, facts: Mapping[str, Any]) -> tuple[str, str] | None:
+def vllm_tp_divides_heads(job: JobConfig, facts: Mapping[str, object]) -> tuple[str, str] | None:
     """vLLM refuses a tensor-parallel size that does not divide the attention heads
     (``ModelConfig.verify_with_parallel_config``), after a whole start-up."""
     heads = facts.get("heads")

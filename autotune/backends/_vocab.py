@@ -90,7 +90,7 @@ SWIFT_KNOBS: tuple[str, ...] = (
 )
 
 
-def list_value(name: str, value: Any) -> Any:
+def list_value(name: str, value: object) -> Any:
     """Flags that are lists in one framework and may be a single text in the other."""
     if name in LIST_ARGS and isinstance(value, str):
         return value.split() if " " in value.strip() else [value]

@@ -151,7 +151,7 @@ def knob_env_name(name: str) -> str:
     return "AUTOTUNE_KNOB_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -162,7 +162,7 @@ def _text(value: Any) -> str:
 class _Value:
     """A value that formats as autotune's text form without a spec and with the raw value's rules with one."""
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: object) -> None:
         self.value = value
 
     def __format__(self, spec: str) -> str:
@@ -313,7 +313,11 @@ class CommandBackend(Backend):
 
     @classmethod
     def describe(
-        cls, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+        cls,
+        params: Mapping[str, object],
+        derived: Mapping[str, object],
+        fixed: Mapping[str, object],
+        n_gpus: int,
     ) -> JobConfig:
         """A command's knobs read in TRL's vocabulary (Hugging Face ``TrainingArguments`` names, with
         TRL's defaults): a script that names its knobs so is estimated and explained like a TRL job.
@@ -323,7 +327,7 @@ class CommandBackend(Backend):
         """
         vocabulary = backend_class(VOCABULARY)
 
-        def readable(args: Mapping[str, Any]) -> dict[str, Any]:
+        def readable(args: Mapping[str, object]) -> dict[str, Any]:
             out = {}
             for name, value in args.items():
                 try:

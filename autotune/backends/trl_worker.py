@@ -83,7 +83,7 @@ def _secrets(names: Mapping[str, str]) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------- reward
 
 
-def _completion_text(completion: Any) -> str:
+def _completion_text(completion: object) -> str:
     if isinstance(completion, str):
         return completion
     if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
@@ -92,7 +92,7 @@ def _completion_text(completion: Any) -> str:
 
 
 def autotune_reward(
-    completions: list[Any], solution: list[str | None] | None = None, **_: Any
+    completions: list[Any], solution: list[str | None] | None = None, **_: object
 ) -> list[float]:
     """The built-in reward (TRL reward-function signature): the answer, plus the share of digits.
 

@@ -77,7 +77,7 @@ def _name_shared_memory_per_run() -> None:
         return
     run = f"autotune{os.environ.get('MASTER_PORT', '')}.{os.getppid()}"
 
-    def make_group_name(communicator: Any) -> str:  # a POSIX shm name: one leading "/", no other
+    def make_group_name(communicator: object) -> str:  # a POSIX shm name: one leading "/", no other
         return f"/{run}{original(communicator).lstrip('/')}"
 
     setattr(make_group_name, _MARK, True)

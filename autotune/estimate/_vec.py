@@ -21,7 +21,7 @@ __all__ = ["ceil", "either", "is_array", "lmax", "lmin", "neg", "num", "to_int",
 _ARRAY = np.ndarray
 
 
-def is_array(*values: Any) -> bool:
+def is_array(*values: object) -> bool:
     for x in values:
         if isinstance(x, _ARRAY):
             return True
@@ -72,12 +72,12 @@ def to_int(x: Any) -> Any:
     return x.astype(np.int64) if isinstance(x, _ARRAY) else int(x)
 
 
-def neg(x: Any) -> Any:
+def neg(x: object) -> Any:
     """``not x``, elementwise on arrays."""
     return np.logical_not(x) if isinstance(x, _ARRAY) else not x
 
 
-def num(x: Any) -> Any:
+def num(x: object) -> Any:
     """``x or 0``: an optional count (None on one configuration, 0 in a column) as a number."""
     return x if isinstance(x, _ARRAY) else (x or 0)
 

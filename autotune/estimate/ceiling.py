@@ -343,7 +343,9 @@ def _offload(s: Any, b: PeakBasis) -> tuple[Any, Any]:
     return train, rollout
 
 
-def ceiling_terms(s: Any, basis: PeakBasis, prompt_tokens: Any, completion_tokens: Any) -> dict[str, Any]:
+def ceiling_terms(
+    s: object, basis: PeakBasis, prompt_tokens: object, completion_tokens: object
+) -> dict[str, Any]:
     """The ceiling of every phase of :data:`CEILING_PHASES` and of the step, in seconds.
 
     Args:

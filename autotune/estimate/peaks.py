@@ -79,7 +79,7 @@ class MeasuredPeaks:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any) -> MeasuredPeaks:
+    def from_dict(cls, data: object) -> MeasuredPeaks:
         """Read the JSON form back.
 
         Raises:
@@ -114,7 +114,7 @@ class MeasuredPeaks:
         )
 
 
-def _positive(value: Any, name: str) -> float:
+def _positive(value: object, name: str) -> float:
     """``value`` as a float when it is a finite number above 0 (not a bool), else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name} is not a positive number")

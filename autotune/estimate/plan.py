@@ -295,7 +295,7 @@ def _config_fields(config: JobConfig) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.compare}
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def _same_value(a: object, b: object) -> bool:
     return (
         type(a) is type(b)
         and a == b
@@ -435,7 +435,7 @@ def plan_space(
     model: ModelSpec,
     gpu: GpuSpec,
     n_gpus: int,
-    fixed: Mapping[str, Any],
+    fixed: Mapping[str, object],
     margin: float = 0.15,
     basis: PeakBasis | None = None,
 ) -> PlanResult:
@@ -455,7 +455,7 @@ def plan_space(
     """
     world = max(1, n_gpus)
 
-    def decode(params: Mapping[str, Any]) -> JobConfig:
+    def decode(params: Mapping[str, object]) -> JobConfig:
         return describe(params, {"world_size": world}, fixed, n_gpus)
 
     table = _table(space, lambda p: decode(p))

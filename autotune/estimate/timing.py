@@ -94,7 +94,7 @@ def _rollout_s(s: Any, gpu: GpuSpec, concurrency: Any) -> Any:
     return slowdown * (waves * s.max_completion_length * decode_step + prefill)
 
 
-def _mfu(micro_tokens: Any) -> Any:
+def _mfu(micro_tokens: object) -> Any:
     """Training MFU of a micro-batch (a power: computed per distinct size, as Python computes it)."""
     return v.per_value(
         lambda tokens: TRAIN_MFU_MAX * min(1.0, tokens / TRAIN_MFU_TOKENS) ** 0.3, micro_tokens

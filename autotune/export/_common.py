@@ -94,7 +94,9 @@ def refuse(what: str, fmt: str, instead: str | None) -> UsageError:
 # ------------------------------------------------------------------------------------------ secrets
 
 
-def mask_secrets(args: Mapping[str, Any], rule: SecretRule | None = None) -> tuple[dict[str, Any], list[str]]:
+def mask_secrets(
+    args: Mapping[str, object], rule: SecretRule | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """The arguments with secret values masked (:data:`~autotune.secrets.MASK`), and one note per secret.
 
     Scripts read a masked argument from an environment variable (:func:`shell_script`); JSON and YAML
@@ -113,7 +115,7 @@ def mask_secrets(args: Mapping[str, Any], rule: SecretRule | None = None) -> tup
 # ------------------------------------------------------------------------------------------ text
 
 
-def json_text(data: Any) -> str:
+def json_text(data: object) -> str:
     """JSON as autotune writes it (2-space indent, newline at the end)."""
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 

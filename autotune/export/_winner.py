@@ -32,13 +32,17 @@ class BackendFacts(Protocol):
     @property
     def display_name(self) -> str: ...
 
-    def canonical_args(self, args: Mapping[str, Any]) -> dict[str, Any]: ...
+    def canonical_args(self, args: Mapping[str, object]) -> dict[str, Any]: ...
 
     def describe(
-        self, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+        self,
+        params: Mapping[str, object],
+        derived: Mapping[str, object],
+        fixed: Mapping[str, object],
+        n_gpus: int,
     ) -> JobConfig: ...
 
-    def uses_demo_reward(self, fixed: Mapping[str, Any]) -> bool: ...
+    def uses_demo_reward(self, fixed: Mapping[str, object]) -> bool: ...
 
 
 @dataclass(frozen=True)

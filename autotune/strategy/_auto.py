@@ -373,7 +373,7 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
         done = sum(1 for r in runs if (r.choice or {}).get("mode") == "refine")
         return done < share * (n - self.settings.warmup_trials + 1)
 
-    def _around(self, params: Mapping[str, Any], visited: set[str]) -> list[Candidate]:
+    def _around(self, params: Mapping[str, object], visited: set[str]) -> list[Candidate]:
         """Valid unvisited configurations within ``refine_radius`` knob changes of ``params``."""
         seen = {canonical_key(params)}
         frontier = [dict(params)]

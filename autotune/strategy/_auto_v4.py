@@ -198,7 +198,7 @@ class AutoV4Strategy(AutoStrategy):
 
     def _climb(
         self,
-        start: Mapping[str, Any],
+        start: Mapping[str, object],
         additive: Predict,
         score: Score,
         history: Sequence[TrialResult],

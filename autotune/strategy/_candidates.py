@@ -17,7 +17,7 @@ from autotune.space import SearchSpace, canonical_key
 __all__ = ["count_configs", "random_config", "neighbours", "sample_configs"]
 
 
-def _context(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
+def _context(space: SearchSpace, params: Mapping[str, object]) -> dict[str, Any]:
     ctx = dict(space.dropped_defaults)
     ctx.update(params)
     return ctx
@@ -74,7 +74,7 @@ def sample_configs(
     return out
 
 
-def neighbours(space: SearchSpace, params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+def neighbours(space: SearchSpace, params: Mapping[str, object]) -> Iterator[dict[str, Any]]:
     """Every configuration that differs from ``params`` in the value of exactly one active knob.
 
     Changing a knob that a condition names re-activates or drops the knobs that depend on it; newly

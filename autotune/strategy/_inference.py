@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.records import TrialResult, TrialStatus
 from autotune.space import SearchSpace, canonical_key
@@ -66,11 +65,11 @@ def is_kv_failure(result: TrialResult) -> bool:
     )
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     return canonical_key({"v": a}) == canonical_key({"v": b})
 
 
-def needs_at_least(space: SearchSpace, candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> bool:
+def needs_at_least(space: SearchSpace, candidate: Mapping[str, object], failed: Mapping[str, object]) -> bool:
     """True when ``candidate`` needs strictly more GPU memory than ``failed`` by the space's orders."""
     if set(candidate) != set(failed):
         return False
@@ -91,7 +90,7 @@ def needs_at_least(space: SearchSpace, candidate: Mapping[str, Any], failed: Map
     return strictly_more
 
 
-def needs_less_kv(space: SearchSpace, candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> bool:
+def needs_less_kv(space: SearchSpace, candidate: Mapping[str, object], failed: Mapping[str, object]) -> bool:
     """True when ``candidate`` is ``failed`` with a strictly lower vLLM memory share (the knob the
     backend names for the ``vllm_util`` role) and nothing else changed."""
     budget = space.knob_for("vllm_util")
@@ -121,7 +120,7 @@ class Inference:
     reason: str
 
 
-def _diff(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> str:
+def _diff(candidate: Mapping[str, object], failed: Mapping[str, object]) -> str:
     return ", ".join(
         f"{k} {candidate[k]!r} vs {failed.get(k)!r}"
         for k in candidate
@@ -130,7 +129,7 @@ def _diff(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> str:
 
 
 def infer_infeasible(
-    space: SearchSpace, candidate: Mapping[str, Any], history: Iterable[TrialResult]
+    space: SearchSpace, candidate: Mapping[str, object], history: Iterable[TrialResult]
 ) -> Inference | None:
     """The failed trial that proves ``candidate`` cannot run, with the reason, or None."""
     for result in history:
@@ -154,7 +153,7 @@ def infer_infeasible(
 
 
 def oom_dominated(
-    space: SearchSpace, candidate: Mapping[str, Any], history: Iterable[TrialResult]
+    space: SearchSpace, candidate: Mapping[str, object], history: Iterable[TrialResult]
 ) -> TrialResult | None:
     """The memory failure (OOM or vLLM start-up) that proves ``candidate`` cannot fit, or None."""
     for result in history:

@@ -144,7 +144,7 @@ class CandidatePool:
             self._encoder = ConfigEncoder(self.space)
         return self._encoder
 
-    def cand(self, params: Mapping[str, Any], key: str | None = None) -> Candidate:
+    def cand(self, params: Mapping[str, object], key: str | None = None) -> Candidate:
         """The encoded candidate of ``params`` (cached by its canonical key)."""
         key = key or canonical_key(params)
         cand = self._cands.get(key)
@@ -188,7 +188,7 @@ class CandidatePool:
                 self._prior_sd = enc.scaled_prior_sd({k: self.scale.of(v) for k, v in spreads.items()})
         return self._prior_sd
 
-    def _phase_vector(self, params: Mapping[str, Any]) -> np.ndarray:
+    def _phase_vector(self, params: Mapping[str, object]) -> np.ndarray:
         out = np.full(len(PHASE_NAMES), math.nan)
         if self.collab.phase_prior is None:
             return out

@@ -57,7 +57,7 @@ class ScoredProposal(Proposal):
         }
 
 
-def move_from(incumbent: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+def move_from(incumbent: Mapping[str, object], params: Mapping[str, object]) -> dict[str, tuple[Any, Any]]:
     """The knobs ``params`` sets differently from ``incumbent``: name → (incumbent's value, new value)."""
     out: dict[str, tuple[Any, Any]] = {}
     for name in dict.fromkeys([*incumbent, *params]):

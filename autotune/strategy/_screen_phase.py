@@ -33,7 +33,7 @@ class ScreeningPhase:
     collab: Collaborators
     screening: Screening | None
 
-    def scored(self, **fields: Any) -> Any:
+    def scored(self, **fields: object) -> Any:
         """The strategy's own proposal type, built from ``fields``."""
         raise NotImplementedError
 
@@ -83,10 +83,10 @@ class ScreeningPhase:
             return None
         choice, gain_ok, mean_log, p_ok = score(block, self.pool.first_load(block.cands))
 
-        def check(params: Mapping[str, Any]) -> bool:
+        def check(params: Mapping[str, object]) -> bool:
             return infer_infeasible(self.space, params, history) is None and self.collab.feasible(params)
 
-        def probe_load(params: Mapping[str, Any]) -> float | None:
+        def probe_load(params: Mapping[str, object]) -> float | None:
             """The predicted memory load of a candidate only the memory gate refuses (None otherwise)."""
             if self.collab.memory_load is None or infer_infeasible(self.space, params, history) is not None:
                 return None

@@ -43,7 +43,7 @@ ABSENT = -1
 OFF_GRID = -2
 
 
-def value_key(value: Any) -> tuple[str, Any]:
+def value_key(value: object) -> tuple[str, Any]:
     """A hashable key under which equal knob values meet (1 and 1.0 alike, True apart from 1)."""
     if isinstance(value, bool):
         return ("b", value)
@@ -162,7 +162,7 @@ class ConfigEncoder:
         x = math.log(value) if log_scale and value > 0 else value
         return min(1.0, max(0.0, (x - low) / span))
 
-    def codes(self, params: Mapping[str, Any]) -> tuple[int, ...]:
+    def codes(self, params: Mapping[str, object]) -> tuple[int, ...]:
         """Position of each knob's value (``ABSENT`` when inactive, ``OFF_GRID`` when not a grid value)."""
         out = []
         for slot in self.slots:
@@ -172,7 +172,7 @@ class ConfigEncoder:
                 out.append(slot.index.get(value_key(params[slot.name]), OFF_GRID))
         return tuple(out)
 
-    def encode(self, params: Mapping[str, Any], codes: Sequence[int] | None = None) -> np.ndarray:
+    def encode(self, params: Mapping[str, object], codes: Sequence[int] | None = None) -> np.ndarray:
         """The feature vector of one configuration (first column: the intercept)."""
         x = np.zeros(self.n_features)
         x[0] = 1.0

@@ -123,7 +123,7 @@ class StudyView(Protocol):
     """Live display of a study (rich in the CLI, nothing in tests)."""
 
     def study_started(self, cfg: StudyConfig, done: int, budget: int) -> None: ...
-    def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None: ...
+    def trial_started(self, number: int, params: Mapping[str, object], is_baseline: bool) -> None: ...
     def trial_step(self, number: int, step: int, throughput: float | None) -> None: ...
     def trial_finished(self, result: TrialResult) -> None: ...
     def notice(self, text: str) -> None: ...
@@ -140,7 +140,7 @@ class NullView:
     def study_started(self, cfg: StudyConfig, done: int, budget: int) -> None:
         pass
 
-    def trial_started(self, number: int, params: Mapping[str, Any], is_baseline: bool) -> None:
+    def trial_started(self, number: int, params: Mapping[str, object], is_baseline: bool) -> None:
         pass
 
     def trial_step(self, number: int, step: int, throughput: float | None) -> None:
@@ -163,7 +163,7 @@ class MemoryGate(Protocol):
     """Pre-screens candidates with the memory estimate and learns from measured peaks."""
 
     def check(
-        self, params: Mapping[str, Any], derived: Mapping[str, Any], *, margin: float | None = None
+        self, params: Mapping[str, object], derived: Mapping[str, object], *, margin: float | None = None
     ) -> tuple[str | None, dict[str, Any] | None]:
         """(reason to prune or None, the predicted breakdown or None).
 
@@ -176,7 +176,7 @@ class MemoryGate(Protocol):
         """
         ...
 
-    def rank(self, params: Mapping[str, Any]) -> float | None:
+    def rank(self, params: Mapping[str, object]) -> float | None:
         """Predicted throughput, for ordering only."""
         ...
 

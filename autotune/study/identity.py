@@ -30,16 +30,16 @@ _KEYED = {
 }
 
 
-def _digest(value: Any) -> str:
+def _digest(value: object) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def study_identity(
-    plain: Mapping[str, Any],
+    plain: Mapping[str, object],
     knobs: list[dict[str, Any]],
-    fixed: Mapping[str, Any],
-    backend_args: Mapping[str, Any],
+    fixed: Mapping[str, object],
+    backend_args: Mapping[str, object],
 ) -> dict[str, Any]:
     """The identity ``study.json`` records.
 
@@ -62,7 +62,7 @@ def study_identity(
     }
 
 
-def identity_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+def identity_differences(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
     """What differs between a recorded identity and this run's, one phrase each (empty: the same).
 
     Only what both record is compared, so a study written by an older autotune (which recorded less)

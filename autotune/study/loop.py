@@ -178,7 +178,7 @@ class Study(StudyPart):
         self._silent_waited_s = 0.0  # how long this worker waited for a dead worker's trial to go stale
         self._storage: optuna.storages.BaseStorage | None = None
 
-    def _ceiling_throughput(self, gate: Any) -> Callable[[Mapping[str, Any]], float | None] | None:
+    def _ceiling_throughput(self, gate: object) -> Callable[[Mapping[str, Any]], float | None] | None:
         """The physical ceiling's completions/s of a configuration, from a gate that knows its step's
         least seconds (the estimator's: ``ceiling_s``), or None."""
         ceiling_s = getattr(gate, "ceiling_s", None)
@@ -186,7 +186,7 @@ class Study(StudyPart):
             return None
         batch = self.cfg.global_batch
 
-        def bound(params: Mapping[str, Any]) -> float | None:
+        def bound(params: Mapping[str, object]) -> float | None:
             try:
                 seconds = float(ceiling_s(params))
             except (ValueError, KeyError, ZeroDivisionError):  # a shape the ceiling cannot price

@@ -46,7 +46,7 @@ class MachineAttrs:
         """Store ``value`` (JSON-serialisable) under ``key``."""
         self._storage.set_study_system_attr(self._id, _PREFIX + key, value)
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         """The value under ``key`` (a legacy user attribute of that name when there is none)."""
         stored = self._storage.get_study_system_attrs(self._id)
         if _PREFIX + key in stored:

@@ -43,12 +43,12 @@ class Prescreen(StudyPart):
             seed=c.seed,
         )
 
-    def valid(self, params: Mapping[str, Any]) -> bool:
+    def valid(self, params: Mapping[str, object]) -> bool:
         """The framework's start-up rules hold (static: the same answer for the whole study)."""
         ctx = self.context(self.dir.trials_dir)
         return not self.backend.rules(dict(params), self.backend.derive(dict(params), ctx), ctx)
 
-    def cheap_feasible(self, params: Mapping[str, Any]) -> bool:
+    def cheap_feasible(self, params: Mapping[str, object]) -> bool:
         """Whether ``params`` passes the pre-screen (without building its result)."""
         ctx = self.context(self.dir.trials_dir)
         derived = self.backend.derive(dict(params), ctx)
@@ -61,7 +61,7 @@ class Prescreen(StudyPart):
             return reason is None
         return True
 
-    def memory_load(self, params: Mapping[str, Any]) -> float | None:
+    def memory_load(self, params: Mapping[str, object]) -> float | None:
         """Predicted peak ÷ capacity per GPU (above 1 by the deficit when vLLM's checks fail), or None."""
         if self.memory_gate is None:
             return None

@@ -123,7 +123,7 @@ def _study_folder(name: str, directory: Path) -> str:
     return f"{name}-{digest[:8]}"
 
 
-def _hparam(value: Any) -> Any:
+def _hparam(value: object) -> Any:
     from google.protobuf import struct_pb2
 
     if isinstance(value, bool):

@@ -27,7 +27,6 @@ import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.errors import BackendError
 
@@ -161,7 +160,7 @@ class SwiftFlags:
         return name
 
 
-def flag_items(name: str, value: Any) -> list[str]:
+def flag_items(name: str, value: object) -> list[str]:
     """argv items for one flag: booleans as ``true``/``false``, lists as several items, dicts as JSON.
 
     ``None`` means "not set" and gives no items.
@@ -178,7 +177,7 @@ def flag_items(name: str, value: Any) -> list[str]:
     return [flag, _scalar(value)]
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

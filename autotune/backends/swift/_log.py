@@ -95,7 +95,7 @@ _SKIP_KEYS = frozenset(
 )
 
 
-def _step_of(record: Mapping[str, Any]) -> int | None:
+def _step_of(record: Mapping[str, object]) -> int | None:
     raw = record.get(STEP_KEY)
     if not isinstance(raw, str):
         return None
@@ -103,14 +103,14 @@ def _step_of(record: Mapping[str, Any]) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def is_step_record(record: Mapping[str, Any]) -> bool:
+def is_step_record(record: Mapping[str, object]) -> bool:
     """A training step: has a step counter and is neither an eval record nor the end-of-training summary."""
     if _step_of(record) is None:
         return False
     return "train_runtime" not in record and not any(k.startswith("eval_") for k in record)
 
 
-def record_values(record: Mapping[str, Any], *, start_step: int = 0) -> dict[str, float]:
+def record_values(record: Mapping[str, object], *, start_step: int = 0) -> dict[str, float]:
     """Every numeric value of one record, with version-specific keys normalised (see module docstring)."""
     values: dict[str, float] = {}
     for key, raw in record.items():
@@ -236,7 +236,9 @@ class SwiftLogParser(StepParser):
         """The weight sync, between vLLM waking its weights and its KV cache (:data:`PHASE_MARKS`)."""
         return self._phases.open()
 
-    def _make_step(self, record: Mapping[str, Any], t_mono_s: float, t_wall_s: float) -> StepMetrics | None:
+    def _make_step(
+        self, record: Mapping[str, object], t_mono_s: float, t_wall_s: float
+    ) -> StepMetrics | None:
         step = _step_of(record)
         if step is None or step in self._seen:
             return None

@@ -6,7 +6,6 @@ a trial would pass against the installed version (:func:`fixed_flag_notices`). :
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from autotune.backends._base import BackendInfo, RuleViolation, TrialContext
 from autotune.backends._vllm import refusals as vllm_refusals
@@ -32,7 +31,7 @@ CONTROLLED_FLAGS: tuple[str, ...] = (
 
 
 def start_rules(
-    eff: Mapping[str, Any],
+    eff: Mapping[str, object],
     world: int,
     ctx: TrialContext,
     *,
@@ -157,8 +156,8 @@ def start_rules(
 def fixed_flag_notices(
     flags: SwiftFlags,
     accepted_names: Callable[[], frozenset[str]],
-    params: Mapping[str, Any],
-    fixed: Mapping[str, Any],
+    params: Mapping[str, object],
+    fixed: Mapping[str, object],
     ctx: TrialContext | None = None,
 ) -> list[str]:
     """Check every flag a trial would pass against the installed ms-swift, before any launch.

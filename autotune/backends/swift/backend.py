@@ -147,7 +147,11 @@ class SwiftBackend(Backend):
 
     @classmethod
     def describe(
-        cls, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+        cls,
+        params: Mapping[str, object],
+        derived: Mapping[str, object],
+        fixed: Mapping[str, object],
+        n_gpus: int,
     ) -> JobConfig:
         """What ms-swift's knobs and flags mean (:func:`describe_swift`)."""
         return describe_swift(params, derived, fixed, n_gpus, cls.knob_defaults())
@@ -170,7 +174,7 @@ class SwiftBackend(Backend):
         return {"tuner_type": "lora", "lora_rank": rank}
 
     @classmethod
-    def without_offload(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+    def without_offload(cls, params: Mapping[str, object]) -> dict[str, Any]:
         """Offload off: a ``*_offload`` preset becomes the preset of the same ZeRO stage without offload."""
         out = super().without_offload(params)
         spec = PRESETS.get(str(out.get("deepspeed")))
@@ -179,7 +183,7 @@ class SwiftBackend(Backend):
         return out
 
     @classmethod
-    def canonical_args(cls, args: Mapping[str, Any]) -> dict[str, Any]:
+    def canonical_args(cls, args: Mapping[str, object]) -> dict[str, Any]:
         """One spelling of the tuner flag (3.x ``train_type``); the installed version's is chosen at render."""
         return canonical_args(args)
 
@@ -324,14 +328,14 @@ class SwiftBackend(Backend):
         fixed = {flag_name(k): v for k, v in ctx.fixed.items()}
         return canonical_args(fixed)
 
-    def _effective(self, params: Mapping[str, Any], ctx: TrialContext) -> dict[str, Any]:
+    def _effective(self, params: Mapping[str, object], ctx: TrialContext) -> dict[str, Any]:
         """Fixed flags overlaid with the trial's knobs (knobs win)."""
         eff = self._fixed(ctx)
         eff.update(params)
         return eff
 
     @staticmethod
-    def _world_size(params: Mapping[str, Any], ctx: TrialContext) -> int:
+    def _world_size(params: Mapping[str, object], ctx: TrialContext) -> int:
         if ctx.cpu_only:
             return max(1, as_int(params.get("num_processes", 1)) or 1)
         return len(ctx.gpus)
@@ -364,7 +368,7 @@ class SwiftBackend(Backend):
         return start_rules(eff, world, ctx, info=self._info, flags=self.flags)
 
     def check_flags(
-        self, params: Mapping[str, Any], fixed: Mapping[str, Any], ctx: TrialContext | None = None
+        self, params: Mapping[str, object], fixed: Mapping[str, object], ctx: TrialContext | None = None
     ) -> list[str]:
         """Check every flag a trial would pass against the installed ms-swift, before any launch
         (:func:`~autotune.backends.swift._rules.fixed_flag_notices`).
@@ -440,7 +444,7 @@ class SwiftBackend(Backend):
         args: list[str] = [exe, "rlhf", "--rlhf_type", "grpo"]
         emitted: set[str] = {"rlhf_type"}
 
-        def add(name: str, value: Any) -> None:
+        def add(name: str, value: object) -> None:
             name = flags.translate(name)
             if name in emitted:
                 return
@@ -524,7 +528,7 @@ class SwiftBackend(Backend):
         return ctx.trial_dir / "output"
 
     @staticmethod
-    def _vllm_env(params: Mapping[str, Any], ctx: TrialContext) -> dict[str, str]:
+    def _vllm_env(params: Mapping[str, object], ctx: TrialContext) -> dict[str, str]:
         """vLLM on CPU: no vLLM plugins (ms-swift's ``swift_uembed`` imports torchvision's CUDA build), and
         an engine over several processes binds one core list to each (vLLM's default asserts)."""
         if not (ctx.cpu_only and as_bool(params.get("use_vllm", False))):

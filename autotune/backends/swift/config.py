@@ -82,7 +82,7 @@ KNOB_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def canonical_args(args: Mapping[str, Any]) -> dict[str, Any]:
+def canonical_args(args: Mapping[str, object]) -> dict[str, Any]:
     """ms-swift flags with one spelling of each: 3.x's ``train_type`` is 4.x's ``tuner_type``."""
     return {("tuner_type" if k == "train_type" else k): v for k, v in args.items()}
 

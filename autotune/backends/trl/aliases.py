@@ -42,7 +42,7 @@ def installed_aliases() -> dict[str, str]:
     return deprecated_aliases(TrainingArguments)
 
 
-def current_names(kwargs: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+def current_names(kwargs: Mapping[str, object], aliases: Mapping[str, str]) -> dict[str, Any]:
     """``kwargs`` with each deprecated name replaced by its current one (kept in place, in order); a
     value given under both names keeps the current name's."""
     out: dict[str, Any] = {}

@@ -130,7 +130,7 @@ def parse_trl_argv(argv: Sequence[str], place: str) -> dict[str, Any]:
     return {**vars(namespace), **_launch_args(rest, place)}
 
 
-def type_trl_mapping(args: Mapping[str, Any], place: str) -> dict[str, Any]:
+def type_trl_mapping(args: Mapping[str, object], place: str) -> dict[str, Any]:
     """A ``trl grpo --config`` YAML's mapping as TRL reads it (``set_defaults_with_config``).
 
     Raises:

@@ -285,7 +285,11 @@ class TrlBackend(Backend):
 
     @classmethod
     def describe(
-        cls, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+        cls,
+        params: Mapping[str, object],
+        derived: Mapping[str, object],
+        fixed: Mapping[str, object],
+        n_gpus: int,
     ) -> JobConfig:
         """What TRL's knobs and ``GRPOConfig`` arguments mean (:func:`describe_trl`)."""
         return describe_trl(params, derived, fixed, n_gpus, cls.knob_defaults())
@@ -302,12 +306,12 @@ class TrlBackend(Backend):
         return parse_trl_argv(argv, place)
 
     @classmethod
-    def type_fixed_mapping(cls, args: Mapping[str, Any], place: str) -> dict[str, Any]:
+    def type_fixed_mapping(cls, args: Mapping[str, object], place: str) -> dict[str, Any]:
         """A ``trl grpo --config`` YAML read as TRL reads it (:func:`~autotune.backends.trl.argv.type_trl_mapping`)."""
         return type_trl_mapping(args, place)
 
     @classmethod
-    def uses_demo_reward(cls, fixed: Mapping[str, Any]) -> bool:
+    def uses_demo_reward(cls, fixed: Mapping[str, object]) -> bool:
         """TRL trials score with autotune's reward unless ``reward_funcs`` leaves ``autotune`` out."""
         return "autotune" in _rewards(fixed)
 
@@ -367,7 +371,7 @@ class TrlBackend(Backend):
     def _vllm_mode(ctx: TrialContext) -> str:
         return str(ctx.fixed.get("vllm_mode", "colocate"))
 
-    def _value(self, params: Mapping[str, Any], name: str) -> Any:
+    def _value(self, params: Mapping[str, object], name: str) -> Any:
         return params[name] if name in params else self.knob_defaults()[name]
 
     def _world_size(self, params: dict[str, Any], ctx: TrialContext) -> int:
@@ -598,7 +602,7 @@ class TrlBackend(Backend):
             world_size=world,
         )
 
-    def _vllm_env(self, params: Mapping[str, Any], ctx: TrialContext) -> dict[str, str]:
+    def _vllm_env(self, params: Mapping[str, object], ctx: TrialContext) -> dict[str, str]:
         """On CPU, an engine over several processes binds one core list to each (vLLM's default asserts)."""
         if not (ctx.cpu_only and self._value(params, "use_vllm")):
             return {}

@@ -193,7 +193,7 @@ def _reward_fields(w: Winner, fixed: dict[str, Any]) -> tuple[dict[str, Any], li
     return {"reward_model_name_or_path": str(reward_model)}, []
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 

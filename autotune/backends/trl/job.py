@@ -67,12 +67,12 @@ def installed_fields() -> TrlFields | None:
     )
 
 
-def model_fields_of(fixed: Mapping[str, Any], fields: TrlFields) -> dict[str, Any]:
+def model_fields_of(fixed: Mapping[str, object], fields: TrlFields) -> dict[str, Any]:
     """The ``ModelConfig`` fields of ``fixed`` that are not ``GRPOConfig``'s too."""
     return {k: v for k, v in fixed.items() if fields.kind(k) == "model"}
 
 
-def job_notes(fixed: Mapping[str, Any], owned: frozenset[str], fields: TrlFields | None) -> list[str]:
+def job_notes(fixed: Mapping[str, object], owned: frozenset[str], fields: TrlFields | None) -> list[str]:
     """What of the user's TRL job cannot stay fixed, in one line (empty when all of it can).
 
     Raises:

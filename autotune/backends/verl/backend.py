@@ -153,7 +153,7 @@ def parse_overrides(argv: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(values: Mapping[str, object], prefix: str = "") -> dict[str, Any]:
     """``{data: {train_files: x}}`` → ``{"data.train_files": x}`` (a YAML file may nest verl's keys).
 
     Raises:
@@ -173,7 +173,7 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def override_value(value: Any) -> str:
+def override_value(value: object) -> str:
     """A value as hydra's override grammar reads it (booleans lower-case, lists bracketed, text as is)."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -228,7 +228,11 @@ class VerlBackend(Backend):
 
     @classmethod
     def describe(
-        cls, params: Mapping[str, Any], derived: Mapping[str, Any], fixed: Mapping[str, Any], n_gpus: int
+        cls,
+        params: Mapping[str, object],
+        derived: Mapping[str, object],
+        fixed: Mapping[str, object],
+        n_gpus: int,
     ) -> JobConfig:
         """What verl's knobs and overrides mean (:func:`describe_verl`)."""
         return describe_verl(params, derived, _flatten(fixed), n_gpus, cls.knob_defaults())
@@ -244,12 +248,12 @@ class VerlBackend(Backend):
         return parse_overrides(argv)
 
     @classmethod
-    def canonical_args(cls, args: Mapping[str, Any]) -> dict[str, Any]:
+    def canonical_args(cls, args: Mapping[str, object]) -> dict[str, Any]:
         """Nested YAML mappings as dotted hydra keys."""
         return _flatten(args)
 
     @classmethod
-    def uses_demo_reward(cls, fixed: Mapping[str, Any]) -> bool:
+    def uses_demo_reward(cls, fixed: Mapping[str, object]) -> bool:
         """True unless the user names a reward function (``reward.custom_reward_function.path``)."""
         return not any(k.startswith("reward.custom_reward_function") for k in _flatten(fixed))
 
@@ -307,7 +311,7 @@ class VerlBackend(Backend):
     def _fixed(self, ctx: TrialContext) -> dict[str, Any]:
         return _flatten(ctx.fixed)
 
-    def _effective(self, params: Mapping[str, Any], ctx: TrialContext) -> dict[str, Any]:
+    def _effective(self, params: Mapping[str, object], ctx: TrialContext) -> dict[str, Any]:
         eff = self._fixed(ctx)
         eff.update(params)
         return eff
@@ -405,7 +409,7 @@ class VerlBackend(Backend):
         return out
 
     @staticmethod
-    def _seq_len(eff: Mapping[str, Any], ctx: TrialContext) -> int:
+    def _seq_len(eff: Mapping[str, object], ctx: TrialContext) -> int:
         prompt = as_int(eff.get(PROMPT_LEN)) or int(VERL_FACTS[PROMPT_LEN])
         return prompt + ctx.max_completion_length
 
@@ -453,7 +457,7 @@ class VerlBackend(Backend):
         return notes
 
     @classmethod
-    def job_semantics(cls, args: Mapping[str, Any], n_gpus: int) -> dict[str, tuple[int, str]]:
+    def job_semantics(cls, args: Mapping[str, object], n_gpus: int) -> dict[str, tuple[int, str]]:
         """verl's names for the job's semantics: ``rollout.n``, ``data.max_response_length``, and the
         global batch as ``data.train_batch_size`` prompts × ``rollout.n`` (nested YAML keys too)."""
         flat = {k: v for k, v in _flatten(args).items() if not none_like(v)}
@@ -518,7 +522,7 @@ class VerlBackend(Backend):
         ]
         emitted = {k for k, _ in out}
 
-        def add(key: str, value: Any) -> None:
+        def add(key: str, value: object) -> None:
             if key not in emitted:
                 emitted.add(key)
                 out.append((key, value))

@@ -149,7 +149,7 @@ def reward_source() -> str:
     return _REWARD_SOURCE.format(marker=MARKER)
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     """A hydra override value: numbers and booleans as hydra reads them, other text quoted when needed."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -315,7 +315,7 @@ def overrides_of(w: Winner) -> tuple[list[tuple[str, Any]], list[str], bool]:
     return out, comments + notes, ships_reward
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
