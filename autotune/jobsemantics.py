@@ -31,6 +31,7 @@ from enum import Enum
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.jsontypes import JsonObject
 
 __all__ = [
     "DEMO_SEMANTICS",
@@ -73,7 +74,7 @@ class SemanticValue:
     source: Source
     where: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"value": self.value, "source": self.source.value, "where": self.where}
 
 

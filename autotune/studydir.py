@@ -31,9 +31,10 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from autotune.errors import UsageError, WriteError
+from autotune.jsontypes import JsonValue
 from autotune.records import Hardware, Recommendation, TrialResult
 from autotune.studysettings import StudySettings
 from autotune.writable import ensure_writable
@@ -203,7 +204,7 @@ def read_text_guarded(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES
         raise StudyFileError(f"cannot read {path}: not UTF-8 text", hint=fix) from None
 
 
-def read_json_guarded(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+def read_json_guarded(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES) -> JsonValue:
     """The JSON value of a file of a study, read by :func:`read_study_bytes`, its depth bounded before it
     is parsed (:data:`MAX_JSON_DEPTH`) and every number finite (``NaN``, ``1e999`` refused).
 
@@ -215,7 +216,7 @@ def read_json_guarded(path: Path, *, fix: str, max_bytes: int = MAX_RECORD_BYTES
     return parse_json_bounded(data, where=str(path), fix=fix)
 
 
-def parse_json_bounded(data: bytes | str, *, where: str, fix: str) -> Any:
+def parse_json_bounded(data: bytes | str, *, where: str, fix: str) -> JsonValue:
     """``data`` parsed as JSON with the bounds of :func:`read_json_guarded` (one line when refused)."""
     raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
     depth = 0
@@ -226,10 +227,11 @@ def parse_json_bounded(data: bytes | str, *, where: str, fix: str) -> Any:
                 f"{where} nests deeper than {MAX_JSON_DEPTH} levels (not autotune's)", hint=fix
             )
     try:
-        return json.loads(raw, parse_constant=_not_finite, parse_float=_finite_float)
+        value: JsonValue = json.loads(raw, parse_constant=_not_finite, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or exc.__class__.__name__
         raise StudyFileError(f"{where} is not valid JSON ({reason})", hint=fix) from None
+    return value
 
 
 def _not_finite(text: str) -> float:

@@ -23,6 +23,7 @@ from autotune.probes.timeline import phase_intervals
 from pydantic import ValidationError
 
 from autotune.errors import UsageError
+from autotune.jsontypes import JsonValue
 from autotune.recommend import baseline_of
 from autotune.records import Hardware, StepMetrics, TrialResult, TrialStatus
 from autotune.studydir import (
@@ -223,7 +224,7 @@ def is_profile_dir(path: Path) -> bool:
     return path.is_dir() and TrialDir(path).profile_json.is_file()
 
 
-def _read_json(path: Path, problems: list[str], root: Path) -> Any:
+def _read_json(path: Path, problems: list[str], root: Path) -> JsonValue:
     """A JSON file of the study read the one way (:func:`~autotune.studydir.read_json_guarded`): a link,
     a special file, a huge, deep or non-finite one is a problem of the report, never a traceback."""
     if not os.path.lexists(path):

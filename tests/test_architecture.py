@@ -619,6 +619,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "autotune.tail",
         "autotune.writable",
         "autotune.yamlfile",
+        "autotune.jsontypes",
         "autotune.values",
         "autotune.spacefile",
         "autotune.space",

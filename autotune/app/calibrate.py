@@ -26,6 +26,7 @@ from rich.console import Console
 
 from autotune.doctor import Facts, Finding, Status
 from autotune.estimate import CalibrationPoint, CalibrationTable, build_table, store_table
+from autotune.jsontypes import JsonObject
 from autotune.records import TrialStatus
 
 __all__ = ["CalibrationOutcome", "run_calibration", "points_from_results", "CALIBRATION_MODEL"]
@@ -55,7 +56,7 @@ class CalibrationOutcome:
     paths: tuple[Path, ...]
     findings: tuple[Finding, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "table": self.table.to_dict() if self.table else None,
             "paths": [str(p) for p in self.paths],

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from autotune.doctor import DoctorReport
 from autotune.errors import UsageError
+from autotune.jsontypes import JsonObject
 
 __all__ = ["DoctorRequest", "DoctorOutcome", "run_doctor"]
 
@@ -37,7 +38,7 @@ class DoctorOutcome:
     report: DoctorReport
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``autotune doctor --json``."""
         return {**self.report.to_dict(), **self.extra}
 

@@ -21,6 +21,7 @@ from autotune.app.durations import format_duration, parse_duration_s
 from autotune.app.tracking import trackers_for, tracking_view
 from autotune.app.workers import check_workers, gpu_slices, run_workers, stop_on_signals
 from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_TO_RECOMMEND, EXIT_OK, UsageError
+from autotune.jsontypes import JsonObject
 from autotune.study.loop import NullView, StudyView
 from autotune.studydir import StudyDir
 from autotune.trial.live import LiveGpus
@@ -101,7 +102,7 @@ class SearchSummary:
             return EXIT_INTERRUPTED
         return EXIT_OK if self.outcome.recommendation is not None else EXIT_NOTHING_TO_RECOMMEND
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The final summary as JSON-friendly data (``autotune search --json``)."""
         from autotune.study.loop import summary_line
 

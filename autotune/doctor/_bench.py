@@ -22,6 +22,7 @@ from autotune.doctor._allreduce import measure_allreduce
 from autotune.doctor._base import Facts, Finding, Status
 from autotune.errors import WriteError
 from autotune.estimate import MeasuredPeaks, machine_id, measure_host_peaks, store_peaks
+from autotune.jsontypes import JsonObject
 
 __all__ = ["BenchOutcome", "GpuPeakNumbers", "measure_gpu_peaks", "run_bench"]
 
@@ -51,7 +52,7 @@ class BenchOutcome:
     cache_path: Path | None
     findings: tuple[Finding, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         from dataclasses import asdict
 
         return {

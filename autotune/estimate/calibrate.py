@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.estimate.memory import MemoryEstimate
+from autotune.jsontypes import JsonObject
 
 __all__ = ["Calibration", "Observation", "prediction_error"]
 
@@ -75,7 +76,7 @@ class Observation:
             return None
         return prediction_error(self.predicted_peak_bytes, self.measured_peak_bytes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "trial": self.trial,
             "predicted_peak_bytes": self.predicted_peak_bytes,
@@ -150,7 +151,7 @@ class Calibration:
         """Per-trial prediction error of the raw estimate (for the report)."""
         return [o.to_dict() for o in self.observations]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"factor": self.factor, "observations": [o.to_dict() for o in self.observations]}
 
     @classmethod

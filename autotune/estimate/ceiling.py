@@ -61,6 +61,7 @@ from autotune.estimate.catalog import GpuSpec, ModelSpec, find_gpu
 from autotune.estimate.peaks import CPU_DEVICE, MeasuredPeaks
 from autotune.estimate.shape import JobShape
 from autotune.estimate.states import lora_params
+from autotune.jsontypes import JsonObject
 
 __all__ = [
     "CEILING_PHASES",
@@ -171,7 +172,7 @@ class PeakBasis:
             f"{self.memory_bytes_per_s / 1e9:,.0f} GB/s{when}{guess})"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -244,7 +245,7 @@ class StepCeiling:
         """The bound of each timeline phase of :data:`TIMELINE_PHASES`."""
         return {p: float(getattr(self, f"{p}_s")) for p in TIMELINE_PHASES}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             **{f"{p}_s": s for p, s in self.phase_s().items()},
             "step_s": self.step_s,

@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.estimate.calibrate import Calibration
 from autotune.estimate.memory import MemoryEstimate
+from autotune.jsontypes import JsonObject
 from autotune.records import TrialStatus
 
 __all__ = [
@@ -107,7 +108,7 @@ class CalibrationTable:
     def calibration(self) -> Calibration:
         return Calibration.from_dict(self.memory)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "version": TABLE_VERSION,
             **{k: v for k, v in asdict(self).items() if k != "points"},

@@ -25,6 +25,7 @@ from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GIB, GpuSpec, ModelSpec
 from autotune.estimate.shape import JobShape
 from autotune.estimate.states import ModelStates, lora_params, model_states
+from autotune.jsontypes import JsonObject
 
 __all__ = [
     "COMPONENTS",
@@ -164,14 +165,14 @@ class MemoryEstimate:
             head = f"vLLM KV cache lacks {_gib(self.kv_deficit_bytes)} for one max_model_len sequence; {head}"
         return f"{head}: {parts}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-friendly form (``TrialResult.estimate``)."""
         over = self.overflow()
         return {
             "components_bytes": dict(self.components_bytes),
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
-            "phases_bytes": self.phases_bytes,
+            "phases_bytes": dict(self.phases_bytes),
             "phases": {k: dict(v) for k, v in self.phases.items()},
             "capacity_bytes": self.capacity_bytes,
             "host_bytes": self.host_bytes,

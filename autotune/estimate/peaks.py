@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from autotune.jsontypes import JsonObject
+
 __all__ = [
     "CPU_DEVICE",
     "MeasuredPeaks",
@@ -74,7 +76,7 @@ class MeasuredPeaks:
     machine_id: str
     measured_at: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON form stored in the cache."""
         return asdict(self)
 

@@ -34,6 +34,7 @@ from autotune.estimate.memory import MemoryEstimate, MemoryTerms, memory_terms, 
 from autotune.estimate.shape import JobShape
 from autotune.estimate.timing import TimeEstimate, step_time_terms
 from autotune.jobconfig import JobConfig
+from autotune.jsontypes import JsonObject
 from autotune.space import Knob, SearchSpace
 
 __all__ = ["Candidate", "PlanResult", "candidate_rules", "plan_space", "speed_key"]
@@ -91,7 +92,7 @@ class Candidate:
             return None
         return self.ceiling.step_s / self.time.total_s
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "params": dict(self.params),
             "derived": dict(self.derived),
@@ -185,7 +186,7 @@ class PlanResult:
     def n_pruned(self) -> int:
         return int(self.candidates.pruned.sum())
 
-    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+    def to_dict(self, top: int | None = None) -> JsonObject:
         shown = self.candidates[:top]
         return {
             "backend": self.backend,

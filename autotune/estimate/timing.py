@@ -16,6 +16,7 @@ from autotune.estimate.catalog import GpuSpec
 from autotune.estimate.memory import MemoryEstimate, estimate_memory
 from autotune.estimate.shape import JobShape
 from autotune.estimate.states import lora_params
+from autotune.jsontypes import JsonObject
 
 __all__ = ["TimeEstimate", "estimate_step_time", "step_time_terms"]
 
@@ -52,7 +53,7 @@ class TimeEstimate:
     total_s: float
     throughput: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

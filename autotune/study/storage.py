@@ -24,6 +24,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.errors import UsageError, WriteError
+from autotune.jsontypes import JsonObject
 from autotune.secrets import SecretRule
 from autotune.study.optuna_view import MachineAttrs
 
@@ -293,7 +294,7 @@ class Worker:
     def name(self) -> str:
         return f"{self.host}:{self.pid}" + (f":{self.slot}" if self.slot is not None else "")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"host": self.host, "pid": self.pid, "slot": self.slot, "name": self.name}
 
 
