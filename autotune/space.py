@@ -36,13 +36,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from autotune.errors import SpaceError
 from autotune.spacefile import NEEDS, CpuValues, KnobFields, KnobType, validated
 from autotune.yamlfile import read_yaml
 
 __all__ = ["NEEDS", "Knob", "Platform", "SearchSpace", "load_space", "canonical_key", "Suggester"]
+
+_V = TypeVar("_V")
 
 #: the most choices a knob may list (a longer list is a range: the search samples it)
 MAX_CHOICES = 256
@@ -445,7 +447,7 @@ def _describe_values(knob: Knob) -> str:
     return f"{knob.type} from {knob.low} to {knob.high}"
 
 
-def _finite(value: object, where: str) -> Any:
+def _finite(value: _V, where: str) -> _V:
     """``value`` when it is a finite number (a range to ``.inf`` has no grid nor midpoint)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise SpaceError(f"{where}: {value} is not a finite number", hint="Give a finite bound and step")

@@ -54,7 +54,7 @@ the machine reached in its micro-benchmarks, not its data sheet.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.estimate import _vec as v
 from autotune.estimate.catalog import GpuSpec, ModelSpec, find_gpu
@@ -62,6 +62,9 @@ from autotune.estimate.peaks import CPU_DEVICE, MeasuredPeaks
 from autotune.estimate.shape import JobShape
 from autotune.estimate.states import lora_params
 from autotune.jsontypes import JsonObject
+
+if TYPE_CHECKING:
+    from autotune.estimate.columns import ShapeColumns
 
 __all__ = [
     "CEILING_PHASES",
@@ -345,7 +348,7 @@ def _offload(s: Any, b: PeakBasis) -> tuple[Any, Any]:
 
 
 def ceiling_terms(
-    s: object, basis: PeakBasis, prompt_tokens: object, completion_tokens: object
+    s: JobShape | ShapeColumns, basis: PeakBasis, prompt_tokens: object, completion_tokens: object
 ) -> dict[str, Any]:
     """The ceiling of every phase of :data:`CEILING_PHASES` and of the step, in seconds.
 
