@@ -29,10 +29,24 @@ import tempfile
 import threading
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.probes._timeline_phases import (
+    InferenceThresholds,
+    fill_segments,
+    marker_segments,
+    overlay,
+    phase_intervals,
+    phase_intervals_of,
+)
+from autotune.probes._timeline_steps import (
+    SteadyWindow,
+    gpu_rows,
+    held_samples,
+    normalize_steps,
+    steady_window,
+)
 from autotune.probes.phases import PHASES
 from autotune.probes.summary import TimelineSummary
 
@@ -95,7 +109,6 @@ METRIC_COLUMNS: tuple[str, ...] = GPU_METRICS + HOST_METRICS
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + METRIC_COLUMNS
 
 _NAN = float("nan")
-_HOLD_FACTOR = 3.0  # a sample holds for at most this many median intervals
 
 
 # ----------------------------------------------------------------------------------------- storage
@@ -233,433 +246,7 @@ def read_timeline(path: str | os.PathLike[str]) -> pd.DataFrame:
     return _conform(pd.read_parquet(Path(path)))
 
 
-# ----------------------------------------------------------------------------------------- steps
-@dataclass(frozen=True)
-class _Step:
-    step: int
-    t_end: float
-    duration_s: float | None
-    values: Mapping[str, Any]
-
-
-def _field(item: object, name: str) -> Any:
-    if isinstance(item, Mapping):
-        return item.get(name)
-    return getattr(item, name, None)
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
-def _normalize_steps(steps: Iterable[Any]) -> list[_Step]:
-    out: list[_Step] = []
-    for item in steps or ():
-        t_end = _num(_field(item, "t_mono_s"))
-        step = _field(item, "step")
-        if t_end is None or step is None:
-            continue
-        values = _field(item, "values") or {}
-        duration = _num(_field(item, "duration_s"))
-        if duration is None:
-            duration = _num(values.get("timing_s/step"))
-        out.append(_Step(int(step), t_end, duration if duration and duration > 0 else None, values))
-    out.sort(key=lambda s: s.t_end)
-    return out
-
-
-def _step_bounds(steps: list[_Step], t_first: float | None) -> list[tuple[float, float]]:
-    """(start, end) of each step: a step runs from the previous step's end to its own."""
-    bounds: list[tuple[float, float]] = []
-    gaps = [b.t_end - a.t_end for a, b in zip(steps, steps[1:], strict=False) if b.t_end > a.t_end]
-    median_gap = sorted(gaps)[len(gaps) // 2] if gaps else None
-    for i, s in enumerate(steps):
-        if i > 0:
-            start = steps[i - 1].t_end
-        elif s.duration_s is not None:
-            start = s.t_end - s.duration_s
-        elif median_gap is not None:
-            start = s.t_end - median_gap
-        else:
-            start = t_first if t_first is not None and t_first < s.t_end else s.t_end
-        bounds.append((start, s.t_end))
-    return bounds
-
-
-@dataclass(frozen=True)
-class _Window:
-    t0: float
-    t1: float
-    steps: int | None  # steps completed inside the window, None when unknown
-
-    @property
-    def length_s(self) -> float:
-        return max(0.0, self.t1 - self.t0)
-
-
-def _window(steps: list[_Step], t_min: float | None, t_max: float | None) -> _Window | None:
-    if len(steps) >= 2 and steps[-1].t_end > steps[0].t_end:
-        return _Window(steps[0].t_end, steps[-1].t_end, len(steps) - 1)
-    if len(steps) == 1 and steps[0].duration_s is not None:
-        return _Window(steps[0].t_end - steps[0].duration_s, steps[0].t_end, 1)
-    if t_min is not None and t_max is not None and t_max > t_min:
-        return _Window(t_min, t_max, None)
-    return None
-
-
-# ----------------------------------------------------------------------------------------- phases
-@dataclass(frozen=True)
-class InferenceThresholds:
-    """How a step's GPU signature is split into phases when neither the framework nor markers say.
-
-    Each GPU sample (mean over GPUs) is labelled, then runs shorter than ``smooth_samples`` are merged
-    into their neighbours:
-
-    * utilization below ``busy_util_pct`` -> ``other`` (waiting, data loading, CPU reward, sync);
-    * utilization at or above it and power below ``train_power_frac`` of the power limit ->
-      ``rollout``: autoregressive decode keeps a kernel running (high "utilization") but is
-      memory-bound, so the SMs draw little power;
-    * utilization at or above it and power at or above ``train_power_frac`` -> ``train``
-      (dense forward/backward GEMMs run near the power limit).
-
-    Weight sync cannot be told apart from other low-utilization work by NVML counters, so inference
-    never yields ``weight_sync``. Without a power limit the highest power seen on the GPU stands in.
-    """
-
-    busy_util_pct: float = 30.0
-    train_power_frac: float = 0.55
-    smooth_samples: int = 3
-
-
-_VERL_ORDER: tuple[tuple[str, str], ...] = (
-    # verl RayPPOTrainer.fit() runs these timers in this order inside timing_s/step.
-    ("gen", "rollout"),
-    ("gen_max", "rollout"),
-    ("reward", "other"),
-    ("old_log_prob", "train"),
-    ("ref", "train"),
-    ("values", "train"),
-    ("adv", "other"),
-    ("update_critic", "train"),
-    ("update_actor", "train"),
-    ("update_weights", "weight_sync"),
-)
-
-
-def _has_framework_timing(steps: list[_Step]) -> bool:
-    return any(_num(s.values.get("timing_s/gen")) is not None for s in steps)
-
-
-def _framework_intervals(steps: list[_Step]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    prev_end: float | None = None
-    for s in steps:
-        known = [(_num(s.values.get(f"timing_s/{key}")) or 0.0, phase) for key, phase in _VERL_ORDER]
-        total = s.duration_s if s.duration_s is not None else sum(d for d, _ in known)
-        t = s.t_end - total
-        if prev_end is not None and t > prev_end:
-            out.append(_interval(s.step, "other", prev_end, t, "framework"))
-        if prev_end is not None:
-            t = max(t, prev_end)
-        for duration, phase in known:
-            if duration <= 0 or t >= s.t_end:
-                continue
-            t1 = min(t + duration, s.t_end)
-            out.append(_interval(s.step, phase, t, t1, "framework"))
-            t = t1
-        if t < s.t_end:
-            out.append(_interval(s.step, "other", t, s.t_end, "framework"))
-        prev_end = s.t_end
-    return _merge(out)
-
-
-def _interval(step: int | None, phase: str, t0: float, t1: float, source: str) -> dict[str, Any]:
-    return {"step": step, "phase": phase, "t0_mono_s": t0, "t1_mono_s": t1, "source": source}
-
-
-def _merge(intervals: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Join touching intervals of the same step and phase; drop empty ones."""
-    out: list[dict[str, Any]] = []
-    for iv in intervals:
-        if iv["t1_mono_s"] <= iv["t0_mono_s"]:
-            continue
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and last["phase"] == iv["phase"]
-            and last["step"] == iv["step"]
-            and abs(last["t1_mono_s"] - iv["t0_mono_s"]) < 1e-9
-        ):
-            last["t1_mono_s"] = iv["t1_mono_s"]
-        else:
-            out.append(dict(iv))
-    return out
-
-
-def _split_by_steps(
-    segments: list[tuple[float, float, str]],
-    bounds: list[tuple[float, float]],
-    steps: list[_Step],
-    source: str,
-) -> list[dict[str, Any]]:
-    """Cut (t0, t1, phase) segments at step ends; label each piece with its step (None outside)."""
-    import bisect
-
-    ends = [b[1] for b in bounds]
-    starts = [b[0] for b in bounds]
-    cuts = sorted(set(starts + ends))
-    out: list[dict[str, Any]] = []
-    for t0, t1, phase in segments:
-        pieces = [t0] + [c for c in cuts if t0 < c < t1] + [t1]
-        for a, b in zip(pieces, pieces[1:], strict=False):
-            mid = (a + b) / 2
-            i = bisect.bisect_left(ends, mid)
-            step = steps[i].step if i < len(steps) and starts[i] <= mid else None
-            out.append(_interval(step, phase, a, b, source))
-    return _merge(out)
-
-
-def _marker_segments(phases: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, str]]:
-    """Flatten begin/end markers: at any moment the innermost open phase wins.
-
-    TRL nests generation inside ``training_step`` and the weight sync inside generation, so the
-    time of a nested phase is taken out of its parent. An ``end`` closes the most recent open
-    ``begin`` of the same phase and process; an unmatched ``end`` is ignored.
-    """
-    events = []
-    for i, m in enumerate(phases or ()):
-        t = _num(m.get("t_mono_s"))
-        if t is None or m.get("phase") not in PHASES or m.get("event") not in ("begin", "end"):
-            continue
-        events.append((t, i, str(m["phase"]), str(m["event"]), m.get("pid")))
-    if not events:
-        return []
-    events.sort()
-    segments: list[tuple[float, float, str]] = []
-    stack: list[tuple[str, Any]] = []
-    for (t, _, phase, event, pid), nxt in zip(events, [*events[1:], None], strict=True):
-        if event == "begin":
-            stack.append((phase, pid))
-        else:
-            for j in range(len(stack) - 1, -1, -1):
-                if stack[j] == (phase, pid):
-                    del stack[j]
-                    break
-        if nxt is not None and nxt[0] > t:
-            segments.append((t, nxt[0], stack[-1][0] if stack else "other"))
-    return segments
-
-
-def _fill(segments: list[tuple[float, float, str]], t0: float, t1: float) -> list[tuple[float, float, str]]:
-    """Cover [t0, t1] exactly: clip the segments, fill the gaps with ``other``."""
-    out: list[tuple[float, float, str]] = []
-    cursor = t0
-    for a, b, phase in sorted(segments):
-        a, b = max(a, cursor), min(b, t1)
-        if b <= a:
-            continue
-        if a > cursor:
-            out.append((cursor, a, "other"))
-        out.append((a, b, phase))
-        cursor = b
-    if cursor < t1:
-        out.append((cursor, t1, "other"))
-    return out
-
-
-def _held(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Step-hold a sampled series: sample i covers [t_i, min(t_{i+1}, t_i + cap))."""
-    import numpy as np
-
-    keep = ~np.isnan(v) & ~np.isnan(t)
-    t, v = t[keep], v[keep]
-    if t.size == 0:
-        return t, t, v
-    order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
-    dt = np.diff(t)
-    positive = dt[dt > 0]
-    cap = _HOLD_FACTOR * float(np.median(positive)) if positive.size else 1.0
-    ends = np.empty_like(t)
-    ends[:-1] = np.minimum(t[1:], t[:-1] + cap)
-    ends[-1] = t[-1] + cap / _HOLD_FACTOR
-    return t, ends, v
-
-
-def _overlay(
-    starts: np.ndarray, ends: np.ndarray, values: np.ndarray, cover: list[tuple[float, float, str]]
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Intersect a held series with labelled cover segments: (durations, values, labels) pieces."""
-    import numpy as np
-
-    if starts.size == 0 or not cover:
-        return np.empty(0), np.empty(0), []
-    c0 = np.array([c[0] for c in cover])
-    c1 = np.array([c[1] for c in cover])
-    bounds = np.unique(np.concatenate([starts, ends, c0, c1]))
-    mids = (bounds[:-1] + bounds[1:]) / 2
-    widths = np.diff(bounds)
-    si = np.searchsorted(starts, mids, side="right") - 1
-    ci = np.searchsorted(c0, mids, side="right") - 1
-    ok = (si >= 0) & (ci >= 0)
-    si_c, ci_c = np.clip(si, 0, None), np.clip(ci, 0, None)
-    ok &= (mids < ends[si_c]) & (mids < c1[ci_c])
-    labels = [cover[i][2] for i in ci_c[ok]]
-    return widths[ok], values[si_c[ok]], labels
-
-
-def _infer_segments(
-    gpu: pd.DataFrame, t0: float, t1: float, th: InferenceThresholds
-) -> list[tuple[float, float, str]]:
-    import numpy as np
-
-    devices = sorted(gpu["device"].unique())
-    util_series, power_series = [], []
-    for dev in devices:
-        d = gpu[gpu["device"] == dev]
-        util_series.append(_held(d["t_mono_s"].to_numpy(), d["gpu_util_pct"].to_numpy()))
-        power = d["power_w"].to_numpy()
-        limit = d["power_limit_w"].to_numpy()
-        lim = float(np.nanmax(limit)) if np.any(~np.isnan(limit)) else math.nan
-        if not lim > 0:
-            lim = float(np.nanmax(power)) if np.any(~np.isnan(power)) else math.nan
-        power_series.append(_held(d["t_mono_s"].to_numpy(), power / lim if lim > 0 else power * math.nan))
-    grid = np.unique(np.concatenate([s[0] for s in util_series]))
-    grid = grid[(grid >= t0 - 1e-9) & (grid < t1)]
-    if grid.size == 0:
-        return []
-
-    def at(series: tuple[np.ndarray, np.ndarray, np.ndarray], times: np.ndarray) -> np.ndarray:
-        starts, ends, values = series
-        if starts.size == 0:
-            return np.full(times.size, np.nan)
-        i = np.searchsorted(starts, times, side="right") - 1
-        ic = np.clip(i, 0, None)
-        return np.where((i >= 0) & (times < ends[ic]), values[ic], np.nan)
-
-    with np.errstate(all="ignore"):
-        util = np.nanmean(np.vstack([at(s, grid) for s in util_series]), axis=0)
-        pfrac = np.nanmean(np.vstack([at(s, grid) for s in power_series]), axis=0)
-    codes = np.where(
-        np.isnan(util) | (util < th.busy_util_pct),
-        0,
-        np.where(np.nan_to_num(pfrac, nan=0.0) >= th.train_power_frac, 2, 1),
-    )
-    codes = _smooth(codes, th.smooth_samples)
-    names = ("other", "rollout", "train")
-    edges = np.append(grid, t1)
-    segments: list[tuple[float, float, str]] = []
-    start = 0
-    for i in range(1, codes.size + 1):
-        if i == codes.size or codes[i] != codes[start]:
-            segments.append((float(edges[start]), float(edges[i]), names[int(codes[start])]))
-            start = i
-    return segments
-
-
-def _smooth(codes: np.ndarray, min_run: int) -> np.ndarray:
-    """Give runs shorter than ``min_run`` samples the label of their longer neighbouring run.
-
-    Vectorised passes (each O(samples)); a few suffice, since every pass removes the short runs
-    that have a long neighbour.
-    """
-    import numpy as np
-
-    if min_run <= 1 or codes.size == 0:
-        return codes
-    for _ in range(8):
-        change = np.flatnonzero(np.diff(codes)) + 1
-        starts = np.concatenate([[0], change])
-        lengths = np.diff(np.concatenate([starts, [codes.size]]))
-        short = lengths < min_run
-        if starts.size == 1 or not short.any():
-            break
-        values = codes[starts]
-        left_len = np.concatenate([[0], lengths[:-1]])
-        right_len = np.concatenate([lengths[1:], [0]])
-        left_val = np.concatenate([values[:1], values[:-1]])
-        right_val = np.concatenate([values[1:], values[-1:]])
-        merged = np.where(short, np.where(left_len >= right_len, left_val, right_val), values)
-        if np.array_equal(merged, values):
-            break
-        codes = np.repeat(merged, lengths)
-    return codes
-
-
-def _phase_source(steps: list[_Step], phases: Sequence[Mapping[str, Any]], df: pd.DataFrame | None) -> str:
-    if _has_framework_timing(steps):
-        return "framework"
-    if _marker_segments(phases):
-        return "markers"
-    if df is not None and len(steps) >= 1 and _gpu_rows(df)["gpu_util_pct"].notna().any():
-        return "inferred"
-    return "none"
-
-
-def phase_intervals(
-    steps: Iterable[Any],
-    phases: Sequence[Mapping[str, Any]],
-    df: pd.DataFrame | None,
-    *,
-    thresholds: InferenceThresholds | None = None,
-) -> list[dict[str, Any]]:
-    """Split the run into phase intervals from the best evidence available.
-
-    Evidence in order: the framework's own per-step timings (verl ``timing_s/*``, laid out in the
-    order verl runs them, ending at the step record), phase markers (``probes.phases``; the innermost
-    open phase wins), else the GPU utilization and power signature (see
-    :class:`InferenceThresholds`).
-
-    Args:
-        steps: step records (dicts or objects) with ``step``, ``t_mono_s`` (when the step ended) and
-            optionally ``duration_s`` and ``values``.
-        phases: phase markers as returned by :func:`probes.phases.read_phases`.
-        df: the timeline (only needed for inference).
-        thresholds: inference thresholds; the documented defaults when None.
-
-    Returns:
-        Non-overlapping intervals sorted by time, each ``{"step", "phase", "t0_mono_s",
-        "t1_mono_s", "source"}``; ``step`` is None outside the step records. Gaps between markers are
-        ``other``. An empty list when there is no evidence.
-    """
-    return _phase_intervals(_normalize_steps(steps), phases, df, thresholds or InferenceThresholds())
-
-
-def _phase_intervals(
-    norm: list[_Step],
-    phases: Sequence[Mapping[str, Any]],
-    df: pd.DataFrame | None,
-    thresholds: InferenceThresholds,
-) -> list[dict[str, Any]]:
-    source = _phase_source(norm, phases, df)
-    if source == "framework":
-        return _framework_intervals(norm)
-    t_first = float(df["t_mono_s"].min()) if df is not None and len(df) else None
-    bounds = _step_bounds(norm, t_first)
-    if source == "markers":
-        segments = _marker_segments(phases)
-        t0 = min([segments[0][0]] + [b[0] for b in bounds[:1]])
-        t1 = max([segments[-1][1]] + [b[1] for b in bounds[-1:]])
-        return _split_by_steps(_fill(segments, t0, t1), bounds, norm, "markers")
-    if source == "inferred" and df is not None:
-        t0, t1 = bounds[0][0], bounds[-1][1]
-        segments = _infer_segments(_gpu_rows(df), t0, t1, thresholds)
-        return _split_by_steps(_fill(segments, t0, t1), bounds, norm, "inferred")
-    return []
-
-
 # ----------------------------------------------------------------------------------------- summary
-def _gpu_rows(df: pd.DataFrame) -> pd.DataFrame:
-    rows: pd.DataFrame = df[df["source"] == "gpu"]
-    return rows
-
-
 def _clean(value: Any) -> Any:
     """Plain JSON values: numpy scalars to Python, NaN/inf to None."""
     if value is None:
@@ -692,11 +279,11 @@ def _weighted(durations: np.ndarray, values: np.ndarray) -> dict[str, float | No
     }
 
 
-def _in_window(df: pd.DataFrame, col: str, win: _Window | None) -> tuple[np.ndarray, np.ndarray]:
+def _in_window(df: pd.DataFrame, col: str, win: SteadyWindow | None) -> tuple[np.ndarray, np.ndarray]:
     """(durations, values) of a column step-held and clipped to the window."""
     import numpy as np
 
-    starts, ends, values = _held(df["t_mono_s"].to_numpy(), df[col].to_numpy())
+    starts, ends, values = held_samples(df["t_mono_s"].to_numpy(), df[col].to_numpy())
     if win is None or starts.size == 0:
         return np.empty(0), np.empty(0)
     a = np.maximum(starts, win.t0)
@@ -705,7 +292,7 @@ def _in_window(df: pd.DataFrame, col: str, win: _Window | None) -> tuple[np.ndar
     return (b - a)[keep], values[keep]
 
 
-def _integral(df: pd.DataFrame, col: str, win: _Window | None) -> float | None:
+def _integral(df: pd.DataFrame, col: str, win: SteadyWindow | None) -> float | None:
     durations, values = _in_window(df, col, win)
     if win is None or durations.size == 0 or durations.sum() < 0.5 * win.length_s:
         return None
@@ -737,7 +324,7 @@ def _max(df: pd.DataFrame, col: str) -> float | None:
 def _gpu_summary(
     d: pd.DataFrame,
     index: int,
-    win: _Window | None,
+    win: SteadyWindow | None,
     idle_threshold_pct: float,
     mfu: float | None,
 ) -> dict[str, Any]:
@@ -750,7 +337,7 @@ def _gpu_summary(
     t_all = d["t_mono_s"]
     energy_j = None
     if len(d):
-        whole = _Window(float(t_all.min()), float(t_all.max()), None)
+        whole = SteadyWindow(float(t_all.min()), float(t_all.max()), None)
         mj = _counter_delta(d, "energy_mj", whole.t0, whole.t1)
         energy_j = mj / 1000.0 if mj is not None else _integral(d, "power_w", whole)
     energy_per_step = pcie_per_step = None
@@ -780,7 +367,7 @@ def _gpu_summary(
     }
 
 
-def _host_summary(h: pd.DataFrame, win: _Window | None, cpu_cores: int | None) -> dict[str, Any]:
+def _host_summary(h: pd.DataFrame, win: SteadyWindow | None, cpu_cores: int | None) -> dict[str, Any]:
     cpu = _weighted(*_in_window(h, "cpu_pct", win))
     other = _weighted(*_in_window(h, "other_cpu_cores", win))
     load = _weighted(*_in_window(h, "load_avg_1m", win))
@@ -805,7 +392,7 @@ def _host_summary(h: pd.DataFrame, win: _Window | None, cpu_cores: int | None) -
 def _phase_summary(
     intervals: list[dict[str, Any]],
     source: str,
-    win: _Window | None,
+    win: SteadyWindow | None,
     gpu: pd.DataFrame,
     idle_threshold_pct: float,
 ) -> dict[str, Any]:
@@ -814,7 +401,9 @@ def _phase_summary(
     none = {p: None for p in PHASES}
     if source == "none" or not intervals or win is None or win.length_s <= 0:
         return {"source": source, "seconds": dict(none), "share": dict(none), "gpu_idle_share_by_phase": none}
-    cover = _fill([(iv["t0_mono_s"], iv["t1_mono_s"], iv["phase"]) for iv in intervals], win.t0, win.t1)
+    cover = fill_segments(
+        [(iv["t0_mono_s"], iv["t1_mono_s"], iv["phase"]) for iv in intervals], win.t0, win.t1
+    )
     seconds = dict.fromkeys(PHASES, 0.0)
     for a, b, phase in cover:
         seconds[phase] += b - a
@@ -823,8 +412,8 @@ def _phase_summary(
     idle_s = dict.fromkeys(PHASES, 0.0)
     seen_s = dict.fromkeys(PHASES, 0.0)
     for _, d in gpu.groupby("device"):
-        starts, ends, values = _held(d["t_mono_s"].to_numpy(), d["gpu_util_pct"].to_numpy())
-        widths, vals, labels = _overlay(starts, ends, values, cover)
+        starts, ends, values = held_samples(d["t_mono_s"].to_numpy(), d["gpu_util_pct"].to_numpy())
+        widths, vals, labels = overlay(starts, ends, values, cover)
         for phase in PHASES:
             mask = np.array([lab == phase for lab in labels], dtype=bool)
             if mask.any():
@@ -881,16 +470,16 @@ def summarize(
     """
     if df is None or len(df) == 0:
         df = empty_timeline()
-    norm = _normalize_steps(steps)
+    norm = normalize_steps(steps)
     t_min = float(df["t_mono_s"].min()) if len(df) else None
     t_max = float(df["t_mono_s"].max()) if len(df) else None
-    win = _window(norm, t_min, t_max)
+    win = steady_window(norm, t_min, t_max)
     if win is None:
-        marks = _marker_segments(phases)
+        marks = marker_segments(phases)
         if marks:
-            win = _Window(marks[0][0], marks[-1][1], None)
+            win = SteadyWindow(marks[0][0], marks[-1][1], None)
 
-    gpu = _gpu_rows(df)
+    gpu = gpu_rows(df)
     host = df[df["source"] == "host"]
     devices = sorted(int(x) for x in gpu["device"].unique())
 
@@ -912,7 +501,7 @@ def summarize(
         rates.append((len(host) - 1) / float(host["t_mono_s"].max() - host["t_mono_s"].min()))
     sample_rate = sorted(rates)[len(rates) // 2] if rates else None
 
-    intervals = _phase_intervals(norm, phases, df, thresholds or InferenceThresholds())
+    intervals = phase_intervals_of(norm, phases, df, thresholds or InferenceThresholds())
     source = intervals[0]["source"] if intervals else "none"
     summary = {
         "duration_s": (t_max - t_min) if t_min is not None and t_max is not None else None,
@@ -930,7 +519,7 @@ def summarize(
     return TimelineSummary.from_json(_json_clean(summary))
 
 
-def _json_clean(obj: object) -> Any:
+def _json_clean(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _json_clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

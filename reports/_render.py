@@ -7,9 +7,7 @@ template escapes it with :func:`md_cell` / :func:`md_text`; chart data is embedd
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,18 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from autotune.reports import charts
-from autotune.reports._format import DASH, gib, is_num, knob_value, pct, rate, seconds, share
+from autotune.reports._format import DASH, gib, knob_value, rate, seconds, share
 from autotune.reports._load import StudyData, TrialData, load_profile, load_study
+from autotune.reports._meta import command_text, hours_label, meta_view, runs_on_cpu
 from autotune.reports._progress import running_text
+from autotune.reports._rows import knob_names, rel_link, status_class, trial_rows
 from autotune.reports._safety import MASK, Sanitizer
 from autotune.reports._signals import TrialSignals
 from autotune.reports.diagnosis import Finding, diagnose, make_context
 from autotune.reports.insight import best_so_far, param_importances, pareto_points
-from autotune.reports.limits import fraction_text, limit_section
+from autotune.reports.limits import limit_section
 
 from autotune.errors import UsageError
 from autotune.recommend import headline, speedup_text
-from autotune.records import Recommendation, TrialResult, TrialStatus
+from autotune.records import Recommendation, TrialStatus
 from autotune.studydir import StudyDir, TrialDir, ensure_writable, write_text_atomic
 from autotune.studysettings import StudySettings
 from autotune.trial.hostload import host_load
@@ -37,7 +37,6 @@ __all__ = ["ReportPaths", "render_study", "render_profile", "pick_winner", "md_c
 
 GIB = 2**30
 MAX_TIMELINES = 30
-EVIDENCE_CHARS = 400
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -84,7 +83,7 @@ def pick_winner(data: StudyData) -> Recommendation | None:
 # ------------------------------------------------------------------------------------------- escaping
 
 
-def md_text(value: object) -> str:
+def md_text(value: Any) -> str:
     """Foreign text for a markdown paragraph: no HTML, markdown emphasis and links neutralised.
 
     Underscores inside words (``per_device_train_batch_size``) stay as they are: GitHub does not
@@ -100,7 +99,7 @@ def md_text(value: object) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
-def md_cell(value: object) -> str:
+def md_cell(value: Any) -> str:
     """Foreign text for a markdown table cell (also no line breaks)."""
     return md_text(value).replace("\r", " ")
 
@@ -159,7 +158,7 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
     timelines = _timeline_charts(data, winner, ctx.signals, figures)
     insight = _insight(data, ctx.signals, clean, figures)
     view = {
-        **_meta_view(data, clean),
+        **meta_view(data, clean),
         "winner": win,
         "limit": limit_section(data, winner.trial if winner else None),
         "running": (running := running_text(data)),
@@ -175,193 +174,6 @@ def _view(data: StudyData, out_dir: Path, *, png: bool) -> tuple[dict[str, Any],
         "svgs": figures.svgs,
     }
     return view, findings, figures.written
-
-
-def _rel_link(path: Path, out_dir: Path) -> str:
-    return Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
-
-
-def _measured(data: StudyData) -> str:
-    """``"GPU"`` or ``"CPU"``: what the trials' timelines measured, which every utilization, memory and
-    hours label names. A timeline with GPU samples measured GPUs; one with the host's alone measured the
-    CPU (a machine without GPUs, or NVML unavailable). Without any timeline, the hardware decides."""
-    summaries = [r.timeline_summary for r in data.results if r.timeline_summary is not None]
-    if summaries:
-        return "GPU" if any(s.gpus for s in summaries) else "CPU"
-    return "CPU" if data.hardware is not None and not data.hardware.gpus else "GPU"
-
-
-def _cpu_only(data: StudyData) -> bool:
-    return _measured(data) == "CPU"
-
-
-# ------------------------------------------------------------------------------------------------ meta
-
-
-def _meta_view(data: StudyData, clean: Sanitizer) -> dict[str, Any]:
-    """The report's title and what was tuned, on what, and how the study ended."""
-    cpu_only = _cpu_only(data)
-    outcome = _outcome(data)
-    gpu_seconds: float = (
-        float(outcome["gpu_seconds"])
-        if is_num(outcome.get("gpu_seconds"))
-        else sum(r.gpu_seconds for r in data.results)
-    )
-    launched = sum(
-        1 for t in data.trials if t.steps or t.files.get(TrialDir.LAUNCH) or t.files.get(TrialDir.STDOUT)
-    )
-    name = data.settings.name or data.root.name
-    return {
-        "kind": data.kind,
-        "title": clean.clean(
-            f"autotune report — {name}" if data.kind == "study" else f"autotune profile — {name}"
-        ),
-        "name": clean.clean(name),
-        "gpus": clean.clean(_gpu_summary(data) + _vllm_on_cpu(data)),
-        "host": clean.clean(_host_summary(data)),
-        "meta": _meta_pairs(data.settings, clean),
-        "search": clean.clean(data.settings.search or DASH),
-        "outcome": _outcome_view(data, outcome, clean),
-        "trials_total": len(data.trials),
-        "trials_launched": launched,
-        "hours_label": _hours_label(data),
-        "util_label": "GPU util (mean)" if not cpu_only else "CPU util (mean, all cores)",
-        "peak_label": "peak memory per GPU" if not cpu_only else "peak RSS",
-        "gpu_hours_text": f"{gpu_seconds / 3600:.2f}",
-    }
-
-
-def _hours_label(data: StudyData) -> str:
-    """What the study's time is counted in: GPU-hours, or CPU-hours for a study without a GPU."""
-    return "CPU-hours" if _cpu_only(data) else "GPU-hours"
-
-
-def _outcome_view(data: StudyData, outcome: dict[str, Any], clean: Sanitizer) -> dict[str, str]:
-    """How the study ended (``stopped``, ``detail``), or, for one that has not (still running, killed,
-    a damaged ``study.json``), what is missing."""
-    view = {k: clean.clean(str(outcome[k])) for k in ("stopped", "detail") if outcome.get(k)}
-    if running_text(data):  # not ended because it is still running: the banner says so
-        return {"stopped": "", "detail": ""}
-    if data.kind == "study" and not view.get("stopped"):
-        view["stopped"] = "not ended"
-        view.setdefault(
-            "detail",
-            f"{StudyDir.SETTINGS} holds no outcome: the search is still running, or was stopped before "
-            "it ended; this report shows the trials on disk so far",
-        )
-    return {"stopped": view.get("stopped", ""), "detail": view.get("detail", "")}
-
-
-def _outcome(data: StudyData) -> dict[str, Any]:
-    return dict(data.settings.outcome or {})
-
-
-#: what the trials with vLLM measured on a CPU-only run, and what only GPUs show
-VLLM_ON_CPU = (
-    "; vLLM ran as vLLM's CPU build: the generation phase and the weight sync are the real engine's, but a "
-    "CPU run cannot show vLLM's GPU behaviours (sleep mode, server-mode training, CUDA graphs, what the KV "
-    "cache and the memory share do to GPU memory, GPU timings)"
-)
-
-
-def _vllm_on_cpu(data: StudyData) -> str:
-    """:data:`VLLM_ON_CPU` when a trial of a CPU-only study generated with vLLM, else nothing."""
-    if not _cpu_only(data) or data.kind != "study":
-        return ""
-    from autotune.reports.diagnosis import Context
-
-    ctx = Context(data=data, signals={})
-    configs = (ctx.config(t.params) for t in data.trials if t.params)
-    return VLLM_ON_CPU if any(c is not None and c.use_vllm for c in configs) else ""
-
-
-def _gpu_summary(data: StudyData) -> str:
-    hw = data.hardware
-    if hw is None:
-        return DASH
-    if not hw.gpus:
-        return "no GPU (CPU-only run)" + (f"; {hw.nvml_note}" if hw.nvml_note else "")
-    names: dict[str, int] = {}
-    for g in hw.gpus:
-        key = f"{g.name} ({gib(g.memory_total_bytes)})"
-        names[key] = names.get(key, 0) + 1
-    text = ", ".join(f"{n} × {k}" for k, n in names.items())
-    driver = []
-    if hw.driver_version:
-        driver.append(f"driver {hw.driver_version}")
-    if hw.cuda_driver_version:
-        driver.append(f"CUDA {hw.cuda_driver_version}")
-    if any(g.declared for g in hw.gpus):
-        driver.append("declared, not detected")
-    return text + (f"; {', '.join(driver)}" if driver else "")
-
-
-def _host_summary(data: StudyData) -> str:
-    hw = data.hardware
-    if hw is None:
-        return DASH
-    h = hw.host
-    cores = f"{h.cpu_cores_logical} logical cores" + (
-        f" ({h.cpu_cores_physical} physical)" if h.cpu_cores_physical else ""
-    )
-    return f"{h.hostname}: {cores}, {gib(h.ram_total_bytes, 0)} RAM, {h.platform}"
-
-
-def _meta_pairs(settings: StudySettings, clean: Sanitizer) -> dict[str, Any]:
-    model = settings.model
-    model_text = DASH
-    if model.name or model.path_or_id:
-        name = model.name or ""
-        ident = model.path_or_id or ""
-        model_text = name if not ident or ident == name else f"{name} ({ident})"
-        params = model.facts.get("params")
-        if params is not None and is_num(params):
-            model_text += f", {_count(params)} parameters"
-    backend = settings.backend or DASH
-    if settings.backend_version:
-        backend += f" {settings.backend_version}"
-    job = {
-        "global_batch": settings.global_batch,
-        "num_generations": settings.num_generations,
-        "max_completion_length": settings.max_completion_length,
-        "max_steps": settings.max_steps,
-    }
-    fixed = [(key, clean.clean(knob_value(value))) for key, value in job.items() if value is not None]
-    fixed += [(str(k), clean.clean(knob_value(v))) for k, v in settings.fixed.items()]
-    versions = settings.versions
-    dropped = settings.dropped_knobs or {}
-    pinned = [
-        (str(k["name"]), knob_value(k.get("default")))
-        for k in settings.knobs
-        if k.get("pinned") and "name" in k
-    ]
-    return {
-        "model": clean.clean(model_text),
-        "backend": clean.clean(backend),
-        "fixed": fixed,
-        "versions": [(clean.clean(k), clean.clean(v)) for k, v in versions.items()],
-        "dropped": [(clean.clean(k), clean.clean(v)) for k, v in dropped.items()],
-        "pinned": [(clean.clean(k), clean.clean(v)) for k, v in pinned],
-        "command": clean.clean_command(command_text(settings.command)),
-        "dataset": clean.clean(settings.dataset or ""),
-    }
-
-
-def _count(n: float) -> str:
-    """A parameter count: ``7.62 B``, ``2.5 M``, ``107 k``."""
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f}"
-
-
-def command_text(value: object) -> str:
-    """A command line from ``study.json``/``profile.json``: a string as is, an argv list shell-quoted."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple):
-        return shlex.join(str(v) for v in value)
-    return ""
 
 
 # --------------------------------------------------------------------------------------------- summary
@@ -440,7 +252,7 @@ def _confirmation_view(data: StudyData, winner: Recommendation) -> dict[str, Any
                 "round": run.round,
                 "role": run.role.replace("_", "-"),
                 "status": run.status.value,
-                "status_class": _status_class(run.status.value),
+                "status_class": status_class(run.status.value),
                 "throughput_text": f"{run.throughput:.3g}" if run.throughput else DASH,
                 "step_text": (
                     f"{run.step_time_s:.3g} s ± {run.rel_ci95:.0%}"
@@ -462,7 +274,7 @@ def _confirmation_view(data: StudyData, winner: Recommendation) -> dict[str, Any
         }
         for t, iv in sorted(c.versus_winner.items())
     ]
-    hours = _hours_label(data)
+    hours = hours_label(data)
     return {
         "rounds": c.rounds,
         "runs": runs,
@@ -507,7 +319,7 @@ def _run_summary(data: StudyData, rows: Sequence[dict[str, Any]], clean: Sanitiz
     if data.kind != "profile" or not data.trials:
         return None
     row = rows[0]
-    cpu = _cpu_only(data)
+    cpu = runs_on_cpu(data)
     return {
         "measured": "CPU" if cpu else "GPU",
         "util_label": "Mean CPU use (share of all cores)" if cpu else "Mean GPU utilization",
@@ -540,219 +352,6 @@ def _command_block(
             clean.clean(winner_trial.command)
         ), f"{source} (the trial itself: set max steps for a full run)"
     return None, None
-
-
-# ------------------------------------------------------------------------------------------ trial rows
-
-
-def trial_rows(
-    data: StudyData,
-    signals: Mapping[int, TrialSignals],
-    winner: int | None,
-    out_dir: Path,
-    clean: Sanitizer,
-    knob_names: list[str],
-) -> list[dict[str, Any]]:
-    """One row of the trials table per trial, by number."""
-    return [
-        _trial_row(t, data.baseline, signals.get(t.number), winner, out_dir, clean, knob_names)
-        for t in data.trials
-    ]
-
-
-def _trial_row(
-    t: TrialData,
-    base: TrialData | None,
-    sig: TrialSignals | None,
-    winner: int | None,
-    out_dir: Path,
-    clean: Sanitizer,
-    knob_names: list[str],
-) -> dict[str, Any]:
-    r = t.result
-    tp = r.throughput
-    ci_abs = tp * r.steady.rel_ci95 if tp is not None and r.steady is not None else None
-    peaks = sig.peak_bytes if sig is not None else []
-    caps = sig.capacity_bytes if sig is not None else []
-    peak_known = [p for p in peaks if p is not None]
-    host_peak = r.host_peak_rss_bytes
-    predicted = (r.estimate or {}).get("peak_bytes") if isinstance(r.estimate, dict) else None
-    pred_err = None
-    if predicted is not None and is_num(predicted) and peak_known:
-        pred_err = (float(predicted) - max(peak_known)) / max(peak_known)
-    steady = r.steady
-    if steady is not None:
-        steps_text = f"{steady.steady_steps} steady of {r.steps} ({steady.warmup_steps} warm-up)"
-    else:
-        steps_text = f"{r.steps}" if r.steps else "0"
-    util = _util_pct(r, sig)
-    return {
-        "number": t.number,
-        "is_baseline": r.is_baseline,
-        "is_winner": t.number == winner,
-        "status": r.status.value,
-        "status_class": _status_class(r.status.value),
-        "reason": clean.clean(r.reason),
-        "evidence": clean.clean(_truncate(r.evidence)) if r.evidence else "",
-        "health": [clean.clean(h) for h in r.health],
-        "host_load": _row_load(r),
-        "knobs": _knob_cells(t, base, knob_names, clean),
-        "throughput": tp,
-        "ci_abs": ci_abs,
-        "throughput_text": (f"{tp:.3g} ± {ci_abs:.2g}" if ci_abs is not None else f"{tp:.3g}")
-        if tp is not None
-        else DASH,
-        "tokens_text": rate(steady.tokens_per_s, " tok/s")
-        if steady is not None and steady.tokens_per_s
-        else "",
-        "peaks_text": " / ".join(gib(p) for p in peaks)
-        if peak_known
-        else (gib(host_peak) + " RSS" if host_peak else DASH),
-        "peak_max": max(peak_known) if peak_known else (host_peak or None),
-        "headroom_text": _headroom_text(peaks, caps),
-        "util_text": pct(util),
-        "util": util,
-        "idle_text": share(sig.idle_share if sig is not None else None),
-        "steps_text": steps_text,
-        "steps": r.steps,
-        "predicted_text": gib(predicted) if is_num(predicted) else DASH,
-        "predicted_err_text": f"{pred_err:+.0%}" if pred_err is not None else "",
-        "duration_text": seconds(r.duration_s) if r.duration_s else DASH,
-        "duration_s": r.duration_s,
-        "links": _file_links(t, out_dir),
-        "choice_text": clean.clean(choice_text(r.choice)),
-        "limit_text": fraction_text(r.ceiling),
-        "limit_fraction": r.ceiling.step_fraction if r.ceiling is not None else None,
-    }
-
-
-def _row_load(r: TrialResult) -> str:
-    """The trial's host-load flag ("host loaded by other processes during this trial (...)"), or ""."""
-    load = host_load(r.timeline_summary)
-    return load.text() if load is not None and load.loaded else ""
-
-
-def choice_text(choice: Mapping[str, Any] | None) -> str:
-    """Why the search ran a trial, in one line: its move from the incumbent, predicted speed and risk."""
-    if not choice:
-        return ""
-    mode = str(choice.get("mode", ""))
-    fixed = {
-        "baseline": "the baseline: the framework's defaults or your own settings",
-        "sampler": "chosen by Optuna's sampler",
-        "grid": "next grid point",
-        "requeued": "re-run: its earlier run was interrupted, or the next untried configuration",
-    }
-    if mode in fixed:
-        return fixed[mode]
-    parts: list[str] = []
-    move = choice.get("move") or {}
-    incumbent = choice.get("incumbent")
-    changes = ", ".join(f"{k} {knob_value(a)}→{knob_value(b)}" for k, (a, b) in move.items())
-    if mode == "refine" and incumbent is not None:
-        parts.append(f"refine best trial {incumbent}: {changes}")
-    elif mode == "probe" and incumbent is not None:
-        parts.append(
-            f"test a suspect of earlier failures ({choice.get('suspect') or 'a knob value'}) on best trial "
-            f"{incumbent}: {changes}; if it works, faster configurations with it are open"
-        )
-    elif mode in ("screen", "combine"):
-        covers = ", ".join(f"{k} {knob_value(v)}" for k, v in (choice.get("covers") or {}).items())
-        parts.append(
-            f"screen the high-impact knobs: measure {covers or 'the design row'}"
-            if mode == "screen"
-            else f"combine the best screened levels: {covers or 'as measured'}"
-        )
-    elif incumbent is not None:
-        parts.append(
-            f"explore: {len(move)} knob{'s' if len(move) != 1 else ''} away from best trial {incumbent}"
-        )
-    else:
-        parts.append("explore: the model's most promising configuration")
-    for key, text in (
-        ("predicted_throughput", "predicted {:.3g}/s"),
-        ("expected_gain_frac", "expected gain {:+.1%}"),
-        ("failure_risk", "failure risk {:.0%}"),
-    ):
-        value = choice.get(key)
-        if is_num(value):
-            parts.append(text.format(value))
-    return "; ".join(parts)
-
-
-def _file_links(t: TrialData, out_dir: Path) -> dict[str, str]:
-    """The trial's own files, linked relative to the report."""
-    links = {}
-    for name in (TrialDir.COMMAND, TrialDir.STDOUT, TrialDir.STDERR, TrialDir.METRICS, TrialDir.RESULT):
-        path = t.files.get(name) or (
-            (t.dir / name) if t.dir is not None and (t.dir / name).is_file() else None
-        )
-        link = _rel_link(path, out_dir) if path is not None else None
-        # a report written outside the study links to nothing outside its own folder
-        if link is not None and not link.startswith("../"):
-            links[name] = link
-    return links
-
-
-def _knob_cells(
-    t: TrialData, base: TrialData | None, knob_names: list[str], clean: Sanitizer
-) -> list[dict[str, Any]]:
-    """The trial's value of every knob of the table, marked where it differs from the baseline's."""
-    knobs = []
-    for k in knob_names:
-        present = k in t.params
-        value = t.params.get(k)
-        changed = base is not None and t is not base and present and base.params.get(k, object()) != value
-        knobs.append(
-            {
-                "name": k,
-                "text": clean.clean(knob_value(value)) if present else "",
-                "sort": _sort_value(value) if present else "",
-                "changed": changed,
-            }
-        )
-    return knobs
-
-
-def _util_pct(r: TrialResult, sig: TrialSignals | None) -> float | None:
-    """Mean GPU utilisation, else (no GPU rows) the trial's CPU use as a share of all cores."""
-    util = sig.util_mean_pct if sig is not None else None
-    if util is None:
-        host = r.timeline_summary.host if r.timeline_summary is not None else None
-        cores = host.cpu_cores if host is not None else None
-        if host is not None and host.cpu_mean_pct is not None and cores:
-            util = float(host.cpu_mean_pct) / cores
-    return util
-
-
-def _status_class(status: str) -> str:
-    return status.lower()
-
-
-def _headroom_text(peaks: Sequence[int | None], caps: Sequence[int | None]) -> str:
-    heads = [c - p for p, c in zip(peaks, caps, strict=False) if p is not None and c is not None]
-    return f"min {gib(min(heads))}" if heads else DASH
-
-
-def _sort_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if is_num(value):
-        return repr(float(value))
-    return "" if value is None else str(value)
-
-
-def _truncate(text: str | None, limit: int = EVIDENCE_CHARS) -> str:
-    if not text:
-        return ""
-    text = text.strip()
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def knob_names(data: StudyData) -> list[str]:
-    order = [k["name"] for k in data.settings.knobs if isinstance(k.get("name"), str)]
-    seen = {k for t in data.trials for k in t.params}
-    return [k for k in order if k in seen] + sorted(seen - set(order))
 
 
 # -------------------------------------------------------------------------------------------- findings
@@ -808,7 +407,7 @@ class _Figures:
         charts_dir = StudyDir(self.out_dir).own_dir(self.out_dir / StudyDir.CHARTS)
         path = draw_png(charts_dir / name)
         self.written.append(path)
-        return _rel_link(path, self.out_dir)
+        return rel_link(path, self.out_dir)
 
 
 def _throughput_chart(data: StudyData, rows: list[dict[str, Any]], figures: _Figures) -> dict[str, Any]:
@@ -901,8 +500,8 @@ def _insight(
                 failed.append((t.number, t.status.value, max(peaks) / GIB))
     caps = [data.capacity_bytes(i) for i in range(data.gpu_count)]
     cap_gib = min(c for c in caps if c is not None) / GIB if any(c is not None for c in caps) else None
-    mem_label = "peak memory on the fullest GPU (GiB)" if not _cpu_only(data) else "peak RSS (GiB)"
-    draw_progress = partial(charts.progress_chart, progress, hours_label=_hours_label(data))
+    mem_label = "peak memory on the fullest GPU (GiB)" if not runs_on_cpu(data) else "peak RSS (GiB)"
+    draw_progress = partial(charts.progress_chart, progress, hours_label=hours_label(data))
     insight = {
         "importance": [(clean.clean(k), v) for k, v in imp.values.items()],
         # optuna-dashboard's fANOVA beside it, in the same knob order, where the two methods disagree

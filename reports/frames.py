@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 from autotune.reports._load import StudyData, load_study
-from autotune.reports._render import knob_names, pick_winner, trial_rows
+from autotune.reports._render import pick_winner
+from autotune.reports._rows import knob_names, trial_rows
 from autotune.reports._safety import Sanitizer
 from autotune.reports._signals import signals
 

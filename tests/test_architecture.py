@@ -418,51 +418,33 @@ def test_the_strategy_kind_check_can_fail() -> None:
 # -- rooms stay small -------------------------------------------------------------------------------
 
 MAX_MODULE_LINES = 700
-#: The modules still over the limit (issue 40), at their length today: one may shrink, never grow, and
-#: leaves this list once it is split: the probes' timeline and the report's renderer are next.
-OVERSIZED_LEFT = {
-    "autotune.probes.timeline": 940,
-    "autotune.reports._render": 999,
-}
 
 
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-def _oversized(modules: dict[str, Path], left: dict[str, int]) -> list[str]:
-    """Modules over :data:`MAX_MODULE_LINES` lines (or over their length in ``left``), with their length."""
-    out = []
-    for name, path in sorted(modules.items()):
-        n = _lines(path)
-        if n > max(MAX_MODULE_LINES, left.get(name, 0)):
-            out.append(f"{name}: {n} lines")
-    return out
+def _oversized(modules: dict[str, Path]) -> list[str]:
+    """Modules over :data:`MAX_MODULE_LINES` lines, with their length."""
+    return [
+        f"{name}: {n} lines"
+        for name, path in sorted(modules.items())
+        if (n := _lines(path)) > MAX_MODULE_LINES
+    ]
 
 
 def test_no_module_of_the_package_is_over_700_lines() -> None:
     assert any(name.startswith("autotune.study.") for name in MODULES)  # the check sees them
-    assert _oversized(MODULES, OVERSIZED_LEFT) == []
-
-
-def test_a_module_split_below_the_limit_leaves_the_exceptions() -> None:
-    assert [name for name in OVERSIZED_LEFT if _lines(MODULES[name]) <= MAX_MODULE_LINES] == []
+    assert any(name.startswith("autotune.reports.") for name in MODULES)
+    assert _oversized(MODULES) == []
 
 
 def test_the_module_size_check_can_fail(tmp_path: Path) -> None:
-    big, small, left = tmp_path / "big.py", tmp_path / "small.py", tmp_path / "left.py"
+    big, small = tmp_path / "big.py", tmp_path / "small.py"
     big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     small.write_text("x = 1\n" * MAX_MODULE_LINES)
-    left.write_text("x = 1\n" * (MAX_MODULE_LINES + 5))
-    modules = {"autotune.export.big": big, "autotune.strategy.small": small, "autotune.trial.left": left}
-    assert _oversized(modules, {"autotune.trial.left": MAX_MODULE_LINES + 5}) == [
-        f"autotune.export.big: {MAX_MODULE_LINES + 1} lines"
-    ]
-    # an exception holds a module at its length: it may not grow
-    assert _oversized(modules, {"autotune.trial.left": MAX_MODULE_LINES + 4}) == [
-        f"autotune.export.big: {MAX_MODULE_LINES + 1} lines",
-        f"autotune.trial.left: {MAX_MODULE_LINES + 5} lines",
-    ]
+    modules = {"autotune.export.big": big, "autotune.strategy.small": small}
+    assert _oversized(modules) == [f"autotune.export.big: {MAX_MODULE_LINES + 1} lines"]
 
 
 # -- the two records that cross the house are read through their reader, not by string key ----------

@@ -1,7 +1,10 @@
 """``gp``: Optuna's GPSampler with constraints and no estimator (a peer on the search-efficiency bench).
 
 GPSampler models the history with a Gaussian process and needs scipy (the ``bench`` extra). It has no
-conditional search spaces: on a space with conditional knobs it samples those independently.
+conditional search spaces: on a space with conditional knobs it samples those independently. It models
+only COMPLETE trials: a trial the study stops early as clearly slower (PRUNED) or that fails teaches it
+nothing, and until ``n_startup_trials`` trials complete it draws with its start-up sampler, Optuna's
+random sampler with the same seed as ``random``'s (so the same draws).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ class GPSettings(StrategySettings):
 
 
 class GPStrategy(BaseStrategy):
-    """Leaves every trial to Optuna's GPSampler; failures reach it as infeasible through the trial
-    constraints the study sets on tell; never stops early."""
+    """Leaves every trial to Optuna's GPSampler; never stops early. (The trial constraints the study
+    sets on tell never reach it: GPSampler reads them only from COMPLETE trials, which are all
+    feasible.)"""
 
     Settings = GPSettings
     settings: GPSettings

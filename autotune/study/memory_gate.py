@@ -8,16 +8,14 @@ against the prediction.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from autotune.backends import ModelRef
 from autotune.records import Hardware, TrialResult, TrialStatus
 from autotune.space import canonical_key
 
-if TYPE_CHECKING:
-    from autotune.estimate import GpuSpec, JobShape, MemoryEstimate, ModelSpec, TimeEstimate
-
-__all__ = ["PROBE_MARGIN", "EstimatorGate"]
+__all__ = ["PROBE_MARGIN", "EstimateMemo", "EstimatorGate"]
 
 #: the most a memory probe may be predicted over capacity (a share of it) and still be launched: the
 #: estimate is a prior, and a strategy that must measure a level the gate refuses everywhere (see
@@ -27,7 +25,20 @@ PROBE_MARGIN = 0.5
 #: step-time estimates a gate keeps (a candidate pool and its neighbours: a few thousand)
 _TIMINGS_KEPT = 50_000
 
-_T = TypeVar("_T")
+
+@dataclass(frozen=True)
+class EstimateMemo:
+    """What a gate computes once per configuration and keeps: the estimator's step times, step
+    ceilings and raw (uncalibrated) memory estimates, by configuration key.
+
+    None of them depends on what a study measures (the calibration is applied on top of the raw memory
+    estimate), so gates of the same job (backend, model, GPUs, fixed arguments) may share one: a bench
+    that runs many studies of one job computes each estimate once.
+    """
+
+    timings: dict[str, Any] = field(default_factory=dict)
+    ceilings: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
 
 
 class EstimatorGate:
@@ -41,18 +52,21 @@ class EstimatorGate:
         job: fixed job facts (global batch, num_generations, lengths, beta, LoRA, ...).
         derive: the backend's derivation (world size, gradient accumulation) for a knob assignment.
         margin: prune only above ``capacity × (1 + margin)``.
+        memo: the estimates kept by configuration (default: this gate's own); share one only between
+            gates of the same job.
     """
 
     def __init__(
         self,
         backend: str,
-        model: ModelSpec,
-        gpu: GpuSpec,
+        model: Any,
+        gpu: Any,
         n_gpus: int,
-        job: Mapping[str, object],
+        job: Mapping[str, Any],
         derive: Callable[[dict[str, Any]], dict[str, Any]],
         *,
         margin: float = 0.15,
+        memo: EstimateMemo | None = None,
     ) -> None:
         from autotune.estimate import Calibration
 
@@ -66,10 +80,10 @@ class EstimatorGate:
         self.calibration = Calibration()
         self._seen: set[int] = set()
         self._basis: Any = None
-        # step-time estimates by configuration: rank and phase_times ask for the same candidates
-        # (they need no calibration, so nothing the gate learns makes them stale)
-        self._timings: dict[str, TimeEstimate] = {}
-        self._ceilings: dict[str, float] = {}
+        # estimates by configuration: rank and phase_times ask for the same candidates, and a strategy
+        # re-checks its pool at every decision (they need no calibration: nothing the gate learns makes
+        # them stale)
+        self.memo = memo if memo is not None else EstimateMemo()
 
     @classmethod
     def build(
@@ -77,11 +91,13 @@ class EstimatorGate:
         hardware: Hardware,
         model: ModelRef,
         backend: str,
-        job: Mapping[str, object],
+        job: Mapping[str, Any],
         derive: Callable[[dict[str, Any]], dict[str, Any]],
         calibration: Mapping[str, Any] | None = None,
+        memo: EstimateMemo | None = None,
     ) -> EstimatorGate | None:
-        """A gate for this study, or None when the model's facts or the GPUs are unknown."""
+        """A gate for this study, or None when the model's facts or the GPUs are unknown (``memo``: see
+        :class:`EstimateMemo`)."""
         from autotune.estimate import Calibration, model_from_facts, resolve_gpu, seed_calibration
 
         if not hardware.gpus or not model.facts:
@@ -90,30 +106,34 @@ class EstimatorGate:
         gpu = resolve_gpu(hardware.gpus[0].name, hardware.gpus[0].memory_total_bytes)
         if spec is None or gpu is None:
             return None
-        gate = cls(backend, spec, gpu, len(hardware.gpus), job, derive)
+        gate = cls(backend, spec, gpu, len(hardware.gpus), job, derive, memo=memo)
         if calibration:
             gate.calibration = Calibration.from_dict(dict(calibration))
         else:  # a new study starts from this GPU type's table (autotune doctor --calibrate), if any
             gate.calibration = seed_calibration(hardware.gpus[0].name, spec.params) or gate.calibration
         return gate
 
-    def _shape(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> JobShape:
+    def _shape(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
         """The job shape of ``params`` (derived here unless given)."""
         from autotune.backends import job_shape
 
         derived = derived if derived is not None else self.derive(dict(params))
         return job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)
 
-    def _estimate(
-        self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None
-    ) -> tuple[JobShape, MemoryEstimate]:
+    def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+        """The estimator's memory estimate of ``params`` with the calibration applied (the raw estimate
+        is computed once per configuration and derivation)."""
         from autotune.estimate import estimate_memory
 
-        shape = self._shape(params, derived)
-        return shape, self.calibration.adjust(estimate_memory(shape, self.gpu))
+        raw = self._kept(
+            self.memo.memory,
+            {"params": dict(params), "derived": None if derived is None else dict(derived)},
+            lambda: estimate_memory(self._shape(params, derived), self.gpu),
+        )
+        return self.calibration.adjust(raw)
 
     @staticmethod
-    def _kept(store: dict[str, _T], params: Mapping[str, object], compute: Callable[[], _T]) -> _T:
+    def _kept(store: dict[str, Any], params: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
         """``compute()`` once per configuration in ``store`` (emptied when it holds ``_TIMINGS_KEPT``)."""
         key = canonical_key(params)
         if key not in store:
@@ -123,7 +143,7 @@ class EstimatorGate:
         return store[key]
 
     def check(
-        self, params: Mapping[str, object], derived: Mapping[str, object], *, margin: float | None = None
+        self, params: Mapping[str, Any], derived: Mapping[str, Any], *, margin: float | None = None
     ) -> tuple[str | None, dict[str, Any] | None]:
         """Why ``params`` is predicted not to fit (None: it may run) and the estimate's breakdown.
 
@@ -131,22 +151,24 @@ class EstimatorGate:
         gate's own; a memory probe, which tests the gate itself, is given :data:`PROBE_MARGIN`)."""
         from autotune.estimate import should_prune
 
-        _, est = self._estimate(params, derived)
+        est = self._estimate(params, derived)
         breakdown = est.to_dict()
         if should_prune(est, margin=self.margin if margin is None else margin):
             return f"predicted not to fit: {est.reason()}", breakdown
         return None, breakdown
 
-    def _timing(self, params: Mapping[str, Any]) -> TimeEstimate:
+    def _timing(self, params: Mapping[str, Any]) -> Any:
         """The estimator's step time of ``params`` (computed once per configuration)."""
         from autotune.estimate import estimate_step_time
 
-        return self._kept(self._timings, params, lambda: estimate_step_time(self._shape(params), self.gpu))
+        return self._kept(
+            self.memo.timings, params, lambda: estimate_step_time(self._shape(params), self.gpu)
+        )
 
-    def rank(self, params: Mapping[str, object]) -> float | None:
+    def rank(self, params: Mapping[str, Any]) -> float | None:
         return float(self._timing(params).throughput)
 
-    def phase_times(self, params: Mapping[str, object]) -> dict[str, float]:
+    def phase_times(self, params: Mapping[str, Any]) -> dict[str, float]:
         """The estimator's seconds per step of each phase, named as the timeline names them (host
         transfers and CPU optimizer work are the timeline's ``other``)."""
         t = self._timing(params)
@@ -164,7 +186,9 @@ class EstimatorGate:
             measured = next((p for p in map(cached_peaks, names) if p is not None), None)
             self._basis = PeakBasis.resolve(self.gpu, measured)
         basis = self._basis
-        return float(self._kept(self._ceilings, params, lambda: step_ceiling_s(self._shape(params), basis)))
+        return float(
+            self._kept(self.memo.ceilings, params, lambda: step_ceiling_s(self._shape(params), basis))
+        )
 
     def observe(self, result: TrialResult) -> None:
         """Learn from a trial's measured peak (or its OOM): finished, unhealthy, and stopped early for
@@ -175,7 +199,7 @@ class EstimatorGate:
         ):
             return
         self._seen.add(result.number)
-        _, est = self._estimate(result.params, result.derived or None)
+        est = self._estimate(result.params, result.derived or None)
         measured = max((p for p in result.peak_mem_bytes if p is not None), default=None)
         self.calibration.observe(est, measured, result.status is TrialStatus.OOM, trial=result.number)
 

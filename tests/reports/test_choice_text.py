@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.reports import render_study
-from autotune.reports._render import choice_text
+from autotune.reports._rows import choice_text
 
 
 def test_a_refinement_names_the_incumbent_the_move_the_prediction_and_the_risk() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.records import GpuInfo, Hardware, HostInfo, SteadyEstimate, TrialResult, TrialStatus
-from autotune.study.memory_gate import PROBE_MARGIN, EstimatorGate
+from autotune.study.memory_gate import PROBE_MARGIN, EstimateMemo, EstimatorGate
 from autotune.workload.models import resolve_model
 
 HOST = HostInfo(
@@ -24,12 +24,17 @@ DERIVED = {"world_size": 1, "gradient_accumulation_steps": 2}
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EstimatorGate:
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))  # no calibration table of this machine's
+    return _gate()
+
+
+def _gate(memo: EstimateMemo | None = None) -> EstimatorGate:
     built = EstimatorGate.build(
         Hardware(gpus=(A10,), host=HOST),
         resolve_model("Qwen2.5-1.5B"),
         "trl",
         JOB,
         lambda p: {"world_size": 1, "gradient_accumulation_steps": 16 // p["per_device_train_batch_size"]},
+        memo=memo,
     )
     assert built is not None
     return built
@@ -68,3 +73,24 @@ def test_a_probe_stopped_early_for_being_slow_calibrates_the_gate(gate: Estimato
     assert len(gate.calibration.observations) == 1
     assert gate.calibration.factor < 1.0
     assert gate.check(OVER, DERIVED)[0] is None  # seen to run: never predicted not to fit again
+
+
+def test_gates_sharing_a_memo_share_estimates_and_never_calibration(
+    gate: EstimatorGate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second gate of the same job reads the first one's raw estimates (computed once), and each
+    applies only its own calibration: one that learned from a probe lets OVER through, a fresh one
+    still refuses it, as a gate with a memo of its own does."""
+    import autotune.estimate
+
+    calls: list[object] = []
+    estimate = autotune.estimate.estimate_memory
+    monkeypatch.setattr(autotune.estimate, "estimate_memory", lambda *a: calls.append(a) or estimate(*a))
+    other, fresh = _gate(gate.memo), _gate()
+    assert gate.check(OVER, DERIVED) == fresh.check(OVER, DERIVED)
+    assert len(calls) == 2  # one per memo
+    gate.observe(_ran(TrialStatus.PRUNED, 4, 0.85))  # the probe ran at 85 %: this gate was pessimistic
+    assert gate.check(OVER, DERIVED)[0] is None
+    assert other.check(OVER, DERIVED) == fresh.check(OVER, DERIVED)
+    assert other.check(OVER, DERIVED)[0] is not None
+    assert len(calls) == 2  # the shared memo answered every other check
