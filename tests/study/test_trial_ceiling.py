@@ -168,7 +168,7 @@ def test_the_gate_bounds_a_configuration_by_its_ceiling(
     )
     assert gate is not None
     params = {"per_device_train_batch_size": 4, "use_vllm": True}
-    shape, _ = gate._estimate(params)
+    shape = gate._shape(params)
     gpu = find_gpu("H100")
     assert gpu is not None
     bound = gate.ceiling_s(params)
