@@ -32,10 +32,12 @@ from typing import Any
 
 from _replay import SCHEMA
 
-from autotune.records import TrialResult
+from autotune.records import TrialResult, TrialStatus
 from autotune.space import Platform, load_space
 
 HERE = Path(__file__).resolve().parent
+#: what a trial of a repeat stopped part-way is left as: it says nothing about its configuration
+UNMEASURED = frozenset({TrialStatus.RUNNING, TrialStatus.INTERRUPTED})
 PACKAGES = ("autotune-grpo", "torch", "transformers", "trl", "deepspeed", "vllm", "accelerate")
 
 
@@ -74,7 +76,8 @@ def run_repeat(args: argparse.Namespace, out: Path, n_configs: int) -> None:
     argv = [
         sys.executable, "-m", "autotune", "search",
         "--model", args.model, "--backend", "trl", "--space", str(args.space),
-        "--search", "grid", "--trials", str(n_configs), "--confirm-runs", "0", "--out", str(out),
+        "--search", "grid", "--trials", str(n_configs), "--confirm-runs", "0", "--no-prune",
+        "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, check=False)
     if done.returncode not in (0, 3):  # 3: nothing to recommend is still a recorded surface
@@ -111,6 +114,8 @@ def collect(study_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     for study in study_dirs:
         for path in sorted((study / "trials").glob("*/result.json")):
             result = TrialResult.from_json(path.read_text())
+            if result.status in UNMEASURED:  # a repeat stopped part-way: that trial measured nothing
+                continue
             key = json.dumps(result.params, sort_keys=True)
             rows.setdefault(key, {"params": result.params, "repeats": []})["repeats"].append(
                 repeat_record(result, path)
@@ -128,19 +133,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--capacity-gib", type=float, default=0.0, help="memory a trial may use (0: host RAM)"
     )
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="run nothing: write the table from the repeat-* studies already in --out (a recording "
+        "stopped part-way keeps what it measured; its unfinished trials are left out)",
+    )
     args = parser.parse_args(argv)
     if not args.space.is_file():
         parser.error(f"--space {args.space} is not a file; give a search-space YAML")
-    if args.out.exists() and any(args.out.iterdir()):
-        parser.error(f"--out {args.out} is not empty; give a new folder (nothing of yours is overwritten)")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     space = load_space(args.space).restrict(Platform.machine(gpu_present=False))
     n_configs = sum(1 for _ in space.grid())
-    info = {"versions": versions(), "host": host(), "started_at": dt.datetime.now(dt.UTC).isoformat()}
-    studies = [args.out / f"repeat-{r}" for r in range(args.repeats)]
-    for study in studies:
-        run_repeat(args, study, n_configs)
+    info_path = args.out / "recording.json"
+    if args.collect:
+        studies = sorted(args.out.glob("repeat-*"), key=lambda p: int(p.name.split("-")[1]))
+        if not studies or not info_path.is_file():
+            parser.error(f"--collect: {args.out} holds no recording (no recording.json, no repeat-*)")
+        info = json.loads(info_path.read_text())
+    else:
+        if args.out.exists() and any(args.out.iterdir()):
+            parser.error(f"--out {args.out} is not empty; give a new folder (nothing of yours is overwritten)")
+        info = {"versions": versions(), "host": host(), "started_at": dt.datetime.now(dt.UTC).isoformat()}
+        args.out.mkdir(parents=True, exist_ok=True)
+        info_path.write_text(json.dumps(info, indent=1) + "\n")
+        studies = [args.out / f"repeat-{r}" for r in range(args.repeats)]
+        for study in studies:
+            run_repeat(args, study, n_configs)
     capacity = args.capacity_gib * 2**30 or info["host"]["ram_total_bytes"]
     table = {
         "schema": SCHEMA,
@@ -153,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.table.parent.mkdir(parents=True, exist_ok=True)
     args.table.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{len(table['rows'])} configurations x {args.repeats} repeats -> {args.table}")
+    repeats = sorted({len(row["repeats"]) for row in table["rows"]})
+    print(f"{len(table['rows'])} configurations, {repeats} repeats each -> {args.table}")
     return 0
 
 

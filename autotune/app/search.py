@@ -65,6 +65,7 @@ class SearchRequest:
     trial_timeout: str | None = None
     sample_interval_s: float = 0.1
     early_stop: bool = True
+    prune: bool = True
     metrics_file: str | None = None
     executable: str | None = None
     confirm_runs: int = 2
@@ -508,6 +509,7 @@ def _run(req: SearchRequest, console: Console, prep: _Prepared, view: ClosingVie
         study_name=req.study_name,
         shared=shared,
         semantics=prep.semantics.provenance(),
+        prune=req.prune,
     )
     stop_event = threading.Event()
     # the KL coefficient the job trains with: the user's, else the framework's default

@@ -267,6 +267,14 @@ EarlyStop = Annotated[
         help="Stop a trial once its throughput estimate is stable.",
     ),
 ]
+Prune = Annotated[
+    bool,
+    _option(
+        "--prune/--no-prune",
+        panel=TRIALS,
+        help="Stop a trial whose throughput is clearly below the best so far (--no-prune measures every trial).",
+    ),
+]
 
 # Output: what is written and shown
 StudyOut = Annotated[

@@ -69,6 +69,8 @@ class StudyConfig:
     worker_slot: int | None = None
     # where each training-semantics value came from (autotune.jobsemantics: name → value, source, place)
     semantics: Mapping[str, Any] = field(default_factory=dict)
+    # stop a trial clearly slower than the best completed one (``--prune/--no-prune``)
+    prune: bool = True
 
     @property
     def name(self) -> str:

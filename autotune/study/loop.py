@@ -70,6 +70,7 @@ from autotune.study.storage import (
 )
 from autotune.study.tell import (
     METRIC_NAME,
+    MeasureEvery,
     SlowerThanBest,
     baseline_done_or,
     counts_in_budget,
@@ -173,7 +174,7 @@ class Study(StudyPart):
             seed=seed,
             settings=strategy_settings,
         )
-        self.pruner = SlowerThanBest()
+        self.pruner = SlowerThanBest() if cfg.prune else MeasureEvery()
         self.ceilings = TrialCeilings.for_study(cfg)
         self._silent_waited_s = 0.0  # how long this worker waited for a dead worker's trial to go stale
         self._storage: optuna.storages.BaseStorage | None = None

@@ -16,6 +16,7 @@ from autotune.studydir import StudyDir
 
 __all__ = [
     "METRIC_NAME",
+    "MeasureEvery",
     "SlowerThanBest",
     "baseline_done_or",
     "counts_in_budget",
@@ -65,6 +66,15 @@ class SlowerThanBest(optuna.pruners.BasePruner):
         if bound is None:  # reported by another process: its measured value is all there is
             bound = trial.intermediate_values[max(trial.intermediate_values)]
         return bound < best * (1 - self.margin)
+
+
+class MeasureEvery(SlowerThanBest):
+    """Prune nothing: every trial runs until its estimate is stable or its steps run out
+    (``autotune search --no-prune``; what a recorded surface needs, where a pruned trial's few steps
+    would stand in for a measurement)."""
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return False
 
 
 def tell(
