@@ -154,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = json.loads(info_path.read_text())
     else:
         if args.out.exists() and any(args.out.iterdir()):
-            parser.error(f"--out {args.out} is not empty; give a new folder (nothing of yours is overwritten)")
+            parser.error(
+                f"--out {args.out} is not empty; give a new folder (nothing of yours is overwritten)"
+            )
         info = {"versions": versions(), "host": host(), "started_at": dt.datetime.now(dt.UTC).isoformat()}
         args.out.mkdir(parents=True, exist_ok=True)
         info_path.write_text(json.dumps(info, indent=1) + "\n")
