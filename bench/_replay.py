@@ -7,6 +7,10 @@ that table alone, Zeus-style: nothing is invented. A seed picks, for each config
 recorded repeats a study sees (the run-to-run noise is the recorded one); the truth the regret is
 measured against is the median over the repeats.
 
+The bench registers the committed table (``bench/recorded/trl-cpu.json``) as the ``replay`` family
+through :class:`RecordedSetting`: the job, host and space the table was recorded with, and what the CLI
+does on such a host (no GPU: no estimator pre-screen).
+
 Table format (``schema`` 1)::
 
     {"schema": 1, "space": {...knob: [values]...}, "fixed": {...}, "versions": {...}, "host": {...},
@@ -22,17 +26,106 @@ import json
 import statistics
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from _settings import HEADROOM, STEP_PHASES, Setting, Truth
 
-from autotune.records import TrialStatus
-from autotune.space import canonical_key
+from autotune.backends import ModelRef, TrialContext, backend_class
+from autotune.records import Hardware, HostInfo, TrialStatus
+from autotune.space import Platform, SearchSpace, canonical_key, load_space
 
-__all__ = ["SCHEMA", "RecordedTable", "ReplaySurface"]
+__all__ = ["RECORDED", "SCHEMA", "RecordedSetting", "RecordedTable", "ReplaySurface", "recorded_settings"]
 
 SCHEMA = 1
+HERE = Path(__file__).resolve().parent
+#: the committed recordings, by the name of their bench setting
+RECORDED = {"trl tiny-qwen2 CPU (recorded)": HERE / "recorded" / "trl-cpu.json"}
+
+
+@dataclass(frozen=True)
+class RecordedSetting(Setting):
+    """The setting a table was recorded in: its job, its host (no GPU) and its space.
+
+    ``table`` is the recording; ``space_file`` the space YAML it swept. The study the bench runs is the
+    one the CLI runs on that host: the space restricted to it, no estimator pre-screen (the CLI builds
+    none without GPUs), GPU time counted as the trial's wall time (one device: the host).
+    """
+
+    table: Path = RECORDED["trl tiny-qwen2 CPU (recorded)"]
+    space_file: Path = HERE / "record_space_trl.yaml"
+
+    def _data(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.table.read_text())
+        return data
+
+    def space(self) -> SearchSpace:
+        return (
+            load_space(self.space_file, backend=self.backend)
+            .with_roles(backend_class(self.backend).knob_roles())
+            .restrict(Platform.machine(gpu_present=False))
+        )
+
+    def hardware(self) -> Hardware:
+        host = self._data()["host"]
+        return Hardware(
+            gpus=(),
+            host=HostInfo(
+                hostname=str(host["hostname"]),
+                cpu_cores_logical=int(host["cpu_cores_logical"]),
+                cpu_cores_physical=int(host["cpu_cores_physical"] or host["cpu_cores_logical"]),
+                ram_total_bytes=int(host["ram_total_bytes"]),
+                platform="linux",
+            ),
+        )
+
+    def model_ref(self) -> ModelRef:
+        from autotune.workload.models import resolve_model
+
+        return resolve_model(self.model, build_tiny=False)
+
+    def context(self, trial_dir: Path) -> TrialContext:
+        return TrialContext(
+            study_dir=trial_dir.parent,
+            trial_dir=trial_dir,
+            model=self.model_ref(),
+            gpus=(),
+            global_batch=self.global_batch,
+            num_generations=self.num_generations,
+            max_steps=10,
+            max_completion_length=self.max_completion_length,
+        )
+
+    def memory_gate(self, *_: Any, **__: Any) -> None:
+        """No pre-screen: the CLI builds none on a host without GPUs."""
+        return None
+
+
+def recorded_settings() -> tuple[RecordedSetting, ...]:
+    """A setting per committed recording (its job and baseline as the recording's studies had them)."""
+    out = []
+    for name, path in RECORDED.items():
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        space_file = HERE / Path(data.get("space_file", "record_space_trl.yaml")).name
+        out.append(
+            RecordedSetting(
+                name=name,
+                backend=str(data.get("backend", "trl")),
+                model=str(data["model"]),
+                gpu="none",
+                n_gpus=1,  # GPU time is counted on one device: the host
+                host_ram_gib=float(data["capacity_bytes"]) / 2**30,
+                fixed=dict(data["fixed"]),
+                baseline=dict(data["baseline"]),
+                kind="replay",
+                table=path,
+                space_file=space_file,
+            )
+        )
+    return tuple(out)
 
 
 class RecordedTable:
@@ -58,6 +151,7 @@ class RecordedTable:
                 raise ValueError(f"{path}: {row['params']} has no recorded repeat")
             self.rows[canonical_key(row["params"])] = (dict(row["params"]), list(row["repeats"]))
         self.n_rows = len(self.rows)
+        self.worker_values = (None,)  # every recorded row is one configuration (the bench's describe)
 
 
 def _truth(rep: Mapping[str, Any], capacity: float) -> Truth:

@@ -27,6 +27,7 @@ from autotune.backends import Backend, ModelRef, TrialContext, backend_class, ge
 from autotune.estimate.catalog import GIB, GpuSpec, ModelSpec, find_gpu, find_model
 from autotune.records import GpuInfo, Hardware, HostInfo, TrialStatus
 from autotune.space import Platform, SearchSpace, load_space
+from autotune.study.memory_gate import EstimateMemo, EstimatorGate
 from autotune.trial.outcome import LIVE_HEALTH_MIN_STEPS
 
 __all__ = [
@@ -100,7 +101,9 @@ class Setting:
         stages: its values in the order DeepSpeed tries them.
         kind: which world the bench builds for it: ``estimator`` (autotune's model with errors),
             ``independent`` (a model of its own) or ``adversarial`` (that model reversed on one or two
-            high-impact knobs, so that a prior built on the usual physics is wrong in direction).
+            high-impact knobs, so that a prior built on the usual physics is wrong in direction),
+            ``phase-additive`` (a sum of phases) or ``replay`` (a recorded real surface:
+            ``_replay.RecordedSetting``).
     """
 
     name: str
@@ -114,7 +117,7 @@ class Setting:
     narrow: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     stage_knob: str = "zero_stage"
     stages: tuple[Any, ...] = (0, 2, 3)
-    kind: Literal["estimator", "independent", "adversarial", "phase-additive"] = "estimator"
+    kind: Literal["estimator", "independent", "adversarial", "phase-additive", "replay"] = "estimator"
 
     @property
     def global_batch(self) -> int:
@@ -182,6 +185,19 @@ class Setting:
 
     def make_backend(self) -> Backend:
         return get_backend(self.backend)
+
+    def memory_gate(
+        self, hardware: Hardware, backend: Backend, ctx: TrialContext, memo: EstimateMemo | None
+    ) -> EstimatorGate | None:
+        """The pre-screen the CLI builds for this setting: the estimator's, on GPUs."""
+        return EstimatorGate.build(
+            hardware,
+            self.model_ref(),
+            self.backend,
+            self.fixed,
+            lambda p: backend.derive(p, ctx),
+            memo=memo,
+        )
 
 
 @dataclass(frozen=True)
@@ -269,7 +285,7 @@ def _swift(
     host_ram_gib: float,
     fixed: Mapping[str, Any],
     baseline: Mapping[str, Any],
-    kind: Literal["estimator", "independent", "adversarial", "phase-additive"] = "estimator",
+    kind: Literal["estimator", "independent", "adversarial", "phase-additive", "replay"] = "estimator",
 ) -> Setting:
     """An ms-swift setting: colocated vLLM only (server mode needs a rollout server of its own), the
     DeepSpeed presets as the stages of the DeepSpeed-style sweep."""

@@ -34,6 +34,7 @@ from _replay import SCHEMA
 
 from autotune.records import TrialResult, TrialStatus
 from autotune.space import Platform, load_space
+from autotune.studydir import StudyDir
 
 HERE = Path(__file__).resolve().parent
 #: what a trial of a repeat stopped part-way is left as: it says nothing about its configuration
@@ -108,6 +109,16 @@ def repeat_record(result: TrialResult, result_path: Path) -> dict[str, Any]:
     }
 
 
+def job_of(study: Path) -> dict[str, int]:
+    """The job the recording's studies ran (the same in every repeat): its training semantics."""
+    settings = StudyDir(study).read_settings()
+    return {
+        "global_batch": int(settings.global_batch),
+        "num_generations": int(settings.num_generations),
+        "max_completion_length": int(settings.max_completion_length),
+    }
+
+
 def collect(study_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     """Per configuration, its trial in every repeat's study (in repeat order)."""
     rows: dict[str, dict[str, Any]] = {}
@@ -166,8 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacity = args.capacity_gib * 2**30 or info["host"]["ram_total_bytes"]
     table = {
         "schema": SCHEMA,
+        "backend": "trl",
+        "space_file": args.space.name,
         "space": {k.name: list(k.values()) for k in space.knobs},
         "model": args.model,
+        "fixed": job_of(studies[0]),
+        "baseline": space.defaults(),
         **info,
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
         "capacity_bytes": int(capacity),

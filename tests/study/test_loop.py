@@ -109,6 +109,7 @@ def make(
     executor: FakeExecutor | None = None,
     interrupted=lambda: False,
     name: str = "s",
+    **more: Any,
 ):
     space_file = tmp_path / "space.yaml"
     space_file.write_text(SPACE)
@@ -130,6 +131,7 @@ def make(
         search=search,
         n_trials=n_trials,
         seed=3,
+        **more,
     )
     ex = executor or FakeExecutor()
     return Study(cfg, FakeBackend(), space, ex, interrupted=interrupted), ex
