@@ -17,12 +17,17 @@ Table format (``schema`` 1)::
      "capacity_bytes": int, "rows": [{"params": {...}, "repeats": [
          {"status": "COMPLETE", "reason": "...", "step_time_s": float | null, "throughput": float | null,
           "startup_s": float, "peak_bytes": int, "phases": {"rollout": s, ...} | null,
-          "failed_phase": str | null, "started_at": iso, "finished_at": iso}, ...]}, ...]}
+          "failed_phase": str | null, "steady_steps": int, "rel_ci95": float | null,
+          "started_at": iso, "finished_at": iso}, ...]}, ...]}
+
+A replayed trial's steps scatter as the recorded trial's did (its ``rel_ci95`` over ``steady_steps``
+back to one step's spread), around the recorded repeat's step time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import zlib
 from collections.abc import Mapping
@@ -170,7 +175,17 @@ def _truth(rep: Mapping[str, Any], capacity: float) -> Truth:
         if phases
         else {p: step if p == "train" else 0.0 for p in STEP_PHASES},
         failed_phase=rep.get("failed_phase"),
+        step_noise=_step_noise(rep),
     )
+
+
+def _step_noise(rep: Mapping[str, Any]) -> float | None:
+    """One step's spread as the trial measured it: its steady estimate's 95 % interval back to one
+    step's standard deviation (``rel_ci95 = 1.96 sd / sqrt(n)``); None when it was not recorded."""
+    ci, n = rep.get("rel_ci95"), int(rep.get("steady_steps") or 0)
+    if ci is None or n < 2:
+        return None
+    return float(ci) * math.sqrt(n) / 1.96
 
 
 class ReplaySurface:

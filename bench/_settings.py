@@ -217,6 +217,8 @@ class Truth:
             None when the run completes.
         live_stop_step: the step at which the executor's live health check stops the run.
         fail_after_steps: steps completed before a hang or crash.
+        step_noise: the log-normal noise of one step's duration, where the world knows it (a recorded
+            surface: from its trial's measured spread); None: the executor's own.
     """
 
     status: TrialStatus
@@ -230,6 +232,7 @@ class Truth:
     failed_phase: str | None = None
     live_stop_step: int | None = None
     fail_after_steps: int = 2
+    step_noise: float | None = None
 
 
 class World(Protocol):

@@ -104,6 +104,7 @@ def repeat_record(result: TrialResult, result_path: Path) -> dict[str, Any]:
         "phases": per_step,
         "failed_phase": result.failed_phase,
         "steady_steps": result.steady.steady_steps if result.steady else 0,
+        "rel_ci95": result.steady.rel_ci95 if result.steady else None,
         "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat() if started else None,
         "finished_at": dt.datetime.fromtimestamp(result_path.stat().st_mtime, dt.UTC).isoformat(),
     }

@@ -202,7 +202,8 @@ class SimulatedExecutor:
         status, reason = truth.status, truth.reason
         steady: SteadyEstimate | None = None
         for step in range(1, self.max_steps + 1):
-            t = step_s * math.exp(rng.gauss(0.0, self.step_noise)) * (1.5 if step == 1 else 1.0)
+            noise = self.step_noise if truth.step_noise is None else truth.step_noise
+            t = step_s * math.exp(rng.gauss(0.0, noise)) * (1.5 if step == 1 else 1.0)
             elapsed += t
             times.append(t)
             steady_times = times[self.warmup_steps :]

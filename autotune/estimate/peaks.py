@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from autotune.affinity import usable_cores
 from autotune.jsontypes import JsonObject
 
 __all__ = [
@@ -232,16 +233,15 @@ def _torch_runs(n: int, copy_elems: int) -> _Kernels | None:
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(_usable_cores())  # the peak of the whole host, whatever OMP_NUM_THREADS says
+    torch.set_num_threads(
+        len(usable_cores()) or 1
+    )  # the peak of the whole host, whatever OMP_NUM_THREADS says
     return _TorchKernels(torch, n, copy_elems)
 
 
 def _usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, else every core)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """Cores this process may run on (:func:`autotune.affinity.usable_cores`), at least one."""
+    return len(usable_cores()) or 1
 
 
 def _torch_threads() -> int | None:
