@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.backends import ModelRef
 from autotune.records import Hardware, TrialResult, TrialStatus
 from autotune.space import canonical_key
+
+if TYPE_CHECKING:
+    from autotune.estimate import GpuSpec, JobShape, MemoryEstimate, ModelSpec, PeakBasis, TimeEstimate
+
+_Kept = TypeVar("_Kept")
 
 __all__ = ["PROBE_MARGIN", "EstimateMemo", "EstimatorGate"]
 
@@ -36,9 +41,9 @@ class EstimateMemo:
     that runs many studies of one job computes each estimate once.
     """
 
-    timings: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, TimeEstimate] = field(default_factory=dict)
     ceilings: dict[str, float] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, MemoryEstimate] = field(default_factory=dict)
 
 
 class EstimatorGate:
@@ -59,8 +64,8 @@ class EstimatorGate:
     def __init__(
         self,
         backend: str,
-        model: Any,
-        gpu: Any,
+        model: ModelSpec,
+        gpu: GpuSpec,
         n_gpus: int,
         job: Mapping[str, Any],
         derive: Callable[[dict[str, Any]], dict[str, Any]],
@@ -79,7 +84,7 @@ class EstimatorGate:
         self.margin = margin
         self.calibration = Calibration()
         self._seen: set[int] = set()
-        self._basis: Any = None
+        self._basis: PeakBasis | None = None
         # estimates by configuration: rank and phase_times ask for the same candidates, and a strategy
         # re-checks its pool at every decision (they need no calibration: nothing the gate learns makes
         # them stale)
@@ -113,14 +118,16 @@ class EstimatorGate:
             gate.calibration = seed_calibration(hardware.gpus[0].name, spec.params) or gate.calibration
         return gate
 
-    def _shape(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+    def _shape(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> JobShape:
         """The job shape of ``params`` (derived here unless given)."""
         from autotune.backends import job_shape
 
         derived = derived if derived is not None else self.derive(dict(params))
         return job_shape(self.backend, params, derived, self.job, self.model, self.n_gpus)
 
-    def _estimate(self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None) -> Any:
+    def _estimate(
+        self, params: Mapping[str, Any], derived: Mapping[str, Any] | None = None
+    ) -> MemoryEstimate:
         """The estimator's memory estimate of ``params`` with the calibration applied (the raw estimate
         is computed once per configuration and derivation)."""
         from autotune.estimate import estimate_memory
@@ -133,7 +140,7 @@ class EstimatorGate:
         return self.calibration.adjust(raw)
 
     @staticmethod
-    def _kept(store: dict[str, Any], params: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+    def _kept(store: dict[str, _Kept], params: Mapping[str, Any], compute: Callable[[], _Kept]) -> _Kept:
         """``compute()`` once per configuration in ``store`` (emptied when it holds ``_TIMINGS_KEPT``)."""
         key = canonical_key(params)
         if key not in store:
@@ -157,7 +164,7 @@ class EstimatorGate:
             return f"predicted not to fit: {est.reason()}", breakdown
         return None, breakdown
 
-    def _timing(self, params: Mapping[str, Any]) -> Any:
+    def _timing(self, params: Mapping[str, Any]) -> TimeEstimate:
         """The estimator's step time of ``params`` (computed once per configuration)."""
         from autotune.estimate import estimate_step_time
 
@@ -181,11 +188,14 @@ class EstimatorGate:
         ``choice``, which the report reads)."""
         from autotune.estimate import PeakBasis, cached_peaks, step_ceiling_s
 
-        if self._basis is None:
+        found = self._basis
+        if found is None:
             names = (*self.gpu.nvml_names, self.gpu.name)
             measured = next((p for p in map(cached_peaks, names) if p is not None), None)
-            self._basis = PeakBasis.resolve(self.gpu, measured)
-        basis = self._basis
+            found = self._basis = PeakBasis.resolve(self.gpu, measured)
+        if found is None:  # only a CPU without measured peaks has none; a gate always has a GPU
+            raise ValueError(f"no peaks known for {self.gpu.name}")
+        basis = found
         return float(
             self._kept(self.memo.ceilings, params, lambda: step_ceiling_s(self._shape(params), basis))
         )
