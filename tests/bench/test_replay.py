@@ -1,11 +1,14 @@
 """The replay of a recorded surface (``bench/_replay.py``) and the recorder's table (``record_surface``).
 
-No real surface is recorded yet (it takes the CPU for an hour): these tests replay a small table
-written here in the recorder's format, with made-up timings, to pin what the replay does with one.
+The first tests replay a small table written here in the recorder's format, with made-up timings, to
+pin what the replay does with one. The last ones read the committed recording
+(``bench/recorded/trl-cpu.json``, real CPU trials): it is what it says it is, the bench registers it as
+the ``replay`` family, and an exhaustive search through the real study loop finds its optimum.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import statistics
 import sys
@@ -17,10 +20,13 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import record_surface  # noqa: E402
-from _replay import SCHEMA, RecordedTable, ReplaySurface  # noqa: E402
+import search_efficiency as se  # noqa: E402
+from _replay import RECORDED, SCHEMA, RecordedSetting, RecordedTable, ReplaySurface  # noqa: E402
 from _settings import SETTINGS  # noqa: E402
 
 from autotune.records import TrialStatus  # noqa: E402
+from autotune.space import canonical_key  # noqa: E402
+from autotune.study.loop import Study  # noqa: E402
 
 
 def _rep(tp: float | None, status: str = "COMPLETE") -> dict:
@@ -83,3 +89,97 @@ def test_the_recorder_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None
     with pytest.raises(SystemExit) as exc:
         record_surface.main(["--out", str(tmp_path), "--table", str(tmp_path / "t.json")])
     assert exc.value.code == 2 and (tmp_path / "mine.txt").read_text() == "keep"
+
+
+# -- the committed recording --------------------------------------------------------------------------
+COMMITTED = RECORDED["trl tiny-qwen2 CPU (recorded)"]
+
+
+@pytest.fixture(scope="module")
+def recorded() -> tuple[RecordedSetting, dict]:
+    (setting,) = [s for s in se.SETTINGS if isinstance(s, RecordedSetting)]
+    return setting, json.loads(COMMITTED.read_text())
+
+
+def _when(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text)
+
+
+def test_the_committed_recording_is_real_trials_with_their_versions_host_and_timings(
+    recorded: tuple[RecordedSetting, dict],
+) -> None:
+    _, data = recorded
+    assert data["schema"] == SCHEMA
+    versions = data["versions"]
+    for package in ("torch", "transformers", "trl", "deepspeed", "vllm", "accelerate", "autotune-grpo"):
+        assert versions[package], package  # every framework a trial's time depends on, by version
+    assert len(versions["autotune_commit"]) == 40
+    host = data["host"]
+    assert host["hostname"] and host["cpu_cores_logical"] >= 1 and host["ram_total_bytes"] > 2**30
+    assert len(host["load_avg_at_start"]) == 3
+    assert _when(data["started_at"]) < _when(data["finished_at"])
+    assert len(data["rows"]) >= 100
+    for row in data["rows"]:
+        for rep in row["repeats"]:
+            status = TrialStatus(rep["status"])
+            start, end = _when(rep["started_at"]), _when(rep["finished_at"])
+            assert _when(data["started_at"]) <= start < end <= _when(data["finished_at"]), row["params"]
+            if status is TrialStatus.COMPLETE:
+                # a measured step, and the throughput is the job's completions over it
+                assert rep["step_time_s"] > 0 and rep["steady_steps"] >= 2, row["params"]
+                assert rep["throughput"] == pytest.approx(data["fixed"]["global_batch"] / rep["step_time_s"])
+                assert rep["rel_ci95"] is not None and rep["phases"], row["params"]
+    # run-to-run noise is recorded, not invented: configurations measured more than once
+    assert sum(len(row["repeats"]) >= 2 for row in data["rows"]) >= 20
+
+
+def test_the_replay_family_holds_every_configuration_its_space_can_ask_for(
+    recorded: tuple[RecordedSetting, dict],
+) -> None:
+    setting, data = recorded
+    assert setting.kind == "replay" and "replay" in se.KINDS
+    grid = {canonical_key(p) for p in setting.space().grid()}
+    assert grid == {canonical_key(row["params"]) for row in data["rows"]}
+    assert canonical_key(setting.space().active(dict(setting.baseline))) in grid
+    assert setting.hardware().gpus == ()  # what the CLI sees on the recording's host
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_exhaustive_search_on_the_replay_finds_the_recorded_optimum(
+    recorded: tuple[RecordedSetting, dict], seed: int, tmp_path: Path
+) -> None:
+    setting, _ = recorded
+    table = RecordedTable(setting.table, setting)
+    surface = ReplaySurface(table, seed)
+    best, best_tp, _ = surface.optimum()
+    # the optimum, by exhaustive search over the table: the best median of configurations whose every
+    # recorded repeat completed
+    medians = {
+        canonical_key(params): statistics.median(r["throughput"] for r in reps)
+        for params, reps in table.rows.values()
+        if all(r["status"] == "COMPLETE" for r in reps)
+    }
+    assert canonical_key(best) == max(medians, key=medians.__getitem__) and best_tp == max(medians.values())
+    # the study loop's grid over the replay (nothing pruned) runs every configuration once and
+    # recommends one whose recorded median is the optimum's, within the recorded run-to-run spread
+    space = setting.space()
+    hardware = setting.hardware()
+    cfg = se.bench_config(setting, tmp_path / "grid", hardware, seed, "grid", table.n_rows, prune=False)
+    study = Study(cfg, setting.make_backend(), space, se.SimulatedExecutor(surface, 1))
+    outcome = study.run()
+    every = sorted(canonical_key(p) for p, _ in table.rows.values())
+    assert sorted(canonical_key(r.params) for r in outcome.results) == every
+    rec = outcome.recommendation
+    assert rec is not None
+    chosen = next(r for r in outcome.results if r.number == rec.trial)
+    spread = _spread(table, best)
+    assert surface.usable_throughput(chosen.params) >= best_tp * (1 - spread), (chosen.params, best)
+
+
+def _spread(table: RecordedTable, params: dict) -> float:
+    """The largest relative distance between the recorded repeats of ``params`` and their median (at
+    least the 95 % interval one trial measured)."""
+    _, reps = table.rows[canonical_key(params)]
+    tps = [r["throughput"] for r in reps]
+    med = statistics.median(tps)
+    return max(max(abs(t - med) / med for t in tps), *(float(r["rel_ci95"] or 0.0) for r in reps))

@@ -21,35 +21,30 @@ TRIAL = (
 )
 
 
-def test_a_second_ctrl_c_still_prints_resume_with(tmp_path: Path) -> None:
-    space = tmp_path / "s.yaml"
-    space.write_text("backend: command\nknobs:\n  mode: {type: str, choices: [a, b], default: a}\n")
-    out = tmp_path / "study"
-    proc = subprocess.Popen(
-        [
-            autotune_exe(),
-            "search",
-            "--backend",
-            "command",
-            "--space",
-            str(space),
-            "--out",
-            str(out),
-            "--trials",
-            "2",
-            "--confirm-runs",
-            "0",
-            "--",
-            sys.executable,
-            "-c",
-            TRIAL,
-        ],  # fmt: skip
+def _start(
+    space: Path, out: Path, options: list[str], command: list[str], *, new_session: bool = False
+) -> subprocess.Popen[str]:
+    """``autotune search`` on the command backend over ``space`` into ``out`` (no re-measurement),
+    running ``command`` as each trial, its output piped."""
+    argv = [
+        autotune_exe(), "search", "--backend", "command", "--space", str(space), "--out", str(out),
+        "--confirm-runs", "0", *options, "--", *command,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-        start_new_session=True,
+        start_new_session=new_session,
     )
+
+
+def test_a_second_ctrl_c_still_prints_resume_with(tmp_path: Path) -> None:
+    space = tmp_path / "s.yaml"
+    space.write_text("backend: command\nknobs:\n  mode: {type: str, choices: [a, b], default: a}\n")
+    out = tmp_path / "study"
+    proc = _start(space, out, ["--trials", "2"], [sys.executable, "-c", TRIAL], new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not (out / "started").exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -76,37 +71,11 @@ def test_a_tuner_paused_mid_trial_notes_it_on_the_trial(tmp_path: Path) -> None:
     space = tmp_path / "s.yaml"
     space.write_text("backend: command\nknobs:\n  mode: {type: str, choices: [ok], default: ok}\n")
     out = tmp_path / "study"
-    proc = subprocess.Popen(
-        [
-            autotune_exe(),
-            "search",
-            "--backend",
-            "command",
-            "--space",
-            str(space),
-            "--out",
-            str(out),
-            "--trials",
-            "1",
-            "--confirm-runs",
-            "0",
-            "--no-early-stop",
-            "--max-steps",
-            "400",
-            "--",
-            sys.executable,
-            FAULT,
-            "--mode",
-            "ok",
-            "--steps",
-            "120",
-            "--step-s",
-            "0.1",
-        ],  # fmt: skip
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    proc = _start(
+        space,
+        out,
+        ["--trials", "1", "--no-early-stop", "--max-steps", "400"],
+        [sys.executable, FAULT, "--mode", "ok", "--steps", "120", "--step-s", "0.1"],
     )
     try:
         metrics = out / "trials" / "0" / "metrics.jsonl"
