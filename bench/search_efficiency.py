@@ -1,8 +1,8 @@
-"""How fast each search lands near the optimum, on simulated GRPO response surfaces.
+"""How fast each search lands near the optimum, on simulated GRPO response surfaces and a recorded one.
 
 Every study runs through the real study loop (:class:`autotune.study.loop.Study`: baseline first,
 pre-screen, OOM inference, Optuna tell with constraints, pruning of clearly slower trials, stopping)
-with the trials simulated in-process. Four kinds of surface (see ``bench/_settings.py``):
+with the trials simulated in-process. Five kinds of surface (see ``bench/_settings.py``):
 
 - **estimator-derived** (``bench/_surfaces.py``): autotune's own memory and time model plus model
   error, failure regions, start-up costs and noise. A search seeded by that estimator does well there
@@ -17,6 +17,10 @@ with the trials simulated in-process. Four kinds of surface (see ``bench/_settin
 - **phase-additive** (``bench/_phase_additive.py``): each independent setting again, its world a sum
   of phases (generation, log-probs, training, weight sync, offload) each on its own few knobs, memory
   a monotone cliff in the memory knobs, a few failing pairs of knob values, all drawn per seed.
+- **replay** (``bench/_replay.py``): a real surface, every configuration of a small TRL space measured
+  with real CPU trials by ``bench/record_surface.py`` and committed (``bench/recorded/``); a seed picks
+  which recorded repeat each configuration shows. The study is the one the CLI runs on that host: no
+  GPU, so no estimator pre-screen (``ds-sweep`` needs GPUs and is not run there).
 
 A simulated trial reports what the real runner would: status and reason worded as autotune's outcome
 module words them, the phase a failure happened in (``failed_phase``), and for a run with steady steps
