@@ -825,6 +825,12 @@ def select_settings(surfaces: str) -> list[int]:
     ]
 
 
+def runs_on(setting: Setting, strategy: str) -> bool:
+    """Whether ``strategy`` can run on ``setting``: DeepSpeed's sweep prices model states on a GPU, so
+    not on a setting without one (the replayed CPU recording)."""
+    return strategy != "ds-sweep" or bool(setting.hardware().gpus)
+
+
 def _study_keys(
     chosen: Sequence[int], seeds: Sequence[int], strategies: Sequence[str]
 ) -> list[tuple[str, int, str]]:
@@ -916,7 +922,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             _Job(setting=i, seed=seed, **{**job, "strategies": todo})
             for i in chosen
             for seed in seeds
-            if (todo := tuple(s for s in strategies if (SETTINGS[i].name, seed, s) not in recorded))
+            if (
+                todo := tuple(
+                    s
+                    for s in strategies
+                    if (SETTINGS[i].name, seed, s) not in recorded and runs_on(SETTINGS[i], s)
+                )
+            )
         ]
         for done in _run_jobs(_studies_job, jobs, args.jobs):
             metrics += done

@@ -183,3 +183,10 @@ def _spread(table: RecordedTable, params: dict) -> float:
     tps = [r["throughput"] for r in reps]
     med = statistics.median(tps)
     return max(max(abs(t - med) / med for t in tps), *(float(r["rel_ci95"] or 0.0) for r in reps))
+
+
+def test_the_deepspeed_sweep_is_not_run_where_there_is_no_gpu(recorded: tuple[RecordedSetting, dict]) -> None:
+    setting, _ = recorded
+    assert not se.runs_on(setting, "ds-sweep")  # it prices model states on a GPU
+    assert all(se.runs_on(setting, s) for s in se.STRATEGIES if s != "ds-sweep")
+    assert se.runs_on(SETTINGS[0], "ds-sweep")
