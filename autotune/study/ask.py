@@ -105,6 +105,29 @@ class Asker(StudyPart):
         # unvisited configuration after duplicates; otherwise the Optuna sampler chose it
         return self.strategy.unexplained_choice(queued)
 
+    def refused(self, loop: LoopState) -> Stop | None:
+        """Count a configuration the pre-screen refused (never launched; no trial of the budget).
+
+        A strategy with nothing to propose leaves Optuna's sampler drawing, and where most of the space
+        is predicted not to fit nearly every draw is refused, each after a whole decision: a study could
+        go on for hours without launching anything. So after two refusals in a row the next unvisited
+        configuration that passes the pre-check is queued (as after duplicates), none left stops the
+        study, and ``max_refused_in_a_row`` refusals in a row stop it too.
+        """
+        loop.refused += 1
+        if loop.refused >= self.cfg.max_refused_in_a_row:
+            return Stop(
+                "exhausted",
+                f"{loop.refused} configurations in a row were refused before launch (predicted not to "
+                "fit, or breaking a rule): none of what is left is worth a trial",
+            )
+        if loop.refused % 2 == 0 and not loop.pending:
+            nxt = self.strategy.next_unvisited(loop.visited)
+            if nxt is None:
+                return Stop("exhausted", EXHAUSTED)
+            loop.pending.append((nxt, False))
+        return None
+
     def duplicate(
         self, loop: LoopState, trial: optuna.Trial, key: str, elsewhere: int | None = None
     ) -> Stop | None:

@@ -55,6 +55,9 @@ class StudyConfig:
     versions: Mapping[str, str] = field(default_factory=dict)
     backend_version: str | None = None
     max_duplicate_asks: int = 50
+    # configurations in a row the pre-screen may refuse before the study stops: what is left of the
+    # space is predicted not to fit or breaks a rule (``Asker.refused``)
+    max_refused_in_a_row: int = 50
     # runs of each compared configuration in the re-measurement after the search (0: none); the
     # application's default is 2 (``autotune search --confirm-runs``), callers of the core opt in
     confirm_runs: int = 0

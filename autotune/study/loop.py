@@ -511,6 +511,10 @@ class Study(StudyPart):
                     raise
                 loop.launched_total += 1 if counts_in_budget(result) else 0
                 loop.run_now += 1
+                loop.refused = 0
+                refused = None
+            else:
+                refused = self.asker.refused(loop)
             self._record(loop, trial, key, result.model_copy(update={"choice": choice}))
         except (WriteError, optuna.exceptions.StorageInternalError) as exc:
             self._abandon(loop.study, trial, params, is_baseline, exc)
@@ -520,7 +524,7 @@ class Study(StudyPart):
                 loop.heartbeat.beat_for(None)
         if result.status is TrialStatus.INTERRUPTED and self.interrupted():
             return Stop("interrupted", f"stopped by the user during trial {result.number}")
-        return None
+        return refused
 
     def _abandon(
         self,

@@ -43,6 +43,7 @@ class LoopState:
         start_s: the study clock when this run began (the time budget counts from it).
         run_now: trials launched by this run.
         duplicates: asks in a row that returned a configuration already tried.
+        refused: configurations in a row the pre-screen refused (never launched).
         choices: why the strategy proposed each pending configuration (canonical key → choice).
         running: other workers' running trials (number → canonical key), from the storage.
         queued: canonical keys of configurations waiting in the storage's queue for any worker.
@@ -57,6 +58,7 @@ class LoopState:
     start_s: float
     run_now: int = 0
     duplicates: int = 0
+    refused: int = 0
     choices: dict[str, dict[str, Any]] = field(default_factory=dict)
     running: dict[int, str] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
