@@ -893,8 +893,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="autotune-bench-", dir=shm if shm.is_dir() else None) as tmp:
         cache = Path(args.cache) if args.cache else Path(tmp) / "tables"  # the workers read tables from it
         job = {"strategies": strategies, "budget": args.budget, "tmp": tmp, "cache": str(cache)}
+        records = Path(args.records) if args.records else None
+        recorded = read_records(records, args.budget) if records else {}
+        metrics = [m for key in _study_keys(chosen, seeds, strategies) if (m := recorded.get(key))]
+        jobs = [
+            _Job(setting=i, seed=seed, **{**job, "strategies": todo})
+            for i in chosen
+            for seed in seeds
+            if (
+                todo := tuple(
+                    s
+                    for s in strategies
+                    if (SETTINGS[i].name, seed, s) not in recorded and runs_on(SETTINGS[i], s)
+                )
+            )
+        ]
+        # a table is built (or read from --cache) only for a surface with a study to run or to describe:
+        # printing recorded studies runs nothing
+        need_tables = chosen if args.describe else sorted({j.setting for j in jobs})
         for index, n_rows, built in _run_jobs(
-            _table_job, [_Job(setting=i, seed=0, **job) for i in chosen], args.jobs
+            _table_job, [_Job(setting=i, seed=0, **job) for i in need_tables], args.jobs
         ):
             setting = SETTINGS[index]
             print(
@@ -915,21 +933,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             lines = dict(_run_jobs(_describe_job, described, args.jobs))
             print("\n".join(lines[i] for i in chosen))
             return 0
-        records = Path(args.records) if args.records else None
-        recorded = read_records(records, args.budget) if records else {}
-        metrics = [m for key in _study_keys(chosen, seeds, strategies) if (m := recorded.get(key))]
-        jobs = [
-            _Job(setting=i, seed=seed, **{**job, "strategies": todo})
-            for i in chosen
-            for seed in seeds
-            if (
-                todo := tuple(
-                    s
-                    for s in strategies
-                    if (SETTINGS[i].name, seed, s) not in recorded and runs_on(SETTINGS[i], s)
-                )
-            )
-        ]
         for done in _run_jobs(_studies_job, jobs, args.jobs):
             metrics += done
             for m in done if records else ():

@@ -234,7 +234,13 @@ def test_recorded_studies_are_read_back_and_only_the_missing_ones_run(
         ran.append((job.seed, job.strategies))
         return [replace(seen, seed=job.seed, strategy=s, regret_at_12=0.125) for s in job.strategies]
 
-    monkeypatch.setattr(se, "_table_job", lambda job: (job.setting, None, 0.0))
+    tables: list[int] = []
+
+    def table_job(job: se._Job) -> tuple[int, None, float]:
+        tables.append(job.setting)
+        return job.setting, None, 0.0
+
+    monkeypatch.setattr(se, "_table_job", table_job)
     monkeypatch.setattr(se, "_studies_job", studies)
     argv = ["--seeds", "2", "--budget", "12", "--strategies", "random,tpe", "--surfaces", name, "--jobs", "1"]
     assert se.main([*argv, "--records", str(records)]) == 0
@@ -242,8 +248,9 @@ def test_recorded_studies_are_read_back_and_only_the_missing_ones_run(
     assert "37.5%" in capsys.readouterr().out  # and its regret is in the table
     assert len(se.read_records(records, 12)) == 4
     ran.clear()
+    tables.clear()
     assert se.main([*argv, "--records", str(records)]) == 0
-    assert ran == []  # every study of the run is recorded now
+    assert ran == [] and tables == []  # every study of the run is recorded now: no table is even read
 
 
 def test_gp_draws_what_random_search_draws_until_four_trials_complete(
