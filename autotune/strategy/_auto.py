@@ -163,6 +163,8 @@ class AutoStrategy(ScreeningPhase, BaseStrategy):
 
     Settings = AutoSettings
     settings: AutoSettings
+    # with nothing to propose it leaves the draw to a sampler that knows nothing of the pre-screen
+    requeue_after_refusals = 2
 
     def __init__(
         self,

@@ -191,6 +191,12 @@ class BaseStrategy(abc.ABC):
     #: proposes every configuration of the space, those the pre-check refuses included (the study
     #: prunes them before launch and records why)
     covers_space: ClassVar[bool] = False
+    #: configurations in a row refused before launch after which the study queues one that passes the
+    #: pre-check, and :attr:`~autotune.study.config.StudyConfig.max_refused_in_a_row` of which stop it: for
+    #: a strategy that leaves Optuna's sampler drawing when it has nothing to propose, each draw after a
+    #: whole decision (``auto``). None: refusals are the strategy's own business (a sampler that learns
+    #: from them, a grid that records each one).
+    requeue_after_refusals: ClassVar[int | None] = None
 
     def __init__(
         self,

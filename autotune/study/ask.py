@@ -110,10 +110,15 @@ class Asker(StudyPart):
 
         A strategy with nothing to propose leaves Optuna's sampler drawing, and where most of the space
         is predicted not to fit nearly every draw is refused, each after a whole decision: a study could
-        go on for hours without launching anything. So after two refusals in a row the next unvisited
-        configuration that passes the pre-check is queued (as after duplicates), none left stops the
-        study, and ``max_refused_in_a_row`` refusals in a row stop it too.
+        go on for hours without launching anything. So for a strategy that says so
+        (:attr:`~autotune.strategy.BaseStrategy.requeue_after_refusals`) the next unvisited configuration
+        that passes the pre-check is queued after that many refusals in a row (as after duplicates), none
+        left stops the study, and ``max_refused_in_a_row`` refusals in a row stop it too. A strategy that
+        learns from its refusals (Optuna's samplers) or records each one (the grid) is left alone.
         """
+        every = self.strategy.requeue_after_refusals
+        if every is None:
+            return None
         loop.refused += 1
         if loop.refused >= self.cfg.max_refused_in_a_row:
             return Stop(
@@ -121,7 +126,7 @@ class Asker(StudyPart):
                 f"{loop.refused} configurations in a row were refused before launch (predicted not to "
                 "fit, or breaking a rule): none of what is left is worth a trial",
             )
-        if loop.refused % 2 == 0 and not loop.pending:
+        if loop.refused % every == 0 and not loop.pending:
             nxt = self.strategy.next_unvisited(loop.visited)
             if nxt is None:
                 return Stop("exhausted", EXHAUSTED)

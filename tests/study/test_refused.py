@@ -1,7 +1,8 @@
-"""Configurations the pre-screen refuses in a row: a strategy with nothing to propose leaves Optuna's
-sampler drawing, and where nearly all of the space is predicted not to fit, nearly every draw is refused
-(each after a whole decision of the strategy). The loop queues a configuration that passes the pre-check
-after two refusals in a row, and stops after ``max_refused_in_a_row``: it never spins."""
+"""Configurations the pre-screen refuses in a row: a strategy with nothing to propose (``auto``) leaves
+Optuna's sampler drawing, and where nearly all of the space is predicted not to fit, nearly every draw is
+refused (each after a whole decision of the strategy). For such a strategy the loop queues a configuration
+that passes the pre-check after ``requeue_after_refusals`` refusals in a row, and stops after
+``max_refused_in_a_row``: it never spins. Optuna's samplers learn from their refusals: left alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 from autotune.backends import ModelRef
 from autotune.records import Hardware, HostInfo
 from autotune.space import load_space
+from autotune.strategy import BaseStrategy, Collaborators
+from autotune.strategy._random import RandomStrategy
 from autotune.study.loop import Study, StudyConfig
 from tests.study.test_loop import FakeBackend, FakeExecutor
 
@@ -51,7 +54,15 @@ class OneFits:
         return {}
 
 
-def _study(tmp_path: Path, gate: OneFits, **more: Any) -> tuple[Study, FakeExecutor]:
+class NothingToPropose(RandomStrategy):
+    """Proposes nothing, as ``auto`` when its pool holds nothing that passes the pre-check, and says so."""
+
+    requeue_after_refusals = 2
+
+
+def _study(
+    tmp_path: Path, gate: OneFits, strategy: type[BaseStrategy] = NothingToPropose, **more: Any
+) -> tuple[Study, FakeExecutor]:
     space_file = tmp_path / "space.yaml"
     space_file.write_text(SPACE)
     host = HostInfo(
@@ -67,12 +78,15 @@ def _study(tmp_path: Path, gate: OneFits, **more: Any) -> tuple[Study, FakeExecu
         max_steps=5,
         max_completion_length=8,
         search="random",
-        n_trials=3,
         seed=3,
-        **more,
+        **{"n_trials": 3, **more},
     )
     ex = FakeExecutor()
-    return Study(cfg, FakeBackend(), load_space(space_file, backend="fake"), ex, memory_gate=gate), ex
+    space = load_space(space_file, backend="fake")
+    # the pre-check the study would hand the strategy: the gate's verdict
+    collab = Collaborators(feasible=lambda p: gate.check(p, {})[0] is None)
+    policy = strategy(space, collab, seed=3)
+    return Study(cfg, FakeBackend(), space, ex, memory_gate=gate, strategy=policy), ex
 
 
 def _refused_before_the_first_launch(results: list) -> int:
@@ -97,3 +111,19 @@ def test_a_space_the_pre_screen_refuses_whole_stops_the_study(tmp_path: Path) ->
     assert ex.ran == [] and outcome.stopped == "exhausted"
     assert "10 configurations in a row were refused before launch" in outcome.detail
     assert len(outcome.results) == 10
+
+
+def test_a_sampler_that_learns_from_its_refusals_is_left_alone(tmp_path: Path) -> None:
+    fits = {"per_device_train_batch_size": 16, "gradient_checkpointing": True, "dataloader_num_workers": 37}
+    study, ex = _study(tmp_path, OneFits(fits), strategy=RandomStrategy, n_trials=1)
+    outcome = study.run()
+    assert RandomStrategy.requeue_after_refusals is None
+    # Optuna's random sampler drew until it found the one configuration that fits: many refusals
+    assert ex.ran == [fits] and _refused_before_the_first_launch(outcome.results) > 10
+
+
+def test_auto_asks_for_the_requeue() -> None:
+    from autotune.strategy._auto import AutoStrategy
+    from autotune.strategy._grid import GridStrategy
+
+    assert AutoStrategy.requeue_after_refusals == 2 and GridStrategy.requeue_after_refusals is None
