@@ -28,6 +28,7 @@ from autotune.backends._registry import (
     job_shape,
     planned_backends,
 )
+from autotune.backends.vllm_cpu_sync import RUN_SEGMENT as VLLM_CPU_SEGMENT
 
 __all__ = [
     "BACKENDS",
@@ -41,6 +42,7 @@ __all__ = [
     "RuleViolation",
     "StepParser",
     "TrialContext",
+    "VLLM_CPU_SEGMENT",
     "EXPORTERS",
     "backend_class",
     "exporter",

@@ -20,9 +20,17 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["apply"]
+__all__ = ["RUN_SEGMENT", "apply", "run_name"]
 
 _MARK = "_autotune_cpu_weight_sync"
+#: the name of a shared-memory segment a run's engine made (``/dev/shm``): the run's ``MASTER_PORT``
+#: and its launcher's pid (:func:`run_name`), then vLLM's own group name
+RUN_SEGMENT = r"^autotune(?P<port>\d*)\.(?P<launcher>\d+)-.*cpushm"
+
+
+def run_name(port: str, launcher_pid: int) -> str:
+    """The prefix of the segments of the run whose ranks share ``MASTER_PORT`` and a launcher."""
+    return f"autotune{port}.{launcher_pid}"
 
 
 def apply() -> bool:
@@ -75,7 +83,7 @@ def _name_shared_memory_per_run() -> None:
     original = getattr(shm, "make_group_name", None)
     if shm is None or original is None or getattr(original, _MARK, False):
         return
-    run = f"autotune{os.environ.get('MASTER_PORT', '')}.{os.getppid()}"
+    run = run_name(os.environ.get("MASTER_PORT", ""), os.getppid())
 
     def make_group_name(communicator: object) -> str:  # a POSIX shm name: one leading "/", no other
         return f"/{run}{original(communicator).lstrip('/')}"

@@ -1,5 +1,6 @@
-"""GPU hygiene between trials: the next trial starts only when this study's processes have left the
-GPUs and memory is back near where it was when the study started.
+"""Hygiene between trials: the next trial starts only when this study's processes have left the
+GPUs and memory is back near where it was when the study started; the shared memory a killed run's vLLM
+CPU engine left behind is removed (:func:`remove_stale_segments`).
 
 Processes this study did not start are never touched: they are only named in the message.
 """
@@ -16,7 +17,48 @@ from types import ModuleType
 from autotune.errors import StudyError
 from autotune.studydir import StudyDir, TrialDir
 
-__all__ = ["GpuHygiene"]
+__all__ = ["GpuHygiene", "remove_stale_segments"]
+
+#: where POSIX shared memory lives on Linux
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_stale_segments(shm_dir: Path = SHM_DIR, alive: Callable[[int], bool] | None = None) -> list[str]:
+    """Remove the shared-memory segments a finished run's vLLM CPU engine left behind (a run ended by
+    SIGKILL never unlinks them: 8 MiB per tensor-parallel run); return their names.
+
+    A segment is a run's by its name (:data:`autotune.backends.VLLM_CPU_SEGMENT`: ``MASTER_PORT`` and the
+    launcher's pid) and stale once that launcher has exited. Only this user's files are touched.
+    """
+    import re
+
+    from autotune.backends import VLLM_CPU_SEGMENT
+
+    if alive is None:
+        import psutil
+
+        alive = psutil.pid_exists
+    pattern = re.compile(VLLM_CPU_SEGMENT)
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(shm_dir))
+    except OSError:  # no /dev/shm (macOS), or unreadable: nothing to tidy
+        return removed
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or alive(int(match["launcher"])):
+            continue
+        try:
+            if (
+                entry.is_file(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+            ):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    return removed
+
 
 GIB = 1024**3
 

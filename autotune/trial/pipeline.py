@@ -32,6 +32,7 @@ from autotune.records import (
 from autotune.secrets import SecretRule
 from autotune.studydir import TrialDir
 from autotune.trial.failure_phase import trial_failure_phase
+from autotune.trial.hygiene import remove_stale_segments
 from autotune.trial.live import LiveGpus, LiveRun
 from autotune.trial.outcome import (
     Verdict,
@@ -167,7 +168,10 @@ class TrialPipeline:
         """
         began_wall_s = time.time()
         watch = _Watch(job)
-        record = self._observe(job, watch)
+        try:
+            record = self._observe(job, watch)
+        finally:  # what an engine of this run (or an earlier one) left in shared memory once it ended
+            remove_stale_segments()
         return Judged(self._judge(job, record, watch.problems, began_wall_s), record)
 
     def _observe(self, job: TrialJob, watch: _Watch) -> RunRecord:
