@@ -31,7 +31,7 @@ import math
 import statistics
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +60,7 @@ class RecordedSetting(Setting):
 
     table: Path = RECORDED["trl tiny-qwen2 CPU (recorded)"]
     space_file: Path = HERE / "record_space_trl.yaml"
-
-    def _data(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.table.read_text())
-        return data
+    host: Mapping[str, Any] = field(default_factory=dict)  # the table's host, read once with it
 
     def space(self) -> SearchSpace:
         return (
@@ -73,7 +70,7 @@ class RecordedSetting(Setting):
         )
 
     def hardware(self) -> Hardware:
-        host = self._data()["host"]
+        host = self.host
         return Hardware(
             gpus=(),
             host=HostInfo(
@@ -128,6 +125,7 @@ def recorded_settings() -> tuple[RecordedSetting, ...]:
                 kind="replay",
                 table=path,
                 space_file=space_file,
+                host=dict(data["host"]),
             )
         )
     return tuple(out)

@@ -233,9 +233,7 @@ def _torch_runs(n: int, copy_elems: int) -> _Kernels | None:
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(
-        len(usable_cores()) or 1
-    )  # the peak of the whole host, whatever OMP_NUM_THREADS says
+    torch.set_num_threads(_usable_cores())  # the peak of the whole host, whatever OMP_NUM_THREADS says
     return _TorchKernels(torch, n, copy_elems)
 
 
